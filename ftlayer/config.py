@@ -1,0 +1,254 @@
+"""FTConfig: the one frozen, validated configuration object.
+
+Precedence, lowest to highest: defaults, a TOML file, ``FTLAYER_*`` environment
+variables, ``spark.ftlayer.*`` Spark conf. Every option is a field below; its
+env var is ``FTLAYER_`` + the upper-cased name and its Spark conf key is
+``spark.ftlayer.`` + the name. A bad value is refused when the object is built,
+with a :class:`~ftlayer.errors.ConfigError` naming the option, the value and
+what is allowed. Instances are immutable and picklable, so they ship to Spark
+executors as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ftlayer.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
+
+ENV_PREFIX = "FTLAYER_"
+SPARK_PREFIX = "spark.ftlayer."
+CONFIG_FILE_ENV = "FTLAYER_CONFIG"
+DEFAULT_CONFIG_FILE = "ftlayer.toml"
+
+DURABILITY_MODES = ("none", "everysec", "waitaof")
+STATUSES = ("on", "off")
+_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"doc": text}
+
+
+@dataclass(frozen=True)
+class FTConfig:
+    """Settings of the FT layer. See docs/configuration.md for the same table with examples."""
+
+    status: str = field(default="on", metadata=_doc(
+        "FT status: 'on' persists, XORs and replays; 'off' runs the same topology with no "
+        "persistence and no Redis traffic (the original design's FTStatus)."))
+    redis_url: str = field(default="", metadata=_doc(
+        "redis:// or rediss:// URL (user and password allowed). Empty starts a private "
+        "embedded valkey-server on a free port."))
+    namespace: str = field(default="ftlayer", metadata=_doc(
+        "Prefix of every Redis key; letters, digits, '_', '.', '-' (1-64 chars)."))
+    timeout_s: float = field(default=30.0, metadata=_doc(
+        "Seconds a source record may stay unacked before it fails and is replayed (> 0)."))
+    num_buckets: int = field(default=3, metadata=_doc(
+        "Buckets of the rotating timeout map (>= 2). A record fails between timeout_s and "
+        "timeout_s * (1 + 1/(num_buckets - 1)) after it was persisted."))
+    num_channels: int = field(default=2, metadata=_doc(
+        "Channels (Spark partitions) per source, fixed per topology (1-4096)."))
+    max_replays: int = field(default=5, metadata=_doc(
+        "Replays of one origin record before it is dead-lettered (>= 0)."))
+    replay_backoff_initial_s: float = field(default=0.0, metadata=_doc(
+        "Delay before the first replay of a failed record, seconds (>= 0)."))
+    replay_backoff_multiplier: float = field(default=2.0, metadata=_doc(
+        "Factor applied to the delay for each further replay (>= 1)."))
+    replay_backoff_max_s: float = field(default=30.0, metadata=_doc(
+        "Upper bound of the replay delay, seconds (>= replay_backoff_initial_s)."))
+    max_pending: int = field(default=100_000, metadata=_doc(
+        "Backpressure: ingest waits while this many source records are pending (>= 1)."))
+    durability: str = field(default="everysec", metadata=_doc(
+        "'none': no AOF promise; 'everysec': AOF fsynced every second (up to ~1 s of "
+        "acknowledged persists can be lost on a server crash); 'waitaof': persist returns "
+        "only after WAITAOF confirms the local fsync."))
+    waitaof_timeout_ms: int = field(default=2000, metadata=_doc(
+        "How long persist waits for WAITAOF in 'waitaof' mode, milliseconds (>= 1)."))
+    flush_batch_size: int = field(default=20_000, metadata=_doc(
+        "Most records or XOR deltas sent in one server-side call (1-1000000)."))
+    connect_timeout_s: float = field(default=5.0, metadata=_doc(
+        "Seconds to wait for the Redis server to answer (> 0)."))
+    embedded_data_dir: str = field(default="", metadata=_doc(
+        "Data directory of the embedded server; empty uses a fresh temporary directory."))
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, _expected_type(f.type)) or isinstance(value, bool) != (
+                f.type == "bool"
+            ):
+                _bad(f.name, value, f"a value of type {f.type}")
+        _one_of("status", self.status, STATUSES)
+        _one_of("durability", self.durability, DURABILITY_MODES)
+        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            _bad("redis_url", "<masked>", "a URL starting with redis://, rediss:// or unix://")
+        if not _NAMESPACE_RE.match(self.namespace):
+            _bad("namespace", self.namespace, "1-64 letters, digits, '_', '.' or '-'")
+        _positive("timeout_s", self.timeout_s)
+        _positive("connect_timeout_s", self.connect_timeout_s)
+        _at_least("num_buckets", self.num_buckets, 2)
+        _between("num_channels", self.num_channels, 1, 4096)
+        _at_least("max_replays", self.max_replays, 0)
+        _at_least("replay_backoff_initial_s", self.replay_backoff_initial_s, 0.0)
+        _at_least("replay_backoff_multiplier", self.replay_backoff_multiplier, 1.0)
+        _at_least("replay_backoff_max_s", self.replay_backoff_max_s, self.replay_backoff_initial_s)
+        _at_least("max_pending", self.max_pending, 1)
+        _at_least("waitaof_timeout_ms", self.waitaof_timeout_ms, 1)
+        _between("flush_batch_size", self.flush_batch_size, 1, 1_000_000)
+
+    @property
+    def ft_on(self) -> bool:
+        """True when the FT status is 'on'."""
+        return self.status == "on"
+
+    @property
+    def rotation_interval_s(self) -> float:
+        """Seconds between bucket rotations: timeout_s / (num_buckets - 1)."""
+        return self.timeout_s / (self.num_buckets - 1)
+
+    def replay_delay_s(self, replay_count: int) -> float:
+        """Backoff before replay number ``replay_count + 1``: initial * multiplier**count, capped."""
+        delay = self.replay_backoff_initial_s * self.replay_backoff_multiplier ** min(replay_count, 64)
+        return min(delay, self.replay_backoff_max_s)
+
+    def replace(self, **changes: Any) -> FTConfig:
+        """A copy with some options changed, validated like a new instance."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        spark_conf: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> FTConfig:
+        """Build a config from defaults, TOML file, env and Spark conf (in rising precedence).
+
+        ``path`` defaults to ``$FTLAYER_CONFIG``, then ``./ftlayer.toml`` if it
+        exists. The TOML may hold the options at top level or in an
+        ``[ftlayer]`` table. Unknown option names in the file or in Spark conf
+        are refused (a typo would otherwise be silently ignored). Keyword
+        ``overrides`` win over everything.
+        """
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        file_path = _config_path(path, env)
+        if file_path is not None:
+            values.update(_read_toml(file_path))
+        known = {f.name: f for f in fields(cls)}
+        for name, f in known.items():
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is not None:
+                values[name] = _parse(name, raw, str(f.type), f"env {ENV_PREFIX}{name.upper()}")
+        for key, raw in (spark_conf or {}).items():
+            if not key.startswith(SPARK_PREFIX):
+                continue
+            name = key[len(SPARK_PREFIX):]
+            if name not in known:
+                _bad(key, raw, f"one of {sorted(SPARK_PREFIX + n for n in known)}")
+            values[name] = _parse(name, raw, str(known[name].type), f"Spark conf {key}")
+        values.update(overrides)
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            _bad(unknown[0], values[unknown[0]], f"one of the options {sorted(known)}")
+        return cls(**values)
+
+    def describe(self) -> list[tuple[str, str, str, str]]:
+        """(option, env var, Spark conf key, doc) for every option; used by docs and CLI help."""
+        return [
+            (f.name, ENV_PREFIX + f.name.upper(), SPARK_PREFIX + f.name, f.metadata["doc"])
+            for f in fields(self)
+        ]
+
+
+_TYPES: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "float": (int, float), "bool": bool}
+
+
+def _expected_type(type_name: Any) -> type | tuple[type, ...]:
+    return _TYPES[str(type_name)]
+
+
+def _bad(option: str, value: Any, allowed: str) -> None:
+    msg = f"invalid ftlayer option {option}={value!r}: expected {allowed}"
+    raise ConfigError(msg)
+
+
+def _one_of(option: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        _bad(option, value, "one of " + ", ".join(repr(a) for a in allowed))
+
+
+def _positive(option: str, value: float) -> None:
+    if not (value > 0 and math.isfinite(value)):
+        _bad(option, value, "a finite number > 0")
+
+
+def _at_least(option: str, value: float, low: float) -> None:
+    if not (value >= low and math.isfinite(value)):
+        _bad(option, value, f"a finite number >= {low}")
+
+
+def _between(option: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        _bad(option, value, f"an integer from {low} to {high}")
+
+
+def _parse(name: str, raw: str, type_name: str, where: str) -> Any:
+    raw = raw.strip()
+    try:
+        if type_name == "int":
+            return int(raw.replace("_", ""))
+        if type_name == "float":
+            return float(raw)
+    except ValueError as exc:
+        msg = f"invalid ftlayer option {name}={raw!r} (from {where}): expected a {type_name}"
+        raise ConfigError(msg) from exc
+    if type_name == "bool":
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        msg = f"invalid ftlayer option {name}={raw!r} (from {where}): expected true or false"
+        raise ConfigError(msg)
+    return raw
+
+
+def _config_path(path: str | Path | None, env: Mapping[str, str]) -> Path | None:
+    if path is not None:
+        return Path(path)
+    if env.get(CONFIG_FILE_ENV):
+        return Path(env[CONFIG_FILE_ENV])
+    default = Path(DEFAULT_CONFIG_FILE)
+    return default if default.is_file() else None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError as exc:
+        msg = f"ftlayer config file {str(path)!r} does not exist"
+        raise ConfigError(msg) from exc
+    except tomllib.TOMLDecodeError as exc:
+        msg = f"ftlayer config file {str(path)!r} is not valid TOML: {exc}"
+        raise ConfigError(msg) from exc
+    table = data.get("ftlayer", data)
+    if not isinstance(table, dict):
+        msg = f"ftlayer config file {str(path)!r}: [ftlayer] must be a table"
+        raise ConfigError(msg)
+    return dict(table)

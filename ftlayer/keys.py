@@ -1,0 +1,133 @@
+"""Every Redis key template, in one place (docs/keys.md shows the same layout).
+
+All keys of one source live under ``<namespace>:{<topology>/<source>}:``. The
+braces are a Redis Cluster hash tag: every key of a source maps to one slot, so
+each server-side script touches one slot and a move to Redis Cluster does not
+reshape the data. The per-source tag is the unit of scale-out.
+
+================  ======  ===============================================================
+key suffix        type    contents
+================  ======  ===============================================================
+``pend``          hash    source_record_id (8 bytes BE) -> ack value (8) | bucket gen (4)
+                          | frame. The acker table and the persistence layer in one entry,
+                          so the call that sees the ack value reach 0 deletes the record.
+``gen``           string  current bucket generation (rotations so far)
+``bkt:<gen>``     list    packed 8-byte source_record_ids filed in bucket ``gen``, one
+                          element per persist call
+``bcnt``          hash    gen -> records of that bucket still in ``pend``; at 0 the bucket
+                          and its count are deleted
+``expq``          list    generations expired by ``rotate`` and not yet scanned
+``ch:<c>``        stream  channel c: entries ``i`` = packed source_record_ids, in persist
+                          order; the FT source reads these; trimmed after Spark commits
+``failed``        hash    failed source_record_id -> fail time ms (double) | reason length
+                          (u16) | reason | frame
+``due``           zset    failed source_record_id scored by its replay-due time (ms)
+``dlq``           stream  dead letters: origin, sid, replay count, reason, time, frame
+``stats``         hash    counters: persisted, acked, failed_explicit, failed_timeout,
+                          replayed, dead_lettered, requeued, late_deltas, duplicate_flushes
+``meta``          hash    num_channels, format version, created time
+``lease``         string  owner token of the rotator lease (with PX expiry)
+``tok:<token>``   string  applied flush token (with PX expiry)
+================  ======  ===============================================================
+
+Namespace-level (no hash tag): ``<namespace>:sources`` (set of ``topology/source``)
+and ``<namespace>:owner`` (who created the namespace; see the CLI's ``--force``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ftlayer.errors import ConfigError
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+def check_name(kind: str, name: str) -> str:
+    """Validate a topology or source name (it becomes part of every key)."""
+    if not _NAME_RE.match(name):
+        msg = f"invalid {kind} name {name!r}: expected 1-64 letters, digits, '_', '.' or '-'"
+        raise ConfigError(msg)
+    return name
+
+
+@dataclass(frozen=True)
+class SourceKeys:
+    """Key names of one source. Picklable; cheap to build."""
+
+    namespace: str
+    topology: str
+    source: str
+
+    def __post_init__(self) -> None:
+        check_name("topology", self.topology)
+        check_name("source", self.source)
+
+    @property
+    def prefix(self) -> str:
+        """``<namespace>:{<topology>/<source>}:``; every key of the source starts with it."""
+        return f"{self.namespace}:{{{self.topology}/{self.source}}}:"
+
+    def key(self, suffix: str) -> str:
+        """The full name of one key of this source."""
+        return self.prefix + suffix
+
+    @property
+    def pend(self) -> str:
+        return self.key("pend")
+
+    @property
+    def gen(self) -> str:
+        return self.key("gen")
+
+    @property
+    def bcnt(self) -> str:
+        return self.key("bcnt")
+
+    @property
+    def expq(self) -> str:
+        return self.key("expq")
+
+    @property
+    def failed(self) -> str:
+        return self.key("failed")
+
+    @property
+    def due(self) -> str:
+        return self.key("due")
+
+    @property
+    def dlq(self) -> str:
+        return self.key("dlq")
+
+    @property
+    def stats(self) -> str:
+        return self.key("stats")
+
+    @property
+    def meta(self) -> str:
+        return self.key("meta")
+
+    @property
+    def lease(self) -> str:
+        return self.key("lease")
+
+    def bucket(self, gen: int) -> str:
+        return self.key(f"bkt:{gen}")
+
+    def channel(self, channel: int) -> str:
+        return self.key(f"ch:{channel}")
+
+    def token(self, token: str) -> str:
+        return self.key(f"tok:{token}")
+
+
+def sources_key(namespace: str) -> str:
+    """Set of ``topology/source`` names registered in the namespace."""
+    return f"{namespace}:sources"
+
+
+def owner_key(namespace: str) -> str:
+    """Who created the namespace (a token written once)."""
+    return f"{namespace}:owner"

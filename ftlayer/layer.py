@@ -1,0 +1,116 @@
+"""FTLayer: the facade over one source's fault-tolerance state in Redis.
+
+It bundles the parts of the original design's FTLayer for one source:
+persistence (``persist``), the AckerTable (``xor``, ``ack``), explicit failing
+(``fail``), timeouts (``on_timeout``: rotate the bucket map) and the replayer
+(``replay_due``), plus dead letters and counters. Both kinds of failure end in
+the replayer; a late ack or XOR for a failed id does nothing.
+
+Picklable: executors receive it inside closures and reconnect by URL.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import redis
+
+from ftlayer.acker_table import AckerTable, FlushResult
+from ftlayer.config import FTConfig
+from ftlayer.dead_letters import DeadLetters
+from ftlayer.ids import new_record_id
+from ftlayer.keyhash import key_hash, pmod
+from ftlayer.persistence import PersistenceLayer
+from ftlayer.replayer import Replayer, ReplayResult, ReplayRouter
+from ftlayer.rotating_map import ExpiredCallback, RotateResult, RotatingBucketMap
+from ftlayer.store import Clock, SourceStore
+from serialization.frames import SemiDeserializedRecord
+from serialization.payload import pack_payload
+
+
+class FTLayer:
+    """Fault-tolerance state of one source of one topology."""
+
+    def __init__(
+        self,
+        config: FTConfig,
+        topology: str,
+        source: str,
+        *,
+        source_id: int = 0,
+        num_channels: int | None = None,
+        replay_router: ReplayRouter | None = None,
+        client: redis.Redis | None = None,
+        clock: Clock = time.time,
+        on_expired: ExpiredCallback | None = None,
+        owner: str | None = None,
+    ) -> None:
+        self.config = config
+        self.source_id = source_id
+        self.num_channels = num_channels or config.num_channels
+        self.store = SourceStore(config, topology, source, client=client, clock=clock)
+        self.acker = AckerTable(self.store)
+        self.persistence = PersistenceLayer(self.store, self.num_channels)
+        self.buckets = RotatingBucketMap(self.store, owner=owner, on_expired=on_expired)
+        self.replayer = Replayer(self.store, self.num_channels, replay_router)
+        self.dead_letters = DeadLetters(self.store)
+
+    def open(self) -> FTLayer:
+        """Register the source, or check the channel count its data was written with."""
+        self.persistence.check_channels()
+        return self
+
+    # --- the record life cycle -------------------------------------------------
+    def make_record(
+        self, value: Any, *, key: Any = None, channel: int | None = None
+    ) -> SemiDeserializedRecord:
+        """A new source record for ``value``: fresh RecordId, key hash, channel (default by key)."""
+        rid = new_record_id()
+        h = key_hash(key)
+        ch = pmod(h, self.num_channels) if channel is None else channel
+        return SemiDeserializedRecord(
+            self.source_id, rid, h, rid.source_record_id, 0, pack_payload(value), ch
+        )
+
+    def persist(self, records: Sequence[SemiDeserializedRecord]) -> int:
+        """Persist source records (atomic per batch, durable per mode); returns new count."""
+        return self.persistence.persist(records)
+
+    def xor(
+        self,
+        deltas: Mapping[int, int] | Iterable[tuple[int, int]],
+        *,
+        token: str | None = None,
+        fails: Mapping[int, str] | None = None,
+    ) -> FlushResult:
+        """Apply XOR deltas (and explicit fails) at most once per token."""
+        return self.acker.xor(deltas, token=token, fails=fails)
+
+    def ack(self, current_ids: Mapping[int, int], *, token: str | None = None) -> FlushResult:
+        """Ack ``{source_record_id: current_record_id}`` (the last XOR of a record's life)."""
+        return self.acker.ack(current_ids, token=token)
+
+    def fail(self, source_record_ids: Iterable[int], reason: str = "failed explicitly") -> int:
+        """Fail pending records now (explicit fail); returns how many were still pending."""
+        return self.acker.xor({}, fails=dict.fromkeys(source_record_ids, reason)).failed
+
+    def on_timeout(self, *, use_lease: bool = False) -> RotateResult:
+        """Rotate the timeout buckets once; still-pending records of the expired one fail."""
+        return self.buckets.rotate(use_lease=use_lease)
+
+    def replay_due(self) -> ReplayResult:
+        """Replay (or dead-letter) every failure whose backoff has passed."""
+        return self.replayer.replay_all_due()
+
+    # --- inspection ---------------------------------------------------------------
+    def pending_count(self) -> int:
+        return self.acker.pending_count()
+
+    def stats(self) -> dict[str, int]:
+        return self.store.stats()
+
+    def leftovers(self) -> list[str]:
+        """Key suffixes still holding state that a drained source should not have."""
+        return self.store.leftover_keys()

@@ -1,0 +1,121 @@
+"""PersistenceLayer: durable copies of source records, filed for timeout and routing.
+
+``persist(records)`` is one atomic server-side call per ``flush_batch_size``
+records. For each record not yet known it:
+
+1. stores the frame by source_record_id (``pend``), with ack value = the
+   record's current id, since the source emits the record itself once;
+2. files the id in the current timeout bucket;
+3. appends the id to the stream of the record's channel.
+
+It returns only after the write is durable to the degree the durability mode
+promises ('waitaof' waits for the AOF fsync), and only then may the record be
+emitted. Persisting the same id again is a no-op, so a client retry is safe.
+
+Channels are read back with :meth:`read_channel` (by stream-id range, so a
+re-run micro-batch reads the same records minus those completed since) and
+trimmed with :meth:`trim` once Spark has committed a range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ftlayer.errors import ChannelCountMismatchError, FrameError
+from ftlayer.store import SourceStore
+from serialization.frames import NO_CHANNEL, SemiDeserializedRecord, SemiDeserializedSerializer
+
+_SERIALIZER = SemiDeserializedSerializer()
+
+
+@dataclass(frozen=True)
+class ChannelBatch:
+    """Records read from one channel: frames (still serialized) and the last stream id read."""
+
+    channel: int
+    last_id: str
+    frames: list[bytes]
+
+    def records(self) -> list[SemiDeserializedRecord]:
+        """The frames decoded (payloads stay msgpack bytes)."""
+        return [_SERIALIZER.decode(f) for f in self.frames]
+
+
+class PersistenceLayer:
+    """Persist, read and trim one source's records (see module contract)."""
+
+    def __init__(self, store: SourceStore, num_channels: int) -> None:
+        self.store = store
+        self.num_channels = num_channels
+
+    def check_channels(self) -> None:
+        """Refuse to run against data written with another channel count; register if new."""
+        recorded = self.store.recorded_channels()
+        if recorded is None:
+            self.store.register(self.num_channels)
+        elif recorded != self.num_channels:
+            k = self.store.keys
+            msg = (
+                f"source '{k.topology}/{k.source}' was persisted with {recorded} channels but this "
+                f"run uses {self.num_channels}; restart with num_channels={recorded} or drain the "
+                "source first"
+            )
+            raise ChannelCountMismatchError(msg)
+
+    def persist(self, records: Sequence[SemiDeserializedRecord]) -> int:
+        """Persist records atomically per chunk; returns how many were new. See module contract."""
+        for rec in records:
+            if rec.channel is None or rec.channel == NO_CHANNEL or not 0 <= rec.channel < self.num_channels:
+                msg = (
+                    f"record {rec.record_id.source_record_id} of source {rec.source_id} has channel "
+                    f"{rec.channel}; persist needs a channel in 0..{self.num_channels - 1}"
+                )
+                raise FrameError(msg)
+        return self.persist_frames([_SERIALIZER.encode(r) for r in records])
+
+    def persist_frames(self, frames: Sequence[bytes]) -> int:
+        """Persist already-encoded frames (the hot path: no re-encoding)."""
+        size = self.store.config.flush_batch_size
+        total = 0
+        for i in range(0, len(frames), size):
+            blob = b"".join(frames[i : i + size])
+            count, _gen = self.store.run(
+                "PERSIST", self.store.state_keys, [self.store.keys.prefix, self.num_channels, blob]
+            )
+            total += int(count)
+        if frames:
+            self.store.wait_durable()
+        return total
+
+    def read_channel(
+        self, channel: int, after: str = "-", until: str = "+", max_entries: int = 10_000
+    ) -> ChannelBatch:
+        """Frames appended to ``channel`` with stream ids in (after, until], still pending."""
+        k = self.store.keys
+        reply = self.store.run(
+            "READ_CHANNEL", [k.channel(channel), k.pend], [after, until, max_entries]
+        )
+        last = reply[0].decode() if reply and reply[0] else ""
+        return ChannelBatch(channel, last, list(reply[1:]))
+
+    def channel_tail(self, channel: int) -> str:
+        """Id of the newest entry of a channel stream ('0-0' if it never had one)."""
+        try:
+            info = self.store.client.xinfo_stream(self.store.keys.channel(channel))
+        except Exception:  # no such key yet
+            return "0-0"
+        last = info.get("last-generated-id", b"0-0")
+        return last.decode() if isinstance(last, bytes) else str(last)
+
+    def trim(self, channel: int, upto: str) -> int:
+        """Drop stream entries with id <= ``upto`` (Spark committed them). Returns entries removed.
+
+        Trimming only removes the channel index; records still pending stay in
+        ``pend`` and time out or get replayed as usual.
+        """
+        ms, _, seq = upto.partition("-")
+        min_id = f"{ms}-{int(seq or 0) + 1}"
+        return int(
+            self.store.client.xtrim(self.store.keys.channel(channel), minid=min_id, approximate=False)
+        )

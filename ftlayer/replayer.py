@@ -1,0 +1,153 @@
+"""Replayer: re-emit failed source records under new ids, or set them aside.
+
+Both kinds of failure (explicit ``FailRecord`` and timeout) leave the record in
+the source's ``failed`` set with a due time (the replay backoff). For each due
+record, :meth:`Replayer.replay_due`:
+
+- keeps its payload, key hash and origin id, gives it a new RecordId (so late
+  acks or XORs for the old id do nothing), increments its replay count, and
+  re-persists it on the channel its replay partitioner picks, which for
+  key-based routing is the channel of the original;
+- or, once its replay count has reached ``max_replays``, appends it to the
+  dead-letter stream with origin id, replay count, last reason and time.
+
+Each failure is replayed at most once even with two replayers running: the
+server-side call removes the failed entry and persists the replay atomically.
+A replay is persisted (and, in 'waitaof' mode, fsynced) before it is visible.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from dataclasses import dataclass
+from typing import Protocol
+
+from ftlayer.errors import FrameError, PartitioningError
+from ftlayer.ids import RecordId, new_ids
+from ftlayer.keyhash import pmod
+from ftlayer.store import SourceStore
+from serialization.frames import SemiDeserializedRecord, SemiDeserializedSerializer
+
+log = logging.getLogger(__name__)
+_SERIALIZER = SemiDeserializedSerializer()
+_FAILED_HEADER = struct.Struct(">dH")
+
+
+class ReplayRouter(Protocol):
+    """The replay form of a partitioner: channels for a record rebuilt from its frame."""
+
+    def select_replay(self, record: SemiDeserializedRecord) -> list[int]: ...
+
+
+class KeyHashRouter:
+    """Default replay routing: channel = pmod(key_hash, n), the fields strategy. Picklable."""
+
+    def __init__(self, num_channels: int) -> None:
+        self.num_channels = num_channels
+
+    def select_replay(self, record: SemiDeserializedRecord) -> list[int]:
+        return [pmod(record.key_hash, self.num_channels)]
+
+
+@dataclass(frozen=True)
+class FailedRecord:
+    """A failed record waiting for replay, as stored in Redis."""
+
+    source_record_id: int
+    failed_ms: float
+    reason: str
+    record: SemiDeserializedRecord | None
+    frame: bytes
+
+
+def parse_failed(sid: int, raw: bytes) -> FailedRecord:
+    """Decode a ``failed`` hash value: fail time, reason, frame (record None if undecodable)."""
+    failed_ms, rlen = _FAILED_HEADER.unpack_from(raw)
+    start = _FAILED_HEADER.size
+    reason = raw[start : start + rlen].decode("utf-8", "replace")
+    frame = raw[start + rlen :]
+    try:
+        record: SemiDeserializedRecord | None = _SERIALIZER.decode(frame)
+    except FrameError:
+        record = None
+    return FailedRecord(sid, failed_ms, reason, record, frame)
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Counts of one replay pass."""
+
+    replayed: int = 0
+    dead_lettered: int = 0
+
+
+class Replayer:
+    """Replays one source's due failures (see module contract)."""
+
+    def __init__(self, store: SourceStore, num_channels: int, router: ReplayRouter | None = None) -> None:
+        self.store = store
+        self.num_channels = num_channels
+        self.router: ReplayRouter = router or KeyHashRouter(num_channels)
+
+    def due(self, limit: int) -> list[FailedRecord]:
+        """Failed records whose backoff has passed, oldest due first."""
+        k = self.store.keys
+        client = self.store.client
+        sids: list[bytes] = client.zrangebyscore(k.due, "-inf", self.store.now_ms(), start=0, num=limit)  # type: ignore[assignment]
+        if not sids:
+            return []
+        raws: list[bytes | None] = client.hmget(k.failed, sids)  # type: ignore[assignment]
+        return [
+            parse_failed(struct.unpack(">q", sid)[0], raw)
+            for sid, raw in zip(sids, raws, strict=True)
+            if raw is not None
+        ]
+
+    def replay_due(self, limit: int | None = None) -> ReplayResult:
+        """Replay or dead-letter up to ``limit`` due failures (default flush_batch_size)."""
+        cfg = self.store.config
+        todo = self.due(limit or cfg.flush_batch_size)
+        if not todo:
+            return ReplayResult()
+        fresh = iter(new_ids(2 * len(todo)))
+        replays: list[bytes] = []
+        dead: list[bytes] = []
+        for item in todo:
+            old = struct.pack(">q", item.source_record_id)
+            rec = item.record
+            if rec is None:
+                log.error("failed record %d has an undecodable frame; dead-lettering it", item.source_record_id)
+                dead.append(old)
+                continue
+            if rec.replay_count >= cfg.max_replays:
+                dead.append(old)
+                continue
+            channels = self.router.select_replay(rec)
+            if len(channels) != 1 or not 0 <= channels[0] < self.num_channels:
+                msg = (
+                    f"replay partitioner gave channels {channels} for origin record {rec.origin_id}; "
+                    f"a persisted source record is replayed to exactly one channel in "
+                    f"0..{self.num_channels - 1}"
+                )
+                raise PartitioningError(msg)
+            new = rec.replayed(RecordId(next(fresh), next(fresh)), channels[0])
+            replays.append(old + _SERIALIZER.encode(new))
+        k = self.store.keys
+        replayed, dead_n = self.store.run(
+            "REPLAY",
+            [*self.store.state_keys, k.dlq],
+            [k.prefix, self.num_channels, b"".join(replays), b"".join(dead), self.store.now_ms()],
+        )
+        if replayed:
+            self.store.wait_durable()
+        return ReplayResult(int(replayed), int(dead_n))
+
+    def replay_all_due(self) -> ReplayResult:
+        """Call :meth:`replay_due` until nothing is due."""
+        total = ReplayResult()
+        while True:
+            step = self.replay_due()
+            if not step.replayed and not step.dead_lettered:
+                return total
+            total = ReplayResult(total.replayed + step.replayed, total.dead_lettered + step.dead_lettered)

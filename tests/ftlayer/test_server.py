@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import pytest
+import redis
+
+from ftlayer.config import FTConfig
+from ftlayer.connection import client_for, mask_url
+from ftlayer.errors import RedisUnavailableError
+from ftlayer.server import EmbeddedServer, free_port
+
+
+def test_mask_url_hides_password() -> None:
+    assert mask_url("redis://user:s3cret@host:6379/0") == "redis://user:***@host:6379/0"
+    assert mask_url("rediss://:pw@h/1") == "rediss://:***@h/1"
+    assert mask_url("redis://host:1") == "redis://host:1"
+
+
+def test_unreachable_url_gives_one_clear_error_without_password() -> None:
+    url = f"redis://bob:topsecret@127.0.0.1:{free_port()}/0"
+    with pytest.raises(RedisUnavailableError) as err:
+        client_for(url, connect_timeout_s=0.5)
+    assert "bob:***@127.0.0.1" in str(err.value)
+    assert "topsecret" not in str(err.value)
+
+
+def test_embedded_server_has_aof_and_survives_kill_and_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    server = EmbeddedServer(data_dir=tmp_path, appendfsync="always").start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        assert client.config_get("appendonly")["appendonly"] == "yes"
+        client.set("k", "v")
+        server.kill()
+        server.restart()
+        client = redis.Redis.from_url(server.url)
+        assert client.get("k") == b"v"
+    finally:
+        server.stop()
+    assert tmp_path.exists()  # a given data dir is kept
+
+
+def test_password_protected_server_needs_the_password() -> None:
+    with EmbeddedServer(password="pw-123") as server:
+        assert client_for(server.url, 1.0).ping()
+        wrong = server.url.replace("pw-123", "nope")
+        with pytest.raises(RedisUnavailableError) as err:
+            client_for(wrong, 1.0)
+        assert "nope" not in str(err.value)
+
+
+def test_no_url_starts_the_embedded_server() -> None:
+    from ftlayer.connection import connect, embedded_server
+
+    cfg = FTConfig()
+    assert connect(cfg).ping()
+    assert embedded_server(cfg).pid is not None

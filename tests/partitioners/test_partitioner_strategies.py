@@ -1,0 +1,282 @@
+"""Live form vs replay form of every strategy, using only what is persisted (key_hash, channel)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ftlayer.errors import ChannelCountMismatchError, FTLayerError, PartitioningError
+from ftlayer.ids import RecordId, child_id
+from ftlayer.keyhash import key_hash
+from partitioners import (
+    STRATEGIES,
+    BroadcastPartitioner,
+    FieldsPartitioner,
+    ForwardPartitioner,
+    GlobalPartitioner,
+    Partitioner,
+    PersistedRoute,
+    RebalancePartitioner,
+    ReplayPartitioner,
+    ShufflePartitioner,
+    partitioner_for,
+    replay_partitioner_for,
+)
+
+I64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+CHANNELS = st.integers(min_value=1, max_value=300)
+KEYS = st.one_of(st.text(), st.binary(), I64, st.booleans(), st.none())
+
+# chi-square critical values for p = 0.001
+CHI2_CRIT_P001 = {7: 24.322, 15: 37.697}
+
+
+def _replayed(strategy: str, n: int) -> ReplayPartitioner:
+    """A replay partitioner as the replayer gets it: a separate instance, shipped by pickle."""
+    copy: ReplayPartitioner = pickle.loads(pickle.dumps(replay_partitioner_for(strategy, n)))
+    return copy
+
+
+def _chi_square(counts: Counter[int], n: int, total: int) -> float:
+    expected = total / n
+    return sum((counts.get(c, 0) - expected) ** 2 / expected for c in range(n))
+
+
+# --- fields -------------------------------------------------------------------------------
+
+
+@given(key=KEYS, n=CHANNELS)
+def test_fields_replay_goes_to_the_live_channel(key: object, n: int) -> None:
+    h = key_hash(key)
+    live = FieldsPartitioner(n).select(key_hash=h)
+    replay = _replayed("fields", n).select_replay(PersistedRoute(key_hash=h, channel=None))
+    assert live == replay
+    (c,) = live
+    assert 0 <= c < n
+    assert (h - c) % n == 0  # c is pmod(h, n): same residue class, non-negative
+    assert FieldsPartitioner(n).channel_for_key(key) == c
+
+
+def test_fields_pmod_of_negative_hash_is_non_negative() -> None:
+    # -7 pmod 3 is 2 in Spark (and Python); C-style remainder would give -1 or abs() 1.
+    assert FieldsPartitioner(3).select(key_hash=-7) == [2]
+    assert FieldsPartitioner(4).select_replay(PersistedRoute(-(2**63), None)) == [0]
+    assert FieldsPartitioner(5).select_replay(PersistedRoute(-(2**63), None)) == [2]
+
+
+def test_fields_live_needs_a_key_hash() -> None:
+    with pytest.raises(PartitioningError, match="fields partitioner"):
+        FieldsPartitioner(4).select()
+
+
+@given(hashes=st.lists(I64, max_size=50), n=CHANNELS)
+def test_fields_select_many_replay_matches_one_by_one(hashes: list[int], n: int) -> None:
+    p = FieldsPartitioner(n)
+    many = p.select_many_replay(hashes, [None] * len(hashes))
+    assert many == [p.select_replay(PersistedRoute(h, None)) for h in hashes]
+
+
+# --- forward ------------------------------------------------------------------------------
+
+
+@given(data=st.data(), n=CHANNELS, h=I64)
+def test_forward_replay_goes_to_the_live_channel(data: st.DataObject, n: int, h: int) -> None:
+    upstream = data.draw(st.integers(min_value=0, max_value=n - 1))
+    live = ForwardPartitioner(n).select(upstream_channel=upstream)
+    replay = _replayed("forward", n).select_replay(PersistedRoute(key_hash=h, channel=upstream))
+    assert live == replay == [upstream]
+
+
+def test_forward_replay_without_channel_names_the_record() -> None:
+    class Rec:
+        key_hash = 5
+        channel = None
+        source_id = 3
+        origin_id = 77
+
+    with pytest.raises(PartitioningError, match="forward") as info:
+        ForwardPartitioner(4).select_replay(Rec())
+    assert "origin_id=77" in str(info.value)
+    assert "source_id=3" in str(info.value)
+
+
+def test_forward_replay_with_a_semi_deserialized_record() -> None:
+    frames = pytest.importorskip("serialization.frames")
+    rec = frames.SemiDeserializedRecord(
+        source_id=1, record_id=RecordId(11, 12), key_hash=-3, origin_id=99,
+        replay_count=0, payload=b"x", channel=None,
+    )
+    assert ForwardPartitioner(4).select_replay(PersistedRoute(rec.key_hash, 2)) == [2]
+    assert FieldsPartitioner(4).select_replay(rec) == [1]
+    with pytest.raises(PartitioningError, match="origin_id=99"):
+        ForwardPartitioner(4).select_replay(rec)
+
+
+def test_forward_channel_outside_range() -> None:
+    with pytest.raises(ChannelCountMismatchError, match=r"channel 4, outside \[0, 4\)"):
+        ForwardPartitioner(4).select_replay(PersistedRoute(0, 4))
+    with pytest.raises(PartitioningError, match="upstream channel 9"):
+        ForwardPartitioner(4).select(upstream_channel=9)
+    with pytest.raises(PartitioningError, match="upstream_channel"):
+        ForwardPartitioner(4).select()
+
+
+# --- global / broadcast -------------------------------------------------------------------
+
+
+@given(n=CHANNELS, h=I64, c=st.none() | st.integers(0, 65534))
+def test_global_and_broadcast_replay_match_live(n: int, h: int, c: int | None) -> None:
+    rec = PersistedRoute(h, c)
+    assert GlobalPartitioner(n).select() == _replayed("global", n).select_replay(rec) == [0]
+    everything = list(range(n))
+    assert BroadcastPartitioner(n).select() == everything
+    assert _replayed("broadcast", n).select_replay(rec) == everything
+
+
+@given(n=st.integers(1, 64), parent=I64.filter(bool), op=I64, sid=I64.filter(bool))
+def test_broadcast_copies_have_deterministic_distinct_child_ids(
+    n: int, parent: int, op: int, sid: int
+) -> None:
+    p = BroadcastPartitioner(n)
+    ids = p.child_ids(parent, op)
+    assert ids == [child_id(parent, op, c) for c in range(n)]
+    assert ids == pickle.loads(pickle.dumps(p)).child_ids(parent, op)
+    assert len(set(ids)) == n and 0 not in ids
+    copies = p.copies(RecordId(sid, parent), op)
+    assert [c for c, _ in copies] == p.select()
+    assert all(rid == RecordId(sid, ids[c]) for c, rid in copies)
+
+
+# --- rebalance ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 16])
+@pytest.mark.parametrize("offset", [None, 0, 5])
+def test_rebalance_is_exactly_balanced(n: int, offset: int | None) -> None:
+    k = 9
+    p = RebalancePartitioner(n, offset=offset)
+    live = Counter(c for _ in range(k * n) for c in p.select())
+    replay = Counter(c for _ in range(k * n) for c in p.select_replay(PersistedRoute(0, None)))
+    assert live == replay == Counter(dict.fromkeys(range(n), k))
+
+
+def test_rebalance_is_round_robin_from_the_offset() -> None:
+    p = RebalancePartitioner(4, offset=6)
+    assert [p.select()[0] for _ in range(6)] == [2, 3, 0, 1, 2, 3]
+    assert [p.select_replay(PersistedRoute(0, 0))[0] for _ in range(3)] == [2, 3, 0]
+    q = pickle.loads(pickle.dumps(p))  # a fixed offset pickles with its position
+    assert q.select() == p.select() == [0]
+
+
+def test_rebalance_random_start_redrawn_per_copy() -> None:
+    p = RebalancePartitioner(1000)
+    blob = pickle.dumps(p)
+    firsts = {pickle.loads(blob).select()[0] for _ in range(20)}
+    assert len(firsts) > 1  # all 20 equal has probability 1e-57
+
+
+# --- shuffle ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("n", "form"), [(8, "live"), (8, "replay"), (16, "live")])
+def test_shuffle_passes_chi_square(n: int, form: str) -> None:
+    total = 2000 * n
+    p = ShufflePartitioner(n, seed=20240501)
+    rec = PersistedRoute(123, 1)
+    draw: Callable[[], list[int]] = (
+        p.select if form == "live" else (lambda: p.select_replay(rec))
+    )
+    counts = Counter(c for _ in range(total) for c in draw())
+    assert set(counts) <= set(range(n))
+    assert _chi_square(counts, n, total) < CHI2_CRIT_P001[n - 1]
+
+
+def test_chi_square_rejects_a_broken_shuffle() -> None:
+    total = 2000 * 8
+    assert _chi_square(Counter({0: total}), 8, total) > CHI2_CRIT_P001[7]
+    skewed = Counter({c: total // 8 for c in range(8)})
+    skewed[0] += 300
+    skewed[1] -= 300
+    assert _chi_square(skewed, 8, total) > CHI2_CRIT_P001[7]
+
+
+def test_shuffle_seed_is_reproducible_in_process() -> None:
+    a, b = ShufflePartitioner(50, seed=7), ShufflePartitioner(50, seed=7)
+    assert [a.select() for _ in range(30)] == [b.select() for _ in range(30)]
+
+
+def test_shuffle_unpickled_copies_do_not_share_a_stream() -> None:
+    blob = pickle.dumps(ShufflePartitioner(1 << 16))
+    seqs = {tuple(pickle.loads(blob).select()[0] for _ in range(8)) for _ in range(5)}
+    assert len(seqs) == 5
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("seed", [None, 42])
+def test_shuffle_reseeds_after_fork(seed: int | None) -> None:
+    p = ShufflePartitioner(1 << 16, seed=seed)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            os.write(write_fd, json.dumps([p.select()[0] for _ in range(16)]).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as f:
+        child_seq = json.loads(f.read())
+    os.waitpid(pid, 0)
+    parent_seq = [p.select()[0] for _ in range(16)]
+    assert len(child_seq) == 16
+    assert child_seq != parent_seq
+
+
+# --- interface, factory, validation -------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_factory_builds_every_strategy(strategy: str) -> None:
+    p = partitioner_for(strategy, 5)
+    assert isinstance(p, Partitioner) and isinstance(p, ReplayPartitioner)
+    assert p.strategy == strategy and p.num_channels == 5
+    r = replay_partitioner_for(strategy, 5)
+    assert type(r) is type(p) and r.num_channels == 5
+    q = pickle.loads(pickle.dumps(p))
+    assert type(q) is type(p) and q.num_channels == 5
+    assert repr(p) == f"{type(p).__name__}(num_channels=5)"
+    for chans in q.select_many_replay([1, -2, 3], [0, 1, 4]):
+        assert chans and all(0 <= c < 5 for c in chans)
+
+
+def test_factory_knows_six_strategies() -> None:
+    assert set(STRATEGIES) == {"fields", "rebalance", "shuffle", "broadcast", "global", "forward"}
+
+
+@pytest.mark.parametrize("name", ["hash", "Fields", "", "keyBy"])
+def test_factory_unknown_strategy_lists_known(name: str) -> None:
+    with pytest.raises(PartitioningError) as info:
+        replay_partitioner_for(name, 3)
+    assert repr(name) in str(info.value)
+    assert all(repr(s) in str(info.value) for s in STRATEGIES)
+    assert isinstance(info.value, FTLayerError)
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5, "3", None])
+@pytest.mark.parametrize("strategy", ["fields", "shuffle"])
+def test_bad_num_channels(strategy: str, bad: object) -> None:
+    with pytest.raises(PartitioningError, match=f"{strategy} partitioner: num_channels"):
+        partitioner_for(strategy, bad)  # type: ignore[arg-type]
+
+
+def test_select_many_replay_needs_parallel_columns() -> None:
+    with pytest.raises(PartitioningError, match="2 key hashes but 1 channels"):
+        GlobalPartitioner(3).select_many_replay([1, 2], [None])
+    with pytest.raises(PartitioningError, match="fields partitioner"):
+        FieldsPartitioner(3).select_many_replay([1, 2], [None])

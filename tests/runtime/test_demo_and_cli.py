@@ -1,0 +1,42 @@
+"""The pre-Spark demo end to end, and the `ftlayer redis` command, as a user runs them."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import redis
+
+
+def test_demo_reports_nothing_lost_and_nothing_left(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    env = {**os.environ, "FTLAYER_NAMESPACE": "demotest", "FTLAYER_EMBEDDED_DATA_DIR": str(tmp_path)}
+    env.pop("FTLAYER_REDIS_URL", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime.demo", "--records", "4000", "--fail-rate", "0.05"],
+        capture_output=True, text=True, timeout=300, env=env, check=False,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert re.search(r"^lost\s+0 ", out, re.M) and re.search(r"^acker entries left\s+0 ", out, re.M)
+    assert "was killed (exit 17)" in out
+    assert re.search(r"^dead letters\s+0", out, re.M) is None  # the poison record is dead-lettered
+    assert int(re.search(r"^replays\s+(\d+)", out, re.M).group(1)) > 0  # type: ignore[union-attr]
+
+
+def test_ftlayer_redis_runs_in_the_foreground_until_ctrl_c(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime.cli", "redis", "--data-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        url = re.search(r"(redis://\S+)", line).group(1)  # type: ignore[union-attr]
+        assert redis.Redis.from_url(url).ping()
+        assert (tmp_path / "valkey.log").exists()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
