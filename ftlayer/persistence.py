@@ -22,8 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ftlayer.errors import ChannelCountMismatchError, FrameError
+from ftlayer.errors import FrameError
 from ftlayer.store import SourceStore
+from partitioners.channels import check_channel_count
 from serialization.frames import NO_CHANNEL, SemiDeserializedRecord, SemiDeserializedSerializer
 
 _SERIALIZER = SemiDeserializedSerializer()
@@ -54,14 +55,9 @@ class PersistenceLayer:
         recorded = self.store.recorded_channels()
         if recorded is None:
             self.store.register(self.num_channels)
-        elif recorded != self.num_channels:
+        else:
             k = self.store.keys
-            msg = (
-                f"source '{k.topology}/{k.source}' was persisted with {recorded} channels but this "
-                f"run uses {self.num_channels}; restart with num_channels={recorded} or drain the "
-                "source first"
-            )
-            raise ChannelCountMismatchError(msg)
+            check_channel_count(recorded, self.num_channels, f"{k.topology}/{k.source}")
 
     def persist(self, records: Sequence[SemiDeserializedRecord]) -> int:
         """Persist records atomically per chunk; returns how many were new. See module contract."""

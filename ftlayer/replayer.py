@@ -25,8 +25,8 @@ from typing import Protocol
 
 from ftlayer.errors import FrameError, PartitioningError
 from ftlayer.ids import RecordId, new_ids
-from ftlayer.keyhash import pmod
 from ftlayer.store import SourceStore
+from partitioners.factory import replay_partitioner_for
 from serialization.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 
 log = logging.getLogger(__name__)
@@ -38,16 +38,6 @@ class ReplayRouter(Protocol):
     """The replay form of a partitioner: channels for a record rebuilt from its frame."""
 
     def select_replay(self, record: SemiDeserializedRecord) -> list[int]: ...
-
-
-class KeyHashRouter:
-    """Default replay routing: channel = pmod(key_hash, n), the fields strategy. Picklable."""
-
-    def __init__(self, num_channels: int) -> None:
-        self.num_channels = num_channels
-
-    def select_replay(self, record: SemiDeserializedRecord) -> list[int]:
-        return [pmod(record.key_hash, self.num_channels)]
 
 
 @dataclass(frozen=True)
@@ -88,7 +78,8 @@ class Replayer:
     def __init__(self, store: SourceStore, num_channels: int, router: ReplayRouter | None = None) -> None:
         self.store = store
         self.num_channels = num_channels
-        self.router: ReplayRouter = router or KeyHashRouter(num_channels)
+        # default: the fields strategy, channel = pmod(key_hash, n), as the original design
+        self.router: ReplayRouter = router or replay_partitioner_for("fields", num_channels)
 
     def due(self, limit: int) -> list[FailedRecord]:
         """Failed records whose backoff has passed, oldest due first."""
