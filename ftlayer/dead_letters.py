@@ -1,7 +1,8 @@
 """DeadLetters: records set aside after ``max_replays`` failures, with their reason.
 
 Entries live in the source's ``dlq`` stream and are never deleted implicitly:
-only :meth:`DeadLetters.purge` removes them, and only the ids it is given.
+only :meth:`DeadLetters.purge` and :meth:`DeadLetters.requeue` remove them, and
+only the ids they are given.
 Each entry carries the old source record id, the time of the last failure and
 of dead-lettering, the last reason (a traceback for exceptions) and the frame
 (payload, key hash, origin id, replay count).
@@ -9,15 +10,50 @@ of dead-lettering, the last reason (a traceback for exceptions) and the frame
 
 from __future__ import annotations
 
+import logging
+import re
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ftlayer.errors import FrameError
+from ftlayer.errors import FrameError, FTLayerError
+from ftlayer.ids import RecordId, new_ids
+from ftlayer.keyhash import pmod
 from ftlayer.store import SourceStore
 from serialization.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 
+log = logging.getLogger(__name__)
 _SERIALIZER = SemiDeserializedSerializer()
+_ENTRY_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
+
+
+class DeadLetterError(FTLayerError):
+    """A dead-letter operation got a malformed entry id or could not be carried out."""
+
+
+def check_entry_ids(entry_ids: Sequence[str]) -> list[str]:
+    """The ids as a list; :class:`DeadLetterError` naming the first that is no stream id (``<ms>-<seq>``)."""
+    for eid in entry_ids:
+        if not _ENTRY_ID_RE.match(eid):
+            msg = f"invalid dead-letter entry id {eid!r}: expected a stream id like 1700000000000-0"
+            raise DeadLetterError(msg)
+    return list(entry_ids)
+
+
+@dataclass(frozen=True)
+class RequeueResult:
+    """Outcome of :meth:`DeadLetters.requeue`.
+
+    ``requeued`` entries are pending again; ``missing`` ids were not in the
+    dlq when read; ``undecodable`` entries have a frame that cannot be decoded
+    and stay in the dlq untouched. The three add up to the ids given unless a
+    concurrent purge or requeue took some entries between the read and the
+    server-side move (those are counted nowhere).
+    """
+
+    requeued: int = 0
+    missing: list[str] = field(default_factory=list)
+    undecodable: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -58,6 +94,42 @@ def _parse(entry_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:
     )
 
 
+def _requeue_chunk(store: SourceStore, ids: list[str], num_channels: int) -> RequeueResult:
+    """Read the given dead letters, build their new frames and move them in one REQUEUE call."""
+    pipe = store.client.pipeline(transaction=False)
+    for eid in ids:
+        pipe.xrange(store.keys.dlq, min=eid, max=eid, count=1)
+    found: list[list[tuple[bytes, dict[bytes, bytes]]]] = pipe.execute()
+    fresh = iter(new_ids(2 * len(ids)))
+    entries: list[bytes] = []
+    missing: list[str] = []
+    undecodable: list[str] = []
+    for eid, raw in zip(ids, found, strict=True):
+        if not raw:
+            missing.append(eid)
+            continue
+        rec = _parse(*raw[0]).record
+        if rec is None:
+            log.error("dead letter %s has an undecodable frame; it stays in the dlq", eid)
+            undecodable.append(eid)
+            continue
+        old_ch = rec.channel
+        channel = old_ch if old_ch is not None and old_ch < num_channels else pmod(rec.key_hash, num_channels)
+        new = SemiDeserializedRecord(
+            rec.source_id, RecordId(next(fresh), next(fresh)), rec.key_hash, rec.origin_id, 0,
+            rec.payload, channel,
+        )
+        raw_id = eid.encode()
+        entries.append(struct.pack(">H", len(raw_id)) + raw_id + _SERIALIZER.encode(new))
+    if not entries:
+        return RequeueResult(0, missing, undecodable)
+    k = store.keys
+    count = store.run(
+        "REQUEUE", [*store.state_keys, k.dlq], [k.prefix, num_channels, b"".join(entries)]
+    )
+    return RequeueResult(int(count), missing, undecodable)
+
+
 class DeadLetters:
     """Read and manage one source's dead-letter stream."""
 
@@ -87,4 +159,31 @@ class DeadLetters:
         """Delete exactly the given entries; returns how many existed."""
         if not entry_ids:
             return 0
-        return int(self.store.client.xdel(self.store.keys.dlq, *entry_ids))
+        return int(self.store.client.xdel(self.store.keys.dlq, *check_entry_ids(entry_ids)))
+
+    def requeue(self, entry_ids: Sequence[str], num_channels: int) -> RequeueResult:
+        """Move dead letters back into the stream as fresh source records.
+
+        Each requeued record gets a new RecordId and replay count 0 and keeps
+        its origin id, payload, key hash and source id. Its channel is the one
+        it was dead-lettered with if that is below ``num_channels``, else
+        ``pmod(key_hash, num_channels)``. Per server-side call (at most
+        ``flush_batch_size`` entries) removing the dead letter and persisting
+        the record are one atomic step, so a record is never in both places
+        nor in neither; an entry purged or requeued concurrently is skipped.
+        In 'waitaof' mode this returns after the AOF fsync. A client retry
+        after a lost reply reports the already-moved entries as not requeued.
+        """
+        ids = check_entry_ids(entry_ids)
+        result = RequeueResult()
+        size = self.store.config.flush_batch_size
+        for i in range(0, len(ids), size):
+            step = _requeue_chunk(self.store, ids[i : i + size], num_channels)
+            result = RequeueResult(
+                result.requeued + step.requeued,
+                result.missing + step.missing,
+                result.undecodable + step.undecodable,
+            )
+        if result.requeued:
+            self.store.wait_durable()
+        return result

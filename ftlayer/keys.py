@@ -16,6 +16,9 @@ key suffix        type    contents
                           element per persist call
 ``bcnt``          hash    gen -> records of that bucket still in ``pend``; at 0 the bucket
                           and its count are deleted
+``gtime``         hash    gen -> ms when that bucket opened (written by ``rotate``; gen 0 at
+                          register); only gens >= current - num_buckets are kept. Feeds
+                          the oldest-pending age of ``ftlayer status``
 ``expq``          list    generations expired by ``rotate`` and not yet scanned
 ``ch:<c>``        stream  channel c: entries ``i`` = packed source_record_ids, in persist
                           order; the FT source reads these; trimmed after Spark commits
@@ -31,7 +34,9 @@ key suffix        type    contents
 ================  ======  ===============================================================
 
 Namespace-level (no hash tag): ``<namespace>:sources`` (set of ``topology/source``)
-and ``<namespace>:owner`` (who created the namespace; see the CLI's ``--force``).
+and ``<namespace>:owner`` (who created the namespace: JSON ``{"created_ms": ..., "by":
+"ftlayer"}``, set once by the first source's registration; the CLI's destructive
+commands refuse a namespace without it unless ``--force``).
 """
 
 from __future__ import annotations

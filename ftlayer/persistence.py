@@ -104,6 +104,18 @@ class PersistenceLayer:
         last = info.get("last-generated-id", b"0-0")
         return last.decode() if isinstance(last, bytes) else str(last)
 
+    def trim_done(self, max_entries: int = 256) -> int:
+        """Drop each channel's head entries whose records are all done; returns entries removed.
+
+        Called by the FT service, so a drained source leaves empty channel
+        streams even when no later micro-batch commits the last range.
+        """
+        k = self.store.keys
+        return sum(
+            int(self.store.run("TRIM_DONE", [k.channel(c), k.pend], [max_entries]))
+            for c in range(self.num_channels)
+        )
+
     def trim(self, channel: int, upto: str) -> int:
         """Drop stream entries with id <= ``upto`` (Spark committed them). Returns entries removed.
 

@@ -19,6 +19,11 @@ it), done in chunks of ``scan_chunks`` persist batches per call so Redis is
 never blocked for long. Buckets are deleted as soon as their last record
 completes, so a drained source has no bucket left.
 
+Monitoring: each successful rotation also records when the new bucket opened
+(``gtime``: gen -> ms; gen 0 is written when the source registers). The age of
+the oldest pending record is then about now - ``gtime[min gen in bcnt]``, an
+upper bound accurate to one rotation interval (``ftlayer status`` shows it).
+
 Two rotators (two drivers) must not rotate the same source twice as fast: the
 rotating process must hold the source's lease (``acquire_lease``), checked in
 the same script as the rotation. Each record fails at most once regardless,
@@ -27,14 +32,18 @@ because failing moves it out of ``pend`` atomically.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ftlayer.errors import LeaseLostError
+import redis
+
+from ftlayer.errors import FTLayerError, LeaseLostError
 from ftlayer.store import SourceStore, unpack_ids
 
 ExpiredCallback = Callable[[list[int]], None]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -96,7 +105,28 @@ class RotatingBucketMap:
             raise LeaseLostError(msg)
         if int(status) == -2:
             return RotateResult(False, int(gen))
+        self._record_gen_time(int(gen))
         return RotateResult(True, int(gen), self.expire_pending())
+
+    def _record_gen_time(self, gen: int) -> None:
+        """Best effort: note when bucket ``gen`` opened (``gtime``) and forget old generations.
+
+        ``gtime`` only feeds monitoring (the age of the oldest pending record),
+        so a failed write is logged and never fails the rotation. Generations
+        older than ``gen - num_buckets`` have been expired, so their times are
+        dropped; a window of ``num_buckets`` such generations is deleted each
+        time, which also cleans up after a few rotations whose write was lost.
+        """
+        key = self.store.keys.key("gtime")
+        old = range(max(0, gen - 2 * self.num_buckets), max(0, gen - self.num_buckets))
+        try:
+            pipe = self.store.client.pipeline(transaction=False)
+            pipe.hset(key, str(gen), self.store.now_ms())
+            if old:
+                pipe.hdel(key, *(str(g) for g in old))
+            pipe.execute()
+        except (redis.RedisError, FTLayerError) as exc:
+            log.warning("could not record the start time of bucket %d of %s: %s", gen, self.store.keys.prefix, exc)
 
     def expire_pending(self) -> list[int]:
         """Scan queued expired buckets to the end; fail and return still-pending ids."""

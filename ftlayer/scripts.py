@@ -328,3 +328,70 @@ RELEASE = r"""
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+REQUEUE = (
+    r"""
+-- requeue: move dead letters back into their channel streams as new source records.
+-- KEYS: pend, gen, bcnt, failed, due, stats, dlq
+-- ARGV: prefix, num_channels, entries (n x [entry id length u16][entry id][new frame])
+-- Returns: entries requeued. Per entry, atomically: if XDEL removed the dead letter, its
+-- new frame is persisted like a new record (pend, current bucket, channel stream); an
+-- entry already gone (purged, requeued elsewhere) is skipped; one whose new
+-- source_record_id is already pending stays in the dlq (never lost).
+-- Error (nothing written) if an entry is malformed or a channel >= num_channels.
+"""
+    + _STATE_KEYS
+    + _COMMON
+    + r"""
+local nch, blob = tonumber(ARGV[2]), ARGV[3]
+local ids, frames, pos = {}, {}, 1
+while pos <= #blob do
+  local idlen = pos + 49 <= #blob and struct.unpack('>I2', blob, pos) or 0
+  local fpos = pos + 2 + idlen
+  if idlen == 0 or fpos + 47 > #blob then return redis.error_reply('ftlayer requeue: truncated at byte ' .. pos) end
+  local len = struct.unpack('>I4', blob, fpos)
+  local frame = string.sub(blob, fpos, fpos + 3 + len)
+  if len < 44 or #frame ~= len + 4 then return redis.error_reply('ftlayer requeue: bad frame at byte ' .. pos) end
+  local ch = struct.unpack('>I2', frame, 43)
+  if ch >= nch then return redis.error_reply('ftlayer requeue: channel ' .. ch .. ' out of range') end
+  ids[#ids + 1] = string.sub(blob, pos + 2, pos + 1 + idlen)
+  frames[#frames + 1] = frame
+  pos = fpos + 4 + len
+end
+local take, seen = {}, {}
+for i, eid in ipairs(ids) do
+  local sid = string.sub(frames[i], 9, 16)
+  if not seen[sid] and redis.call('HEXISTS', K_PEND, sid) == 0 and redis.call('XDEL', KEYS[7], eid) == 1 then
+    seen[sid] = true
+    take[#take + 1] = frames[i]
+  end
+end
+local count = persist_frames(take)
+if count > 0 then redis.call('HINCRBY', K_STATS, 'requeued', count) end
+return count
+"""
+)
+
+TRIM_DONE = r"""
+-- trim_done: drop the head of a channel stream whose records are all done.
+-- KEYS: channel stream, pend
+-- ARGV: max stream entries to examine
+-- Returns: entries removed. Stops at the first entry that still names a pending
+-- record. Safe at any time: an entry whose records are all completed or failed
+-- would be read as empty anyway (readers skip ids not in pend), and readers
+-- address ranges by stream id, which trimming does not change.
+local entries = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', tonumber(ARGV[1]))
+local keep = nil
+for _, e in ipairs(entries) do
+  local sids = e[2][2]
+  for p = 1, #sids - 7, 8 do
+    if redis.call('HEXISTS', KEYS[2], string.sub(sids, p, p + 7)) == 1 then keep = e[1]; break end
+  end
+  if keep then break end
+end
+if keep then return redis.call('XTRIM', KEYS[1], 'MINID', keep) end
+if #entries == 0 then return 0 end
+local last = entries[#entries][1]
+local ms, seq = string.match(last, '(%d+)-(%d+)')
+return redis.call('XTRIM', KEYS[1], 'MINID', ms .. '-' .. (tonumber(seq) + 1))
+"""

@@ -4,7 +4,8 @@ One thread per driver serves every source of a topology. Each tick it renews
 the rotator lease of each source, rotates a source's buckets when its
 rotation interval ``timeout_s / (num_buckets - 1)`` has passed (only while it
 holds the lease, so two drivers never rotate the same source twice as fast),
-and replays every due failure. Rotation and replay state live in Redis, so a
+replays every due failure, and trims channel-stream entries whose records
+are all done. Rotation and replay state live in Redis, so a
 restarted driver resumes where the old one stopped: records still pending
 time out and are replayed.
 
@@ -23,6 +24,8 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+
+import redis
 
 from ftlayer.errors import FTLayerError, LeaseLostError
 from ftlayer.layer import FTLayer
@@ -75,13 +78,15 @@ class FTService:
                     self._next_rotation[i] = max(due_at + self.interval_s, now)
             else:
                 self._next_rotation.pop(i, None)
-            layer.replayer.replay_all_due()
+            # one bounded replay pass per tick, so a replay storm cannot starve rotation or the lease
+            layer.replayer.replay_due()
+            layer.persistence.trim_done()
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 self.tick()
-            except FTLayerError:
+            except (FTLayerError, redis.RedisError):
                 # Redis down or restarting: keep trying; state is in Redis, nothing is lost
                 self.errors += 1
                 log.exception("ftlayer service tick failed; retrying")
@@ -96,13 +101,14 @@ class FTService:
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the thread and release the leases this service holds."""
+        """Stop the thread, trim finished channel entries one last time, release the leases."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
         for layer in self.layers:
             try:
+                layer.persistence.trim_done()
                 layer.buckets.release_lease()
             except FTLayerError:
                 log.warning("could not release the rotator lease of %s", layer.store.keys.prefix)

@@ -8,6 +8,7 @@ client is looked up per process (see ``ftlayer.connection``).
 
 from __future__ import annotations
 
+import json
 import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -20,7 +21,7 @@ from ftlayer import scripts
 from ftlayer.config import FTConfig
 from ftlayer.connection import client_for, mask_url, redis_url_for
 from ftlayer.errors import AckerError, DurabilityError, RedisUnavailableError
-from ftlayer.keys import SourceKeys, sources_key
+from ftlayer.keys import SourceKeys, owner_key, sources_key
 
 Clock = Callable[[], float]
 
@@ -28,7 +29,10 @@ COUNTERS = (
     "persisted", "acked", "failed_explicit", "failed_timeout", "replayed",
     "dead_lettered", "requeued", "late_deltas", "duplicate_flushes",
 )
-_SCRIPT_NAMES = ("PERSIST", "FLUSH", "ROTATE", "EXPIRE", "REPLAY", "READ_CHANNEL", "LEASE", "RELEASE")
+OWNER_TAG = "ftlayer"  # the "by" of an owner record that ftlayer wrote
+_SCRIPT_NAMES = (
+    "PERSIST", "FLUSH", "ROTATE", "EXPIRE", "REPLAY", "READ_CHANNEL", "LEASE", "RELEASE", "TRIM_DONE", "REQUEUE",
+)
 
 
 def pack_ids(ids: Sequence[int]) -> bytes:
@@ -141,13 +145,22 @@ class SourceStore:
             raise DurabilityError(msg)
 
     def register(self, num_channels: int) -> None:
-        """Record the source in the namespace and its channel count in ``meta`` (first writer wins)."""
+        """Record the source in the namespace and its channel count in ``meta`` (first writer wins).
+
+        Also, each only if missing: the start time of bucket generation 0 in
+        ``gtime`` (for the age of the oldest pending record) and the namespace's
+        owner record ``<namespace>:owner`` = ``{"created_ms": ..., "by": "ftlayer"}``,
+        which the CLI's destructive commands require (see :func:`owner_record`).
+        """
         k = self.keys
+        now = self.now_ms()
         pipe = self.client.pipeline(transaction=False)
         pipe.sadd(sources_key(k.namespace), f"{k.topology}/{k.source}")
         pipe.hsetnx(k.meta, "num_channels", num_channels)
         pipe.hsetnx(k.meta, "format", 1)
-        pipe.hsetnx(k.meta, "created_ms", self.now_ms())
+        pipe.hsetnx(k.meta, "created_ms", now)
+        pipe.hsetnx(k.key("gtime"), 0, now)
+        pipe.setnx(owner_key(k.namespace), json.dumps({"created_ms": now, "by": OWNER_TAG}))
         pipe.execute()
 
     def recorded_channels(self) -> int | None:
@@ -170,7 +183,7 @@ class SourceStore:
         out.update(pending=pending, failed_waiting=failed, dead_letters=dead, gen=int(gen or 0))
         return out
 
-    def leftover_keys(self, allowed: Iterable[str] = ("gen", "stats", "meta", "lease")) -> list[str]:
+    def leftover_keys(self, allowed: Iterable[str] = ("gen", "stats", "meta", "lease", "gtime")) -> list[str]:
         """Keys of the source that hold state after a drain, minus documented bookkeeping.
 
         Empty channel streams and unexpired flush tokens are bookkeeping too.
@@ -190,3 +203,21 @@ class SourceStore:
                 continue
             out.append(suffix)
         return sorted(out)
+
+
+def owner_record(client: redis.Redis, namespace: str) -> dict[str, Any] | None:
+    """The namespace's owner record if ftlayer wrote it (``by == "ftlayer"``), else None.
+
+    None means the key is missing, is not a JSON object, or names another
+    writer: the namespace was not created by ftlayer (or predates owner records).
+    """
+    raw = client.get(owner_key(namespace))
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(data, dict) or data.get("by") != OWNER_TAG:
+        return None
+    return data

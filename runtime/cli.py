@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from ftlayer.errors import FTLayerError
+from runtime import dlq_cli, status
 
 
 def _cmd_redis(args: argparse.Namespace) -> int:
@@ -30,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_redis.add_argument("--port", type=int, default=None, help="port; default a free one")
     p_redis.set_defaults(func=_cmd_redis)
+    status.add_parser(sub)
+    dlq_cli.add_parser(sub)
     return parser
 
 

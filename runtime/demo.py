@@ -1,177 +1,159 @@
-"""The demo job (pre-Spark stage): click events through the FT layer, with real faults.
+"""The main job: click events through a real Spark streaming query with FT on, and real faults.
 
-Until the Spark runtime lands (issue 5), this runs the same record life on
-plain Python processes: a non-replayable generator of click events is
-persisted batch by batch (routed by user to one of two channels), two worker
-processes read their channel, parse, filter, keep a per-user count (keyed
-state, which is why routing matters), write to a JSON-lines sink and ack. It
-injects FailRecord on a fraction of records, one poison record, and one worker
-killed with ``os._exit`` between its sink write and its ack. The driver runs
-the FT service (rotation and replay) and restarts the dead worker.
-
-It ends with the report: records in, delivered, duplicates, replays, dead
-letters, lost (must be 0) and acker entries left (must be 0); exit status 1
-if either is not 0.
+Pipeline: a generator of click events (it cannot rewind: only ftlayer can
+replay its records) -> parse -> filter out bots -> key_by(user) -> per-user
+enrichment -> JSON-lines file sink. It runs on local Spark and the embedded
+Redis (or ``FTLAYER_REDIS_URL``), injects FailRecord on a fraction of records,
+one poison record that always fails, and kills one Python worker with
+``os._exit`` mid-partition. It prints progress while it runs and ends with a
+report: records in, delivered, duplicates, replays, dead letters, lost (must
+be 0) and acker entries left (must be 0). Exit status 1 if either is not 0.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import multiprocessing as mp
 import os
 import sys
 import tempfile
 import time
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from ftlayer.config import FTConfig
-from ftlayer.connection import resolved
-from ftlayer.layer import FTLayer
-from ftlayer.service import FTService
+from ftlayer.errors import FailRecord
+from ftlayer.keyhash import key_hash
+from runtime.sinks import JsonLinesSink
+from runtime.topology import FTQuery, Topology
 from serialization.payload import unpack_payload
 
-TOPOLOGY, SOURCE = "clicks", "events"
+T0 = datetime(2026, 11, 21, tzinfo=timezone.utc)
 
 
 def click_events(n: int) -> Any:
-    """A generator source: it cannot rewind, so only the FT layer can replay its records."""
+    """Raw click lines, as a socket would deliver them; generated once, never rewound."""
     for i in range(n):
-        yield {
-            "i": i,
-            "user": f"user-{i % 97}",
-            "page": f"/p/{i % 13}",
-            "bot": i % 50 == 7,
-            "poison": i == n // 2 + 1,  # one record that always fails
-            "ts": datetime(2026, 11, 21, tzinfo=timezone.utc),
-        }
+        agent = "bot/1.0" if i % 40 == 7 else "mozilla"
+        yield f"{i}|user-{(i * 7919) % 211}|/page/{i % 17}|{agent}|{(T0 + timedelta(seconds=i)).isoformat()}"
 
 
-def worker(cfg: FTConfig, channel: int, out_dir: str, fail_rate: float, die_after: int) -> None:
-    """Process one channel until told to stop; ``die_after`` > 0 kills it once mid-batch."""
-    layer = FTLayer(cfg, TOPOLOGY, SOURCE, num_channels=cfg.num_channels)
-    per_user: Counter[str] = Counter()
-    sink = Path(out_dir, f"sink-{channel}.jsonl").open("a")  # noqa: SIM115 - open for the worker's life
-    after, batches, seen = "-", 0, 0
-    stop_key = layer.store.keys.key("demo-stop")
-    while not layer.store.client.exists(stop_key):
-        batch = layer.persistence.read_channel(channel, after, max_entries=4)
-        if not batch.frames:
-            time.sleep(0.05)
-            continue
-        acks: dict[int, int] = {}
-        fails: dict[int, str] = {}
-        for rec in batch.records():
-            sid, cur = rec.record_id
-            event = unpack_payload(rec.payload)  # parse
-            seen += 1
-            if event["poison"] or (hash((rec.origin_id, rec.replay_count)) % 10_000) < fail_rate * 10_000:
-                fails[sid] = "FailRecord: injected" if not event["poison"] else "ValueError: poison record"
-                continue
-            if not event["bot"]:  # filter; a filtered record is simply acked
-                per_user[event["user"]] += 1  # per-user aggregate: state lives in this channel
-                sink.write(json.dumps({"origin": rec.origin_id, "user": event["user"],
-                                       "count": per_user[event["user"]], "channel": channel}) + "\n")
-            acks[sid] = cur
-        sink.flush()
-        if die_after and seen >= die_after:
-            os._exit(17)  # killed between the sink write and the ack: those records must be replayed
-        layer.xor(acks, fails=fails, token=f"demo/{channel}/{batch.last_id}")
-        layer.persistence.trim(channel, batch.last_id)  # "commit" the range
-        after = batch.last_id
-        batches += 1
-    sink.close()
+def once(marks: Path, name: str) -> bool:
+    """True the first time ``name`` is asked for, in any process."""
+    try:
+        os.close(os.open(marks / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
-def run(records: int, fail_rate: float, timeout_s: float) -> int:
-    cfg = resolved(FTConfig.load(env=os.environ).replace(timeout_s=timeout_s, max_replays=3,
-                                                         replay_backoff_initial_s=0.0))
-    out_dir = tempfile.mkdtemp(prefix="ftlayer-demo-")
-    layer = FTLayer(cfg, TOPOLOGY, SOURCE, num_channels=cfg.num_channels).open()
-    service = FTService([layer]).start()
-    ctx = mp.get_context("fork")
-    die_after = max(1, records // (4 * cfg.num_channels))  # channel 0's worker dies a quarter in
-    procs = {ch: ctx.Process(target=worker, args=(cfg, ch, out_dir, fail_rate, die_after if ch == 0 else 0))
-             for ch in range(cfg.num_channels)}
-    for p in procs.values():
-        p.start()
+class Parse:
+    """Parse a raw line; fails FailRecord on a fraction (first attempt only) and on the poison line."""
+
+    def __init__(self, marks: Path, fail_every: int, poison: int, kill_at: int) -> None:
+        self.marks, self.fail_every, self.poison, self.kill_at = marks, fail_every, poison, kill_at
+
+    def __call__(self, line: str) -> dict[str, Any]:
+        i, user, page, agent, ts = line.split("|")
+        n = int(i)
+        if n == self.poison:
+            msg = f"poison record {n}: cannot parse"
+            raise ValueError(msg)
+        if n == self.kill_at and once(self.marks, "kill"):
+            os._exit(9)  # a Python worker dies mid-partition
+        if self.fail_every and n % self.fail_every == 0 and once(self.marks, f"f{n}"):
+            msg = f"transient failure on record {n}"
+            raise FailRecord(msg)
+        return {"i": n, "user": user, "page": page, "bot": agent.startswith("bot"), "ts": datetime.fromisoformat(ts)}
+
+
+def enrich(event: dict[str, Any]) -> dict[str, Any]:
+    """Per-user enrichment: runs in the partition that owns the user's key."""
+    return {**event, "segment": "heavy" if key_hash(event["user"]) % 3 == 0 else "light",
+            "hour": event["ts"].hour}
+
+
+def progress(query: FTQuery, started: float) -> str:
+    st = next(iter(query.stats().values()))
+    return (f"[demo] {time.monotonic() - started:5.1f}s  persisted {st['persisted']:>6}  "
+            f"acked {st['acked']:>6}  pending {st['pending']:>5}  "
+            f"failed {st['failed_explicit'] + st['failed_timeout']:>4}  replayed {st['replayed']:>4}  "
+            f"dead {st['dead_lettered']}")
+
+
+def run(records: int, fail_every: int, timeout_s: float, spark: Any = None) -> int:
+    work = Path(tempfile.mkdtemp(prefix="ftlayer-demo-"))
+    marks = work / "marks"
+    marks.mkdir()
+    cfg = FTConfig.load(env=os.environ).replace(timeout_s=timeout_s, max_replays=3)
+    if spark is None:
+        from runtime.spark import local_session
+
+        spark = local_session("ftlayer-demo")
+    topo = Topology("clicks", cfg)
+    sink = JsonLinesSink(work / "out")
+    parse = Parse(marks, fail_every, poison=records // 2 + 1, kill_at=records // 3)
+    (
+        topo.source("events", click_events(records))
+        .map(parse)
+        .filter(lambda e: not e["bot"])
+        .key_by(lambda e: e["user"])
+        .map(enrich)
+        .sink(sink)
+    )
     started = time.monotonic()
-    persisted = 0
-    batch: list[Any] = []
-    for event in click_events(records):
-        rec = layer.make_record(event, key=event["user"])
-        batch.append(rec)
-        if len(batch) == 500:
-            persisted += layer.persist(batch)
-            batch = []
-            while layer.pending_count() > cfg.max_pending:  # backpressure
-                time.sleep(0.05)
-    persisted += layer.persist(batch)
-    restarted = False
-    deadline = time.monotonic() + 60 + 20 * timeout_s
-    while True:
-        for ch, p in list(procs.items()):
-            if not p.is_alive() and p.exitcode == 17 and not restarted:
-                print(f"[demo] worker of channel {ch} was killed (exit 17); restarting it", flush=True)
-                procs[ch] = ctx.Process(target=worker, args=(cfg, ch, out_dir, fail_rate, 0))
-                procs[ch].start()
-                restarted = True
-        st = layer.stats()
-        print(f"[demo] {time.monotonic() - started:5.1f}s persisted={st['persisted']} acked={st['acked']} "
-              f"pending={st['pending']} failed={st['failed_explicit'] + st['failed_timeout']} "
-              f"replayed={st['replayed']} dead={st['dead_lettered']}", flush=True)
-        if st["pending"] == 0 and st["failed_waiting"] == 0 and restarted:
-            break
-        if time.monotonic() > deadline:
-            print("[demo] did not drain in time; reporting what is there", flush=True)
-            break
-        time.sleep(1.0)
-    layer.store.client.set(layer.store.keys.key("demo-stop"), 1)
-    for p in procs.values():
-        p.join(10)
-    service.stop()
-    layer.store.client.delete(layer.store.keys.key("demo-stop"))
-    return report(layer, out_dir, persisted)
+    query = topo.start(spark, checkpoint_location=str(work / "checkpoint"), trigger_interval_s=0.5,
+                       max_records_per_batch=5000)
+    print(f"[demo] topology 'clicks' started; FT on; Redis namespace '{cfg.namespace}'; output {work}", flush=True)
+    try:
+        deadline = time.monotonic() + 120 + 10 * timeout_s
+        while not query.drained() and time.monotonic() < deadline:
+            failure = query.query.exception()
+            if failure is not None:
+                raise failure
+            print(progress(query, started), flush=True)
+            time.sleep(2.0)
+        print(progress(query, started), flush=True)
+    finally:
+        query.stop()
+    return report(query, sink, records, marks)
 
 
-def report(layer: FTLayer, out_dir: str, records_in: int) -> int:
-    delivered: Counter[int] = Counter()
-    for path in Path(out_dir).glob("sink-*.jsonl"):
-        for line in path.read_text().splitlines():
-            delivered[json.loads(line)["origin"]] += 1
-    dead = {d.origin_id for d in layer.dead_letters.list(10_000)}
-    origins = {rec_origin for rec_origin in delivered} | dead
+def report(query: FTQuery, sink: JsonLinesSink, records_in: int, marks: Path) -> int:
+    layer = query.layers[0]
     st = layer.stats()
-    # bots are filtered (acked without output); they count as processed, not lost
-    bots = sum(1 for e in click_events(records_in) if e["bot"] and not e["poison"])
-    lost = records_in - bots - len(origins)
+    lines = sink.read_all()
+    delivered = Counter(line["value"]["i"] for line in lines)
+    dead = layer.dead_letters.list(10_000)
+    dead_i = {int(unpack_payload(d.record.payload).split("|")[0]) for d in dead if d.record}
+    bots = {i for i in range(records_in) if i % 40 == 7}
+    # a record is accounted for if it was delivered, filtered as a bot, or dead-lettered
+    lost = len(set(range(records_in)) - set(delivered) - bots - dead_i)
     left = st["pending"] + st["failed_waiting"]
-    for ch in range(layer.num_channels):
-        layer.persistence.trim(ch, layer.persistence.channel_tail(ch))
-    leftovers = layer.leftovers()
+    users = Counter(line["value"]["user"] for line in lines)
     print("\n== ftlayer demo report ==")
     print(f"records in           {records_in}")
-    print(f"records delivered    {len(delivered)} (unique origins; {bots} bot events filtered)")
+    print(f"records delivered    {len(delivered)}  ({len(bots)} bot clicks filtered, {len(users)} users)")
     print(f"duplicates           {sum(delivered.values()) - len(delivered)}")
     print(f"replays              {st['replayed']}")
-    print(f"dead letters         {len(dead)}")
+    print(f"dead letters         {len(dead)}" + (f"  ({dead[0].reason.strip().splitlines()[-1]})" if dead else ""))
+    print(f"worker killed        {'yes' if (marks / 'kill').exists() else 'no'}")
     print(f"lost                 {lost}   (must be 0)")
     print(f"acker entries left   {left}   (must be 0)")
-    print(f"leftover keys        {leftovers or 'none'}")
-    print(f"sink files           {out_dir}")
-    return 0 if lost == 0 and left == 0 and not leftovers else 1
+    print(f"leftover state       {layer.leftovers() or 'none'}")
+    return 0 if lost == 0 and left == 0 else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ftlayer demo", description="Run the demo pipeline with faults.")
     parser.add_argument("--records", type=int, default=20_000, help="click events to generate")
-    parser.add_argument("--fail-rate", type=float, default=0.02, help="fraction of records that raise FailRecord")
-    parser.add_argument("--timeout-s", type=float, default=3.0, help="FT timeout for the demo [env FTLAYER_TIMEOUT_S]")
+    parser.add_argument("--fail-every", type=int, default=50,
+                        help="every Nth record raises FailRecord once (0: none)")
+    parser.add_argument("--timeout-s", type=float, default=20.0,
+                        help="FT timeout for the demo [env FTLAYER_TIMEOUT_S]")
     args = parser.parse_args(argv)
-    return run(args.records, args.fail_rate, args.timeout_s)
+    return run(args.records, args.fail_every, args.timeout_s)
 
 
 if __name__ == "__main__":

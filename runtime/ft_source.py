@@ -25,7 +25,14 @@ Offsets, partitions, commit
   the meantime. The source never acks or XORs anything.
 - ``commit(end)`` trims every channel stream up to ``end`` (one pipelined round
   trip). Trimming removes only the stream index: records still pending stay in
-  ``pend`` and time out or get acked as usual.
+  ``pend`` and time out or get acked as usual. Spark (4.3) calls ``commit`` for
+  batch N only when it plans batch N+1, so the last batch's entries would stay
+  until more data came. ``latestOffset(start, ...)`` therefore also trims up to
+  ``start`` in its round trip: Spark asks for data after ``start`` only once the
+  batches up to ``start`` have completed (a batch re-run after a restart is
+  planned from the offset log without ``latestOffset``). A trim that came too
+  early could not lose a record anyway: a pending record stays in ``pend`` and
+  is replayed when it times out.
 
 Admission control (Spark >= 4.2): with option ``max_records_per_batch`` the
 default read limit is ``ReadMaxRows(n)``. ``latestOffset`` then takes whole
@@ -55,8 +62,10 @@ user's driver process:
 Options (all strings, as Spark passes them): ``redis_url`` (required; executors
 never start an embedded server), ``namespace``, ``topology``, ``source``,
 ``num_channels``, and optionally ``max_records_per_batch``, ``read_page_entries``
-(stream entries per server-side read call, default 256) and
-``connect_timeout_s``.
+(stream entries of the first server-side read call of a partition, default 8;
+later calls double or halve it, up to 4096, aiming at about 10,000 records per
+call, since one entry holds the ids of one persist call, 1 to
+``flush_batch_size`` of them) and ``connect_timeout_s``.
 """
 
 from __future__ import annotations
@@ -103,7 +112,9 @@ __all__ = [
 
 FORMAT = "ftlayer"
 START_ID = "0-0"  # "nothing read yet": no real stream entry has id 0-0
-DEFAULT_READ_PAGE_ENTRIES = 256
+DEFAULT_READ_PAGE_ENTRIES = 8  # first page of a read; later pages adapt (see read())
+MAX_READ_PAGE_ENTRIES = 4096
+READ_TARGET_RECORDS = 10_000  # records per server-side read call that paging aims at
 # An offset: channel key ("ch<c>") -> Redis stream id ("<ms>-<seq>"). JSON-serializable.
 Offset = dict[str, str]
 
@@ -190,7 +201,9 @@ class FTSourceOptions:
         raw_max = opts.get("max_records_per_batch", "").strip()
         max_records = integer("max_records_per_batch", raw_max, 1, 2**62) if raw_max else None
         raw_page = opts.get("read_page_entries", "").strip()
-        page = integer("read_page_entries", raw_page, 1, 1_000_000) if raw_page else DEFAULT_READ_PAGE_ENTRIES
+        page = DEFAULT_READ_PAGE_ENTRIES
+        if raw_page:
+            page = integer("read_page_entries", raw_page, 1, MAX_READ_PAGE_ENTRIES)
         timeout = 5.0
         if opts.get("connect_timeout_s", "").strip():
             try:
@@ -227,6 +240,7 @@ class FTStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._persistence: PersistenceLayer | None = None
         self._checked = False
         self._target: Offset | None = None  # Trigger.AvailableNow: tails when the query started
+        self._last_tails: Offset | None = None  # seen by the last latestOffset, for progress reports
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -253,15 +267,24 @@ class FTStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.persistence.check_channels()
             self._checked = True
 
-    def tails(self) -> Offset:
-        """Every channel's last generated stream id (``"0-0"`` if none), in one round trip."""
+    def tails(self, *, trim_upto: Mapping[str, str] | None = None) -> Offset:
+        """Every channel's last generated stream id (``"0-0"`` if none), in one round trip.
+
+        With ``trim_upto`` (an offset), the same round trip first trims every
+        channel stream up to it (see :meth:`commit`).
+        """
         store = self.persistence.store
         pipe = store.client.pipeline(transaction=False)
+        if trim_upto is not None:
+            self._queue_trims(pipe, trim_upto)
         for c in self.channels:
             pipe.xinfo_stream(store.keys.channel(c))
         replies = pipe.execute(raise_on_error=False)
         out: Offset = {}
-        for c, reply in zip(self.channels, replies, strict=True):
+        for reply in replies[: len(replies) - self.opts.num_channels]:
+            if isinstance(reply, Exception):
+                raise reply
+        for c, reply in zip(self.channels, replies[-self.opts.num_channels :], strict=True):
             if isinstance(reply, Exception):
                 if "no such key" not in str(reply).lower():
                     raise reply
@@ -269,6 +292,15 @@ class FTStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             else:
                 out[channel_key(c)] = _text(reply.get("last-generated-id", START_ID))
         return out
+
+    def _queue_trims(self, pipe: Any, upto: Mapping[str, str]) -> None:
+        """Queue on ``pipe`` an exact ``XTRIM MINID`` of every channel to just after ``upto``."""
+        keys = self.persistence.store.keys
+        for c in self.channels:
+            last = upto[channel_key(c)]
+            if last != START_ID:
+                ms, seq = parse_id(last)
+                pipe.xtrim(keys.channel(c), minid=f"{ms}-{seq + 1}", approximate=False)
 
     def _check_offset(self, offset: Mapping[str, Any], what: str) -> None:
         expected = {channel_key(c) for c in self.channels}
@@ -297,10 +329,16 @@ class FTStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = self.tails()
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
-        """The end offset of the next batch: the tails, capped by the AvailableNow target and ``limit``."""
+        """The end offset of the next batch: the tails, capped by the AvailableNow target and ``limit``.
+
+        Spark asks for the batch after ``start`` only once every batch up to
+        ``start`` has completed, so the same round trip trims the streams up to
+        ``start`` (Spark itself calls :meth:`commit` for a batch only when it
+        plans the next one, which would leave the last batch's entries behind).
+        """
         self._check_once()
         self._check_offset(start, "start")
-        tails = self.tails()
+        tails = self._last_tails = self.tails(trim_upto=start)
         end: Offset = {}
         for c in self.channels:
             k = channel_key(c)
@@ -311,8 +349,8 @@ class FTStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return end
 
     def reportLatestOffset(self) -> Offset:
-        """The tails, for the query's progress report."""
-        return self.tails()
+        """The tails, for the query's progress report (those the last ``latestOffset`` saw)."""
+        return dict(self._last_tails) if self._last_tails is not None else self.tails()
 
     def _capped(self, start: Offset, end: Offset, max_rows: int) -> Offset:
         """Per channel, whole entries of ``(start, end]`` up to ``ceil(max_rows / channels)`` record ids."""
@@ -368,18 +406,19 @@ class FTStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if not batch.last_id or compare_ids(batch.last_id, until) >= 0:
                 return
             after = batch.last_id
+            # an entry holds one persist call's ids for this channel (1 to flush_batch_size):
+            # steer the page so that one server-side call returns about READ_TARGET_RECORDS
+            got = len(batch.frames)
+            if got < READ_TARGET_RECORDS // 2:
+                page = min(page * 2, MAX_READ_PAGE_ENTRIES)
+            elif got > READ_TARGET_RECORDS * 2:
+                page = max(page // 2, 1)
 
     def commit(self, end: Offset) -> None:
         """Spark committed everything up to ``end``: trim each channel stream there (one round trip)."""
         self._check_offset(end, "committed")
-        store = self.persistence.store
-        pipe = store.client.pipeline(transaction=False)
-        for c in self.channels:
-            upto = end[channel_key(c)]
-            if upto == START_ID:
-                continue
-            ms, seq = parse_id(upto)
-            pipe.xtrim(store.keys.channel(c), minid=f"{ms}-{seq + 1}", approximate=False)
+        pipe = self.persistence.store.client.pipeline(transaction=False)
+        self._queue_trims(pipe, end)
         pipe.execute()
 
 

@@ -91,3 +91,19 @@ def test_waitaof_refused_without_aof(tmp_path) -> None:  # type: ignore[no-untyp
             layer.persist([layer.make_record(1)])
     finally:
         server.stop()
+
+
+def test_trim_done_drops_only_the_completed_head(layer: FTLayer) -> None:
+    first = [layer.make_record(i, channel=0) for i in range(3)]
+    second = [layer.make_record(i, channel=0) for i in range(3)]
+    layer.persist(first)
+    layer.persist(second)
+    client, ch = layer.store.client, layer.store.keys.channel(0)
+    assert client.xlen(ch) == 2
+    layer.ack({second[0].record_id.source_record_id: second[0].record_id.current_record_id})
+    assert layer.persistence.trim_done() == 0  # the head entry still has pending records
+    layer.ack({r.record_id.source_record_id: r.record_id.current_record_id for r in first})
+    assert layer.persistence.trim_done() == 1 and client.xlen(ch) == 1
+    layer.fail([r.record_id.source_record_id for r in second[1:]])
+    assert layer.persistence.trim_done() == 1 and client.xlen(ch) == 0
+    assert layer.persistence.trim_done() == 0

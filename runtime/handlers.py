@@ -1,0 +1,175 @@
+"""FT handlers: what wraps a source, an operator or a sink, after the original design.
+
+``FTHandler`` is made of three parts:
+
+- **Persister** (sources): gives each raw record a RecordId, hashes its key,
+  serializes it into a SemiDeserializedRecord, routes it to a channel and
+  persists it before it may be emitted.
+- **AnchorHandler** (operators): remembers the input record's RecordId while
+  the user function runs, and gives every output a child id under the same
+  source record id. Child ids are ``child_id(input current id, operator, output
+  index)``, so a retried Spark task produces exactly the same ids.
+- **XorHandler** (operators and sinks): XORs each output id in and the input id
+  out (the ack), combining the deltas per source record inside the task, and
+  flushes them once per task with an idempotent token. Fails (``FailRecord`` or
+  any other exception in user code) ride in the same flush.
+
+``NonFTHandler`` does none of that: no ids, no Redis. The FT status in config
+picks the handler; user code does not change.
+
+Handlers are created per task in executors; they are not shared across
+threads.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ftlayer.acker_table import FlushResult
+from ftlayer.errors import FailRecord
+from ftlayer.ids import child_id
+from ftlayer.layer import FTLayer
+
+MAX_TRACEBACK_CHARS = 4000
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The reason stored with a failed record: FailRecord's text, else the traceback."""
+    if isinstance(exc, FailRecord):
+        return f"FailRecord: {exc.reason}"
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return text[-MAX_TRACEBACK_CHARS:]
+
+
+@dataclass
+class XorHandler:
+    """Per-task XOR accumulator: combined deltas and fails per (source index, source record id)."""
+
+    deltas: dict[int, dict[int, int]] = field(default_factory=dict)
+    fails: dict[int, dict[int, str]] = field(default_factory=dict)
+
+    def xor(self, src: int, sid: int, value: int) -> None:
+        per = self.deltas.setdefault(src, {})
+        per[sid] = per.get(sid, 0) ^ value
+
+    def fail(self, src: int, sid: int, reason: str) -> None:
+        self.fails.setdefault(src, {}).setdefault(sid, reason)
+
+    def empty(self) -> bool:
+        return not any(self.deltas.values()) and not any(self.fails.values())
+
+    def flush(self, layers: Mapping[int, FTLayer], token: str) -> dict[int, FlushResult]:
+        """Send everything accumulated, one call per source, then reset. Idempotent per token."""
+        out: dict[int, FlushResult] = {}
+        for src in sorted(set(self.deltas) | set(self.fails)):
+            deltas = {sid: v for sid, v in self.deltas.get(src, {}).items() if v}
+            fails = self.fails.get(src, {})
+            if deltas or fails:
+                out[src] = layers[src].xor(deltas, token=f"{token}/s{src}", fails=fails)
+        self.deltas.clear()
+        self.fails.clear()
+        return out
+
+
+class AnchorHandler:
+    """Holds the anchor (input) record while a user function runs; derives child ids."""
+
+    __slots__ = ("cid", "sid", "src")
+
+    def __init__(self) -> None:
+        self.src = 0
+        self.sid = 0
+        self.cid = 0
+
+    def anchor(self, src: int, sid: int, cid: int) -> None:
+        self.src, self.sid, self.cid = src, sid, cid
+
+    def child(self, operator_id: int, index: int) -> int:
+        return child_id(self.cid, operator_id, index)
+
+
+Row = tuple[int, int, int, int, Any]  # (source index, source record id, current id, origin id, value)
+Chain = Callable[[Any], list[Any]]
+
+
+class FTHandler:
+    """Operating handler of one task: anchors, derives child ids, XORs and fails."""
+
+    ft_on = True
+
+    def __init__(self, operator_id: int) -> None:
+        self.operator_id = operator_id
+        self.anchor = AnchorHandler()
+        self.xors = XorHandler()
+        self.failed = 0
+
+    def process(self, rows: Iterable[Row], chain: Chain) -> Iterator[Row]:
+        """Run ``chain`` on each input; yield outputs with child ids; XOR outputs in, input out.
+
+        A record whose chain raises is failed (its whole tree) and yields
+        nothing; the task carries on with the next record.
+        """
+        xor, anchor, op = self.xors.xor, self.anchor, self.operator_id
+        for src, sid, cid, origin, value in rows:
+            anchor.anchor(src, sid, cid)
+            try:
+                outputs = chain(value)
+            except Exception as exc:  # any user error fails the record, not the query
+                self.xors.fail(src, sid, failure_reason(exc))
+                self.failed += 1
+                continue
+            delta = cid
+            for i, out in enumerate(outputs):
+                child = anchor.child(op, i)
+                delta ^= child
+                yield src, sid, child, origin, out
+            xor(src, sid, delta)
+
+    def ack(self, rows: Iterable[tuple[int, int, int]]) -> None:
+        """A sink acks (src, sid, cid) after its write succeeded."""
+        xor = self.xors.xor
+        for src, sid, cid in rows:
+            xor(src, sid, cid)
+
+    def fail_all(self, rows: Iterable[tuple[int, int, int]], exc: BaseException) -> None:
+        """Fail every record of a failed sink write (they will be replayed)."""
+        reason = failure_reason(exc)
+        for src, sid, _ in rows:
+            self.xors.fail(src, sid, reason)
+            self.failed += 1
+
+    def flush(self, layers: Mapping[int, FTLayer], token: str) -> None:
+        self.xors.flush(layers, token)
+
+
+class NonFTHandler(FTHandler):
+    """Non-operating handler (FT status off): same calls, no ids, no XOR, no Redis."""
+
+    ft_on = False
+
+    def process(self, rows: Iterable[Row], chain: Chain) -> Iterator[Row]:
+        for src, sid, cid, origin, value in rows:
+            try:
+                outputs = chain(value)
+            except FailRecord:  # FT off: nothing can replay it; the record is dropped and counted
+                self.failed += 1
+                continue
+            for out in outputs:
+                yield src, sid, cid, origin, out
+
+    def ack(self, rows: Iterable[tuple[int, int, int]]) -> None:
+        return None
+
+    def fail_all(self, rows: Iterable[tuple[int, int, int]], exc: BaseException) -> None:
+        raise exc
+
+    def flush(self, layers: Mapping[int, FTLayer], token: str) -> None:
+        return None
+
+
+def handler_for(ft_on: bool, operator_id: int) -> FTHandler:
+    """The handler the FT status asks for."""
+    return FTHandler(operator_id) if ft_on else NonFTHandler(operator_id)

@@ -1,0 +1,182 @@
+"""Ingest: run a user source on the driver and persist its records before Spark sees them.
+
+A user source is plain Python, one of:
+
+- an iterable or iterator of records (ends when exhausted);
+- a callable returning a record, an iterable of records, or None (nothing now);
+  raising StopIteration ends it;
+- an object with ``open()``, ``poll()`` (an iterable of records, possibly
+  empty) and ``close()``; ``poll`` returning None ends it.
+
+The :class:`Ingestor` thread pulls records, gives each a RecordId and key hash
+(the source's key selector), routes it to a channel (fields by that key, else
+round-robin) and persists it in batches of at most ``flush_batch_size``,
+waiting at most ``linger_s`` to fill a batch. A record becomes visible to
+Spark only after its batch is persisted. Backpressure: while ``max_pending``
+records are pending, the thread waits, so a fast source cannot flood Redis.
+
+Contract on errors: an exception from the user source stops ingest and is kept
+in ``Ingestor.error`` (the query keeps running and drains what was persisted);
+a Redis error is retried with backoff, holding the batch, so nothing read from
+the source is dropped while the process lives.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from ftlayer.errors import FTLayerError
+from ftlayer.ids import RecordId, new_ids
+from ftlayer.keyhash import key_hash
+from ftlayer.layer import FTLayer
+from partitioners.factory import partitioner_for
+from serialization.payload import pack_payload
+from serialization.record import SemiDeserializedRecord
+
+log = logging.getLogger(__name__)
+
+KeySelector = Callable[[Any], Any]
+
+
+def source_iterator(source: Any, stop: threading.Event) -> Iterator[Any]:
+    """Adapt any supported user source to an iterator that yields records or None (idle)."""
+    if hasattr(source, "poll"):
+        if hasattr(source, "open"):
+            source.open()
+        try:
+            while not stop.is_set():
+                got = source.poll()
+                if got is None:
+                    return
+                produced = False
+                for rec in got:
+                    produced = True
+                    yield rec
+                if not produced:
+                    yield None
+        finally:
+            if hasattr(source, "close"):
+                source.close()
+    elif callable(source) and not isinstance(source, Iterable):
+        while not stop.is_set():
+            try:
+                got = source()
+            except StopIteration:
+                return
+            if got is None:
+                yield None
+            elif isinstance(got, (list, tuple)):
+                yield from got
+            else:
+                yield got
+    else:
+        yield from source
+
+
+class Ingestor:
+    """Driver-side thread that persists one source's records (see module contract)."""
+
+    def __init__(
+        self,
+        layer: FTLayer,
+        source: Any,
+        *,
+        key: KeySelector | None = None,
+        linger_s: float = 0.02,
+    ) -> None:
+        self.layer = layer
+        self.source = source
+        self.key = key
+        self.linger_s = linger_s
+        cfg = layer.config
+        strategy = "fields" if key is not None else "rebalance"
+        self.partitioner = partitioner_for(strategy, layer.num_channels)
+        self.batch_size = cfg.flush_batch_size
+        self.max_pending = cfg.max_pending
+        self.ingested = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def done(self) -> bool:
+        """True once the source ended (or failed) and everything read was persisted."""
+        return self._done.is_set()
+
+    def _records(self, values: list[Any]) -> list[SemiDeserializedRecord]:
+        ids = new_ids(2 * len(values))
+        out = []
+        src = self.layer.source_id
+        for i, value in enumerate(values):
+            rid = RecordId(ids[2 * i], ids[2 * i + 1])
+            h = key_hash(self.key(value)) if self.key is not None else key_hash(None)
+            ch = self.partitioner.select(key_hash=h)[0]
+            out.append(SemiDeserializedRecord(src, rid, h, rid.source_record_id, 0, pack_payload(value), ch))
+        return out
+
+    def _persist(self, values: list[Any]) -> None:
+        records = self._records(values)
+        delay = 0.05
+        while True:
+            try:
+                self.layer.persist(records)
+            except FTLayerError:
+                if self._stop.is_set():
+                    raise
+                log.exception("persist failed; retrying in %.2f s", delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+            else:
+                self.ingested += len(records)
+                return
+
+    def _wait_for_room(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.layer.pending_count() < self.max_pending:
+                    return
+            except FTLayerError:
+                pass
+            time.sleep(0.02)
+
+    def run(self) -> None:
+        """Ingest until the source ends or ``stop()``; usable without the thread (tests)."""
+        batch: list[Any] = []
+        started = time.monotonic()
+        try:
+            for value in source_iterator(self.source, self._stop):
+                if value is not None:
+                    if not batch:
+                        started = time.monotonic()
+                    batch.append(value)
+                full = len(batch) >= self.batch_size
+                if batch and (full or value is None or time.monotonic() - started >= self.linger_s):
+                    self._wait_for_room()
+                    self._persist(batch)
+                    batch = []
+                if value is None:
+                    time.sleep(self.linger_s)
+                if self._stop.is_set():
+                    break
+        except Exception as exc:  # a broken user source stops ingest, not the query
+            self.error = exc
+            log.exception("user source of %s failed; ingest stopped", self.layer.store.keys.prefix)
+        finally:
+            if batch:
+                self._persist(batch)
+            self._done.set()
+
+    def start(self) -> Ingestor:
+        self._thread = threading.Thread(target=self.run, name="ftlayer-ingest", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)

@@ -1,0 +1,167 @@
+"""Operator stages: fused chains of map / flat_map / filter, run in executors over Arrow.
+
+A *stage* is the run of operators between two Spark exchanges (a keyed edge,
+a fan-out or the sink). It compiles to one ``mapInArrow`` function. Per Arrow
+batch it decodes each payload once (msgpack), runs the fused chain through the
+task's handler (which anchors, derives child ids, XORs and catches failures),
+and re-encodes the outputs once. Records created and consumed inside the
+chain never leave the task, so their XORs cancel and are not sent at all:
+a stage XORs its inputs out and its final outputs in. The task's combined
+deltas are flushed once, after the last batch, with the token
+``<topology>/<micro-batch>/st<stage>/p<partition>``, so a retried task (or a
+recomputed stage) never applies them twice.
+
+Rows between stages: ``src int, sid long, cid long, origin long, key_hash
+long, channel int, payload binary`` (the origin id rides along so sinks can
+deduplicate replays). A stage before a keyed edge fills ``key_hash`` and
+``channel = pmod(key_hash, n)`` from the key selector; the exchange then puts
+channel c in Spark partition c exactly (``partitioners.spark_exact``).
+
+Everything here is shipped to executors and must be picklable: user functions
+too (plain functions and lambdas are, through cloudpickle).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ftlayer.config import FTConfig
+from ftlayer.ids import child_id
+from ftlayer.keyhash import key_hash
+from ftlayer.layer import FTLayer
+from runtime.handlers import FTHandler, handler_for
+from serialization.payload import pack_payload, unpack_payload
+
+ROW_SCHEMA = "src int, sid long, cid long, origin long, key_hash long, channel int, payload binary"
+ROW_COLUMNS = ("src", "sid", "cid", "origin", "key_hash", "channel", "payload")
+NO_KEY_HASH = key_hash(None)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One user operator: ``kind`` is 'map', 'flat_map' or 'filter'."""
+
+    kind: str
+    fn: Callable[[Any], Any]
+    op_id: int
+
+
+def make_chain(ops: Sequence[Op]) -> Callable[[Any], list[Any]]:
+    """Fuse operators into one function from an input value to its list of outputs."""
+    steps = [(op.kind, op.fn) for op in ops]
+
+    def run(value: Any) -> list[Any]:
+        values = [value]
+        for kind, fn in steps:
+            if kind == "map":
+                values = [fn(v) for v in values]
+            elif kind == "filter":
+                values = [v for v in values if fn(v)]
+            else:
+                values = [o for v in values for o in fn(v)]
+        return values
+
+    return run
+
+
+@dataclass(frozen=True)
+class TaskEnv:
+    """What a task needs to reach the FT layer: picklable config and source names."""
+
+    config: FTConfig
+    topology: str
+    sources: tuple[str, ...]
+    num_channels: int
+
+    def layers(self) -> dict[int, FTLayer]:
+        return {
+            i: FTLayer(self.config, self.topology, name, source_id=i, num_channels=self.num_channels)
+            for i, name in enumerate(self.sources)
+        }
+
+    def token(self, stage: str) -> str:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
+        part = ctx.partitionId() if ctx else -1
+        return f"{self.topology}/{batch}/{stage}/p{part}"
+
+
+@dataclass(frozen=True)
+class Fanout:
+    """This stage reads copy ``index`` of a stream consumed by ``copies`` stages.
+
+    Copy j of a record has current id ``child_id(cid, op_id, j)``. The stage
+    reading copy 0 emits all copies (XORs them in and the original out); every
+    stage acks its own copy, so each copy id is XORed exactly twice.
+    """
+
+    op_id: int
+    index: int
+    copies: int
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A compiled stage; ``__call__`` is the mapInArrow function."""
+
+    env: TaskEnv
+    stage_id: int
+    ops: tuple[Op, ...]
+    key: Callable[[Any], Any] | None = None  # set when a keyed edge follows
+    fanout: Fanout | None = None
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        env = self.env
+        handler = handler_for(env.config.ft_on, self.stage_id)
+        chain = make_chain(self.ops)
+        n = env.num_channels
+        key = self.key
+        for rb in batches:
+            rows = _rows(rb, handler, self.fanout)
+            src_o: list[int] = []
+            sid_o: list[int] = []
+            cid_o: list[int] = []
+            org_o: list[int] = []
+            kh_o: list[int] = []
+            ch_o: list[int] = []
+            pl_o: list[bytes] = []
+            for src, sid, cid, origin, value in handler.process(rows, chain):
+                src_o.append(src)
+                sid_o.append(sid)
+                cid_o.append(cid)
+                org_o.append(origin)
+                h = key_hash(key(value)) if key is not None else NO_KEY_HASH
+                kh_o.append(h)
+                ch_o.append(h % n)
+                pl_o.append(pack_payload(value))
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(src_o, pa.int32()), pa.array(sid_o, pa.int64()), pa.array(cid_o, pa.int64()),
+                 pa.array(org_o, pa.int64()), pa.array(kh_o, pa.int64()), pa.array(ch_o, pa.int32()),
+                 pa.array(pl_o, pa.binary())],
+                names=list(ROW_COLUMNS),
+            )
+        if handler.ft_on:
+            handler.flush(env.layers(), env.token(f"st{self.stage_id}"))
+
+
+def _rows(rb: Any, handler: FTHandler, fanout: Fanout | None) -> Iterator[tuple[int, int, int, int, Any]]:
+    """Decode a batch into (src, sid, cid, origin, value); apply the fan-out copy ids."""
+    cols = rb.to_pydict()
+    src, sid, cid, origin, payload = cols["src"], cols["sid"], cols["cid"], cols["origin"], cols["payload"]
+    for i in range(len(sid)):
+        c = cid[i]
+        if fanout is not None and handler.ft_on:
+            copies = [child_id(c, fanout.op_id, j) for j in range(fanout.copies)]
+            if fanout.index == 0:
+                emit = c
+                for copy in copies:
+                    emit ^= copy
+                handler.xors.xor(src[i], sid[i], emit)
+            c = copies[fanout.index]
+        yield src[i], sid[i], c, origin[i], unpack_payload(payload[i])

@@ -1,0 +1,164 @@
+"""Sinks: write, then ack. A record is acked only after the write that holds it succeeded.
+
+Executor sinks run as the last stage of the query, inside Spark tasks: for each
+Arrow batch they decode the values once, call ``write(values, ctx)``, and on
+success ack every record of the batch (XOR its current id out). If ``write``
+raises, every record of the batch fails with the traceback as reason and is
+replayed (dead-lettered after ``max_replays``); the query keeps running. The
+task flushes its acks once, with an idempotent token.
+
+- :class:`CallableSink`: your function gets each batch's values.
+- :class:`JsonLinesSink`: one JSON-lines file per batch and attempt, written to
+  a temporary name and renamed, so readers never see a partial file. With
+  ``with_meta`` each line is ``{"origin", "partition", "value"}``.
+- :class:`RedisHashSink`: ``HSET key field value`` per record, pipelined.
+
+:class:`ForeachBatchSink` runs on the driver (Spark's ``foreachBatch``): your
+function gets the whole micro-batch's values and the batch id; the driver acks
+after it returns. Sinks must be picklable (they ship to executors).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runtime.handlers import handler_for
+from runtime.operators import TaskEnv
+from serialization.payload import unpack_payload
+
+
+@dataclass(frozen=True)
+class SinkContext:
+    """Where a write happens: micro-batch id, Spark partition, task attempt."""
+
+    batch_id: str
+    partition: int
+    attempt: int
+    origins: list[int] = field(default_factory=list)
+
+
+class ExecutorSink:
+    """Base of sinks that write inside Spark tasks. Subclasses implement ``write``."""
+
+    def write(self, values: list[Any], ctx: SinkContext) -> None:
+        raise NotImplementedError
+
+    def after_flush(self, ctx: SinkContext) -> None:
+        """Called once per task after its acks were flushed (a hook for metrics and fault tests)."""
+
+
+class CallableSink(ExecutorSink):
+    """Calls ``fn(values)`` (or ``fn(values, ctx)`` with ``pass_context``) for each batch."""
+
+    def __init__(self, fn: Callable[..., Any], *, pass_context: bool = False) -> None:
+        self.fn = fn
+        self.pass_context = pass_context
+
+    def write(self, values: list[Any], ctx: SinkContext) -> None:
+        if self.pass_context:
+            self.fn(values, ctx)
+        else:
+            self.fn(values)
+
+
+class JsonLinesSink(ExecutorSink):
+    """Writes ``<directory>/part-<batch>-p<partition>-a<attempt>-<uuid>.jsonl`` atomically."""
+
+    def __init__(self, directory: str | Path, *, with_meta: bool = True) -> None:
+        self.directory = str(directory)
+        self.with_meta = with_meta
+
+    def write(self, values: list[Any], ctx: SinkContext) -> None:
+        if not values:
+            return
+        os.makedirs(self.directory, exist_ok=True)
+        name = f"part-{ctx.batch_id}-p{ctx.partition}-a{ctx.attempt}-{uuid.uuid4().hex[:8]}.jsonl"
+        final = Path(self.directory, name)
+        tmp = Path(self.directory, "." + name + ".tmp")
+        with tmp.open("w", encoding="utf-8") as fh:
+            for origin, value in zip(ctx.origins, values, strict=True):
+                line = {"origin": origin, "partition": ctx.partition, "value": value} if self.with_meta else value
+                fh.write(json.dumps(line, default=str) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.rename(final)
+
+    def read_all(self) -> list[Any]:
+        """Every line written so far (for reports and tests)."""
+        out: list[Any] = []
+        for path in sorted(Path(self.directory).glob("part-*.jsonl")):
+            out.extend(json.loads(line) for line in path.read_text(encoding="utf-8").splitlines())
+        return out
+
+
+class RedisHashSink(ExecutorSink):
+    """``HSET key_fn(v) field_fn(v) value_fn(v)`` for each record; ``url`` defaults to the FT server."""
+
+    def __init__(
+        self,
+        key_fn: Callable[[Any], str],
+        field_fn: Callable[[Any], str],
+        value_fn: Callable[[Any], Any] = json.dumps,
+        *,
+        url: str | None = None,
+    ) -> None:
+        self.key_fn, self.field_fn, self.value_fn, self.url = key_fn, field_fn, value_fn, url
+
+    def write(self, values: list[Any], ctx: SinkContext) -> None:
+        from ftlayer.connection import client_for
+
+        assert self.url is not None, "RedisHashSink.url is set by the topology before start"
+        pipe = client_for(self.url).pipeline(transaction=False)
+        for v in values:
+            pipe.hset(self.key_fn(v), self.field_fn(v), self.value_fn(v))
+        pipe.execute()
+
+
+class ForeachBatchSink:
+    """Driver-side sink: ``fn(values, batch_id)`` per micro-batch, then the driver acks."""
+
+    def __init__(self, fn: Callable[[list[Any], int], Any]) -> None:
+        self.fn = fn
+
+
+@dataclass(frozen=True)
+class SinkStage:
+    """The mapInArrow function of an executor sink: decode, write, ack (or fail), flush once."""
+
+    env: TaskEnv
+    stage_id: int
+    sink: ExecutorSink
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        batch_id = (tc.getLocalProperty("streaming.sql.batchId") if tc else None) or "0"
+        partition = tc.partitionId() if tc else 0
+        attempt = tc.attemptNumber() if tc else 0
+        handler = handler_for(self.env.config.ft_on, self.stage_id)
+        written = 0
+        ctx = SinkContext(str(batch_id), partition, attempt)
+        for rb in batches:
+            cols = rb.to_pydict()
+            ids = list(zip(cols["src"], cols["sid"], cols["cid"], strict=True))
+            values = [unpack_payload(p) for p in cols["payload"]]
+            ctx = SinkContext(str(batch_id), partition, attempt, cols["origin"])
+            try:
+                self.sink.write(values, ctx)
+            except Exception as exc:  # a failed write fails its records; they are replayed
+                handler.fail_all(ids, exc)
+            else:
+                handler.ack(ids)
+                written += len(values)
+        if handler.ft_on:
+            handler.flush(self.env.layers(), self.env.token(f"st{self.stage_id}"))
+        self.sink.after_flush(ctx)
+        yield pa.RecordBatch.from_arrays([pa.array([written], pa.int64())], names=["written"])

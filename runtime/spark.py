@@ -1,0 +1,36 @@
+"""A local SparkSession configured the way ftlayer's jobs and tests expect."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from typing import Any
+
+from ftlayer.errors import FTLayerError
+
+
+def local_session(app_name: str, master: str = "local[2,4]") -> Any:
+    """A local SparkSession (2 cores, up to 4 attempts per task), quiet logs, Arrow on.
+
+    Raises FTLayerError with a clear message when ``java`` is missing.
+    """
+    if shutil.which("java") is None:
+        msg = "java is not on PATH: Spark 4.x needs Java 17 or 21 (Debian: apt-get install openjdk-17-jre-headless)"
+        raise FTLayerError(msg)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    return session

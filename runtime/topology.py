@@ -1,0 +1,350 @@
+"""The topology API: wrap sources, operators and sinks; compile to one streaming query.
+
+::
+
+    topo = Topology("clicks", FTConfig.load())
+    src = topo.source("events", click_generator(), key=lambda e: e["user"])
+    out = src.map(parse).filter(valid).key_by(lambda e: e["user"]).map(enrich)
+    out.sink(JsonLinesSink("/data/out"))          # acks after the write
+    query = topo.start(spark)                      # FTQuery around a StreamingQuery
+    query.await_drained(60)                        # every record acked or dead-lettered
+
+Compilation. Each source becomes an ingest thread on the driver (persist before
+visible) and an FT source DataFrame (partition i reads channel i). Runs of
+``map``/``flat_map``/``filter`` fuse into one ``mapInArrow`` stage. ``key_by``
+ends a stage: the stage computes the key hash and channel, and the exchange
+puts channel c in Spark partition c exactly, so every record of a key,
+replays included, is processed in the partition that owns the key. A stream
+consumed by several operators fans out: each consumer reads its own copy
+with its own child id (the Storm/original-design rule that every emitted
+record has its own id). The sink is the last stage. A driver-side FT service
+rotates timeout buckets and replays failures; it stops with the query.
+
+Operator ids and stage ids are assigned in construction order, so the same
+program gives the same child ids after a driver restart.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ftlayer.config import FTConfig
+from ftlayer.connection import resolved
+from ftlayer.errors import TopologyError
+from ftlayer.keys import check_name
+from ftlayer.layer import FTLayer
+from ftlayer.service import FTService
+from runtime.handlers import FTHandler, handler_for
+from runtime.ingest import Ingestor
+from runtime.operators import ROW_COLUMNS, ROW_SCHEMA, Fanout, Op, Stage, TaskEnv
+from runtime.sinks import CallableSink, ExecutorSink, ForeachBatchSink, RedisHashSink, SinkStage
+from serialization.payload import unpack_payload
+
+FANOUT_OP_BASE = 1 << 20
+
+
+@dataclass(eq=False)
+class Node:
+    """A vertex of the logical graph."""
+
+    node_id: int
+    parents: list[Node]
+    consumers: list[Node] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class SourceNode(Node):
+    name: str = ""
+    source: Any = None
+    key: Callable[[Any], Any] | None = None
+    index: int = 0
+
+
+@dataclass(eq=False)
+class OpNode(Node):
+    op: Op | None = None
+
+
+@dataclass(eq=False)
+class KeyByNode(Node):
+    key: Callable[[Any], Any] | None = None
+
+
+@dataclass(eq=False)
+class UnionNode(Node):
+    pass
+
+
+@dataclass(eq=False)
+class SinkNode(Node):
+    sink: Any = None
+
+
+class Stream:
+    """A stream of records in a topology; every method returns a new Stream."""
+
+    def __init__(self, topology: Topology, node: Node) -> None:
+        self._topology = topology
+        self._node = node
+
+    def _op(self, kind: str, fn: Callable[[Any], Any]) -> Stream:
+        return Stream(self._topology, self._topology._add(OpNode, [self._node], op_kind=(kind, fn)))
+
+    def map(self, fn: Callable[[Any], Any]) -> Stream:
+        """One output per input."""
+        return self._op("map", fn)
+
+    def flat_map(self, fn: Callable[[Any], Any]) -> Stream:
+        """Zero or more outputs per input (``fn`` returns an iterable)."""
+        return self._op("flat_map", fn)
+
+    def filter(self, fn: Callable[[Any], bool]) -> Stream:
+        """Keep the inputs for which ``fn`` is true; the others are acked with no output."""
+        return self._op("filter", fn)
+
+    def key_by(self, key: Callable[[Any], Any]) -> Stream:
+        """Route by ``key``: channel = pmod(xxhash64(key), n), Spark partition = channel."""
+        return Stream(self._topology, self._topology._add(KeyByNode, [self._node], key=key))
+
+    def union(self, *others: Stream) -> Stream:
+        """Records of this stream and the others."""
+        return Stream(self._topology, self._topology._add(UnionNode, [self._node, *(o._node for o in others)]))
+
+    def sink(self, sink: ExecutorSink | ForeachBatchSink | Callable[[list[Any]], Any]) -> None:
+        """End the stream in a sink; a plain callable becomes a :class:`CallableSink`."""
+        if not isinstance(sink, (ExecutorSink, ForeachBatchSink)):
+            sink = CallableSink(sink)
+        self._topology._add(SinkNode, [self._node], sink=sink)
+
+
+class Topology:
+    """A named dataflow of FT-wrapped sources, operators and one sink."""
+
+    def __init__(self, name: str, config: FTConfig | None = None) -> None:
+        self.name = check_name("topology", name)
+        self.config = config or FTConfig.load()
+        self._nodes: list[Node] = []
+        self._sources: list[SourceNode] = []
+
+    def _add(self, cls: type[Node], parents: list[Node], **kw: Any) -> Node:
+        node_id = len(self._nodes)
+        if cls is OpNode:
+            kind, fn = kw.pop("op_kind")
+            node: Node = OpNode(node_id, parents, op=Op(kind, fn, node_id))
+        else:
+            node = cls(node_id, parents, **kw)
+        for p in parents:
+            if isinstance(p, SinkNode):
+                msg = f"topology {self.name!r}: nothing can follow a sink"
+                raise TopologyError(msg)
+            p.consumers.append(node)
+        self._nodes.append(node)
+        return node
+
+    def source(self, name: str, source: Any, *, key: Callable[[Any], Any] | None = None) -> Stream:
+        """Wrap a user source (iterable, callable, or open/poll/close object); ``key`` routes it."""
+        check_name("source", name)
+        if any(s.name == name for s in self._sources):
+            msg = f"topology {self.name!r} already has a source named {name!r}"
+            raise TopologyError(msg)
+        node = self._add(SourceNode, [], name=name, source=source, key=key, index=len(self._sources))
+        assert isinstance(node, SourceNode)
+        self._sources.append(node)
+        return Stream(self, node)
+
+    def start(
+        self,
+        spark: Any,
+        *,
+        checkpoint_location: str | None = None,
+        trigger_interval_s: float = 0.5,
+        max_records_per_batch: int | None = None,
+    ) -> FTQuery:
+        """Start ingest, the FT service and the streaming query."""
+        return Compiler(self, spark).start(checkpoint_location, trigger_interval_s, max_records_per_batch)
+
+
+class Compiler:
+    """Turns the logical graph into DataFrames (see the module docstring)."""
+
+    def __init__(self, topology: Topology, spark: Any) -> None:
+        self.topology = topology
+        self.spark = spark
+        cfg = resolved(topology.config)
+        if not cfg.ft_on:
+            msg = (
+                "status='off' is not supported by the Spark runtime yet (issue 5 follow-up); "
+                "set FTLAYER_STATUS=on"
+            )
+            raise TopologyError(msg)
+        self.config = cfg
+        self.n = cfg.num_channels
+        self.env = TaskEnv(cfg, topology.name, tuple(s.name for s in topology._sources), self.n)
+        self._stage_ids = 0
+        self._max_records: int | None = None
+
+    def _next_stage(self) -> int:
+        self._stage_ids += 1
+        return self._stage_ids
+
+    @functools.cache  # noqa: B019 - one compiler per start(); memoises shared sub-plans
+    def df_for(self, node: Node) -> Any:
+        from pyspark.sql import functions as F
+
+        from partitioners.spark_exact import exact_repartition
+        from runtime.ft_source import read_stream
+
+        if isinstance(node, SourceNode):
+            df = read_stream(self.spark, self.config, self.topology.name, node.name, self.n,
+                             max_records_per_batch=self._max_records)
+            return df.select(F.lit(node.index).cast("int").alias("src"), "sid", "cid", "origin",
+                             "key_hash", "channel", "payload")
+        if isinstance(node, OpNode):
+            return self.stage_df(node, key=None)
+        if isinstance(node, KeyByNode):
+            parent = node.parents[0]
+            if isinstance(parent, OpNode) and len(parent.consumers) == 1:
+                keyed = self.stage_df(parent, key=node.key)
+            else:
+                keyed = self.pass_through(parent, node, key=node.key)
+            return exact_repartition(keyed, "channel", self.n)
+        if isinstance(node, UnionNode):
+            dfs = [self.input_df(p, node) for p in node.parents]
+            return functools.reduce(lambda a, b: a.unionByName(b), dfs)
+        msg = f"cannot compile node {node!r}"
+        raise TopologyError(msg)
+
+    def fanout(self, parent: Node, consumer: Node) -> Fanout | None:
+        if len(parent.consumers) <= 1:
+            return None
+        return Fanout(FANOUT_OP_BASE + parent.node_id, parent.consumers.index(consumer), len(parent.consumers))
+
+    def pass_through(self, parent: Node, consumer: Node, key: Callable[[Any], Any] | None) -> Any:
+        stage = Stage(self.env, self._next_stage(), (), key=key, fanout=self.fanout(parent, consumer))
+        return self.df_for(parent).mapInArrow(stage, ROW_SCHEMA)
+
+    def input_df(self, parent: Node, consumer: Node) -> Any:
+        """The rows ``consumer`` reads from ``parent`` (its own copy if ``parent`` fans out)."""
+        if len(parent.consumers) > 1:
+            return self.pass_through(parent, consumer, key=None)
+        return self.df_for(parent)
+
+    def stage_df(self, tail: OpNode, key: Callable[[Any], Any] | None) -> Any:
+        """Fuse the run of single-consumer operators ending at ``tail`` into one stage."""
+        ops: list[Op] = []
+        node: Node = tail
+        while True:
+            assert isinstance(node, OpNode) and node.op is not None
+            ops.insert(0, node.op)
+            parent = node.parents[0]
+            if isinstance(parent, OpNode) and len(parent.consumers) == 1:
+                node = parent
+                continue
+            break
+        stage = Stage(self.env, self._next_stage(), tuple(ops), key=key, fanout=self.fanout(parent, node))
+        return self.df_for(parent).mapInArrow(stage, ROW_SCHEMA)
+
+    def start(self, checkpoint: str | None, trigger_s: float, max_records: int | None) -> FTQuery:
+        topo = self.topology
+        self._max_records = max_records
+        sinks = [n for n in topo._nodes if isinstance(n, SinkNode)]
+        if len(sinks) != 1:
+            msg = f"topology {topo.name!r} needs exactly one sink, has {len(sinks)} (union streams first)"
+            raise TopologyError(msg)
+        if not topo._sources:
+            msg = f"topology {topo.name!r} has no source"
+            raise TopologyError(msg)
+        sink_node = sinks[0]
+        layers = [
+            FTLayer(self.config, topo.name, s.name, source_id=s.index, num_channels=self.n).open()
+            for s in topo._sources
+        ]
+        sink = sink_node.sink
+        if isinstance(sink, RedisHashSink) and sink.url is None:
+            sink.url = self.config.redis_url
+        df = self.input_df(sink_node.parents[0], sink_node)
+        writer: Any
+        if isinstance(sink, ForeachBatchSink):
+            writer = df.writeStream.foreachBatch(DriverSinkBatch(self.env, sink))
+        else:
+            out = df.mapInArrow(SinkStage(self.env, self._next_stage(), sink), "written long")
+            writer = out.writeStream.format("noop")
+        checkpoint = checkpoint or tempfile.mkdtemp(prefix=f"ftlayer-{topo.name}-ckpt-")
+        service = FTService(layers).start()
+        ingestors = [
+            Ingestor(layer, s.source, key=s.key).start() for layer, s in zip(layers, topo._sources, strict=True)
+        ]
+        query = (
+            writer.queryName(f"ftlayer-{topo.name}")
+            .option("checkpointLocation", checkpoint)
+            .trigger(processingTime=f"{int(trigger_s * 1000)} milliseconds")
+            .start()
+        )
+        return FTQuery(query, layers, ingestors, service, checkpoint)
+
+
+@dataclass
+class DriverSinkBatch:
+    """foreachBatch function of a :class:`ForeachBatchSink`: collect, call, ack on the driver."""
+
+    env: TaskEnv
+    sink: ForeachBatchSink
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        rows = df.select(*ROW_COLUMNS).collect()
+        ids = [(r["src"], r["sid"], r["cid"]) for r in rows]
+        handler: FTHandler = handler_for(self.env.config.ft_on, 0)
+        try:
+            self.sink.fn([unpack_payload(r["payload"]) for r in rows], batch_id)
+        except Exception as exc:  # the batch's records fail and are replayed
+            handler.fail_all(ids, exc)
+        else:
+            handler.ack(ids)
+        handler.flush(self.env.layers(), f"{self.env.topology}/{batch_id}/sink/driver")
+
+
+class FTQuery:
+    """A running topology: the StreamingQuery plus ingest threads and the FT service."""
+
+    def __init__(
+        self, query: Any, layers: list[FTLayer], ingestors: list[Ingestor], service: FTService, checkpoint: str
+    ) -> None:
+        self.query = query
+        self.layers = layers
+        self.ingestors = ingestors
+        self.service = service
+        self.checkpoint = checkpoint
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Counters per source (persisted, acked, failed_*, replayed, dead_lettered, pending, ...)."""
+        return {layer.store.keys.source: layer.stats() for layer in self.layers}
+
+    def drained(self) -> bool:
+        """Ingest finished and nothing pending or waiting for replay."""
+        if not all(i.done for i in self.ingestors):
+            return False
+        return all(s["pending"] == 0 and s["failed_waiting"] == 0 for s in self.stats().values())
+
+    def await_drained(self, timeout_s: float = 120.0, poll_s: float = 0.25) -> bool:
+        """Wait until :meth:`drained` (True) or the timeout (False). Raises if the query died."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            exc = self.query.exception()
+            if exc is not None:
+                raise exc
+            if self.drained():
+                return True
+            time.sleep(poll_s)
+        return False
+
+    def stop(self) -> None:
+        """Stop ingest, the query and the FT service (leases released)."""
+        for ing in self.ingestors:
+            ing.stop()
+        self.query.stop()
+        self.service.stop()
