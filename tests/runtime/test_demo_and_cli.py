@@ -24,7 +24,10 @@ def test_demo_reports_nothing_lost_and_nothing_left(tmp_path) -> None:  # type: 
     assert re.search(r"^lost\s+0 ", out, re.M) and re.search(r"^acker entries left\s+0 ", out, re.M)
     assert re.search(r"^worker killed\s+yes", out, re.M)
     assert re.search(r"^dead letters\s+1 ", out, re.M)  # the poison record, with its reason
-    assert int(re.search(r"^replays\s+(\d+)", out, re.M).group(1)) >= 3000 // 25  # type: ignore[union-attr]
+    # every 25th record fails once (unless its first failure died with the killed worker),
+    # and the poison record is replayed max_replays = 3 times before it is dead-lettered
+    replays = int(re.search(r"^replays\s+(\d+)", out, re.M).group(1))  # type: ignore[union-attr]
+    assert 3 < replays <= 3000 // 25 + 3
     assert re.search(r"^leftover state\s+none", out, re.M)
 
 
