@@ -1,0 +1,125 @@
+"""Ingest on a real server: every kind of user source, batching, routing, backpressure."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+from ftlayer.config import FTConfig
+from ftlayer.keyhash import key_hash
+from ftlayer.layer import FTLayer
+from runtime.ingest import Ingestor
+
+
+def _layer(cfg: FTConfig, **kw: Any) -> FTLayer:
+    return FTLayer(cfg.replace(**kw) if kw else cfg, "ing", "src", num_channels=4).open()
+
+
+def _persisted(layer: FTLayer) -> list[Any]:
+    from serialization.payload import unpack_payload
+
+    out = []
+    for ch in range(4):
+        out += [(ch, r) for r in layer.persistence.read_channel(ch).records()]
+    assert all(r.channel == ch for ch, r in out)
+    return [unpack_payload(r.payload) for _, r in out]
+
+
+def test_iterable_source_keyed_routing(ft_config: FTConfig) -> None:
+    layer = _layer(ft_config)
+    ing = Ingestor(layer, [{"u": f"u{i % 9}", "i": i} for i in range(500)], key=lambda e: e["u"])
+    ing.run()
+    assert ing.done and ing.ingested == 500 and ing.error is None
+    for ch in range(4):
+        for rec in layer.persistence.read_channel(ch).records():
+            assert rec.channel == rec.key_hash % 4 and rec.replay_count == 0
+    assert sorted(v["i"] for v in _persisted(layer)) == list(range(500))
+    assert layer.stats()["persisted"] == 500
+
+
+def test_unkeyed_source_is_round_robin(ft_config: FTConfig) -> None:
+    layer = _layer(ft_config)
+    Ingestor(layer, range(400)).run()
+    counts = Counter(ch for ch in range(4) for _ in layer.persistence.read_channel(ch).frames)
+    assert set(counts.values()) == {100}
+    rec = layer.persistence.read_channel(0).records()[0]
+    assert rec.key_hash == key_hash(None)
+
+
+def test_callable_and_poll_sources(ft_config: FTConfig) -> None:
+    items = iter(range(30))
+
+    def fn() -> Any:
+        v = next(items)  # StopIteration ends the source
+        return None if v % 7 == 0 else ([v, -v] if v % 5 == 0 else v)
+
+    layer = _layer(ft_config)
+    Ingestor(layer, fn).run()
+    expected: list[int] = []
+    for v in range(30):
+        if v % 7 == 0:
+            continue  # None: nothing this time
+        expected += [v, -v] if v % 5 == 0 else [v]
+    assert sorted(_persisted(layer)) == sorted(expected)
+
+    class Poller:
+        def __init__(self) -> None:
+            self.opened = self.closed = False
+            self.calls = 0
+
+        def open(self) -> None:
+            self.opened = True
+
+        def poll(self) -> Any:
+            self.calls += 1
+            return None if self.calls > 4 else [self.calls] * self.calls
+
+        def close(self) -> None:
+            self.closed = True
+
+    poller = Poller()
+    layer2 = FTLayer(ft_config, "ing", "poll", num_channels=4).open()
+    Ingestor(layer2, poller).run()
+    assert poller.opened and poller.closed
+    assert layer2.stats()["persisted"] == 1 + 2 + 3 + 4
+
+
+def test_broken_source_stops_ingest_but_keeps_what_was_read(ft_config: FTConfig) -> None:
+    def gen() -> Any:
+        yield from range(10)
+        msg = "socket closed"
+        raise OSError(msg)
+
+    layer = _layer(ft_config)
+    ing = Ingestor(layer, gen())
+    ing.run()
+    assert isinstance(ing.error, OSError) and ing.done
+    assert layer.stats()["persisted"] == 10
+
+
+def test_backpressure_waits_for_room(ft_config: FTConfig) -> None:
+    layer = _layer(ft_config, max_pending=50, flush_batch_size=10)
+    ing = Ingestor(layer, range(200), linger_s=0.001).start()
+    time.sleep(0.5)
+    assert 50 <= layer.pending_count() <= 60 and not ing.done
+    # ack everything pending, as a pipeline would, until ingest finishes
+    deadline = time.monotonic() + 20
+    while not ing.done and time.monotonic() < deadline:
+        for ch in range(4):
+            batch = layer.persistence.read_channel(ch)
+            layer.ack({r.record_id.source_record_id: r.record_id.current_record_id for r in batch.records()})
+        time.sleep(0.01)
+    ing.stop()
+    assert ing.done and layer.stats()["persisted"] == 200
+
+
+def test_stop_ends_an_endless_source(ft_config: FTConfig) -> None:
+    def endless() -> Any:
+        return 1
+
+    layer = _layer(ft_config)
+    ing = Ingestor(layer, endless).start()
+    time.sleep(0.2)
+    ing.stop()
+    assert ing.done and layer.stats()["persisted"] == ing.ingested > 0
