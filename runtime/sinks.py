@@ -10,7 +10,7 @@ task flushes its acks once, with an idempotent token.
 - :class:`CallableSink`: your function gets each batch's values.
 - :class:`JsonLinesSink`: one JSON-lines file per batch and attempt, written to
   a temporary name and renamed, so readers never see a partial file. With
-  ``with_meta`` each line is ``{"origin", "partition", "value"}``.
+  ``with_meta`` each line is ``{"origin", "replay", "partition", "value"}``.
 - :class:`RedisHashSink`: ``HSET key field value`` per record, pipelined.
 
 :class:`ForeachBatchSink` runs on the driver (Spark's ``foreachBatch``): your
@@ -35,12 +35,14 @@ from serialization.payload import unpack_payload
 
 @dataclass(frozen=True)
 class SinkContext:
-    """Where a write happens: micro-batch id, Spark partition, task attempt."""
+    """Where a write happens: micro-batch id, Spark partition, task attempt, and per value
+    its origin id and source record id (they differ exactly when the record is a replay)."""
 
     batch_id: str
     partition: int
     attempt: int
     origins: list[int] = field(default_factory=list)
+    sids: list[int] = field(default_factory=list)
 
 
 class ExecutorSink:
@@ -82,8 +84,12 @@ class JsonLinesSink(ExecutorSink):
         final = Path(self.directory, name)
         tmp = Path(self.directory, "." + name + ".tmp")
         with tmp.open("w", encoding="utf-8") as fh:
-            for origin, value in zip(ctx.origins, values, strict=True):
-                line = {"origin": origin, "partition": ctx.partition, "value": value} if self.with_meta else value
+            for origin, sid, value in zip(ctx.origins, ctx.sids, values, strict=True):
+                line = (
+                    {"origin": origin, "replay": sid != origin, "partition": ctx.partition, "value": value}
+                    if self.with_meta
+                    else value
+                )
                 fh.write(json.dumps(line, default=str) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
@@ -150,7 +156,7 @@ class SinkStage:
             cols = rb.to_pydict()
             ids = list(zip(cols["src"], cols["sid"], cols["cid"], strict=True))
             values = [unpack_payload(p) for p in cols["payload"]]
-            ctx = SinkContext(str(batch_id), partition, attempt, cols["origin"])
+            ctx = SinkContext(str(batch_id), partition, attempt, cols["origin"], cols["sid"])
             try:
                 self.sink.write(values, ctx)
             except Exception as exc:  # a failed write fails its records; they are replayed
