@@ -11,8 +11,6 @@
 from __future__ import annotations
 
 import os
-import shutil
-import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -67,23 +65,12 @@ def fake_redis() -> Any:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    if shutil.which("java") is None:
-        pytest.fail("java is not on PATH: Spark 4.x needs Java 17 or 21 (apt-get install openjdk-17-jre-headless)")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    from ftlayer.errors import FTLayerError
+    from runtime.spark import local_session
 
-    session = (
-        SparkSession.builder.master("local[2,4]")
-        .appName("ftlayer-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.driver.memory", "2g")
-        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
+    try:
+        session = local_session("ftlayer-tests")
+    except FTLayerError as exc:  # java missing: say so clearly, do not skip
+        pytest.fail(str(exc))
     yield session
     session.stop()
