@@ -155,6 +155,20 @@ class DeadLetters:
         )
         return _parse(*raw[0]) if raw else None
 
+    def add(self, record: SemiDeserializedRecord, reason: str) -> str:
+        """Set aside a record that could never be persisted for processing (e.g. its key
+        selector raised), so it is not silently dropped. Returns the entry id."""
+        now = str(self.store.now_ms())
+        entry = self.store.client.xadd(self.store.keys.dlq, {
+            "sid": struct.pack(">q", record.record_id.source_record_id),
+            "failed_ms": now,
+            "dead_ms": now,
+            "reason": reason.encode("utf-8", "replace")[:8192],
+            "frame": _SERIALIZER.encode(record),
+        })
+        self.store.client.hincrby(self.store.keys.stats, "dead_lettered", 1)
+        return entry.decode() if isinstance(entry, bytes) else str(entry)
+
     def purge(self, entry_ids: Sequence[str]) -> int:
         """Delete exactly the given entries; returns how many existed."""
         if not entry_ids:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
+from ftlayer.config import FTConfig
 from ftlayer.dead_letters import DeadLetterError
 from ftlayer.errors import AckerError
 from ftlayer.keyhash import pmod
@@ -148,3 +149,12 @@ def test_purge_deletes_exactly_the_given_ids(make_layer: Callable[..., FTLayer])
     ids = [d.entry_id for d in dl.list()]
     assert dl.purge([]) == 0 and dl.purge([ids[1], "1-1"]) == 1
     assert [d.entry_id for d in dl.list()] == [ids[0], ids[2]]
+
+
+def test_add_sets_aside_an_unprocessable_record(ft_config: FTConfig) -> None:
+    layer = FTLayer(ft_config, "topo", "add", num_channels=2).open()
+    rec = layer.make_record({"bad": "key"}, channel=0)
+    entry = layer.dead_letters.add(rec, "KeyError: 'user' in key selector")
+    got = layer.dead_letters.get(entry)
+    assert got is not None and got.record == rec and got.reason.startswith("KeyError")
+    assert layer.stats()["dead_lettered"] == 1 and layer.pending_count() == 0
