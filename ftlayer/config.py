@@ -83,6 +83,12 @@ class FTConfig:
         "Seconds to wait for the Redis server to answer (> 0)."))
     embedded_data_dir: str = field(default="", metadata=_doc(
         "Data directory of the embedded server; empty uses a fresh temporary directory."))
+    metrics_port: int = field(default=0, metadata=_doc(
+        "Port of the Prometheus metrics endpoint (runtime.metrics.MetricsExporter) on the driver; "
+        "0 turns metrics off, 1-65535 serves http://metrics_host:metrics_port/metrics."))
+    metrics_host: str = field(default="127.0.0.1", metadata=_doc(
+        "Address the metrics endpoint binds to; '127.0.0.1' keeps it local, '0.0.0.0' exposes it "
+        "on every interface (it has no authentication)."))
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -108,11 +114,29 @@ class FTConfig:
         _at_least("max_pending", self.max_pending, 1)
         _at_least("waitaof_timeout_ms", self.waitaof_timeout_ms, 1)
         _between("flush_batch_size", self.flush_batch_size, 1, 1_000_000)
+        _between("metrics_port", self.metrics_port, 0, 65535)
+        if not self.metrics_host.strip() or any(c.isspace() for c in self.metrics_host):
+            _bad("metrics_host", self.metrics_host, "a host name or IP address without spaces")
+
+    def __repr__(self) -> str:
+        """Like the dataclass repr, with the password of ``redis_url`` masked (configs end up in logs)."""
+        from ftlayer.connection import mask_url  # connection imports this module
+
+        shown = ", ".join(
+            f"{f.name}={mask_url(self.redis_url) if f.name == 'redis_url' else getattr(self, f.name)!r}"
+            for f in fields(self)
+        )
+        return f"FTConfig({shown})"
 
     @property
     def ft_on(self) -> bool:
         """True when the FT status is 'on'."""
         return self.status == "on"
+
+    @property
+    def metrics_on(self) -> bool:
+        """True when a metrics port is configured (metrics_port > 0)."""
+        return self.metrics_port > 0
 
     @property
     def rotation_interval_s(self) -> float:

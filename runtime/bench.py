@@ -37,6 +37,7 @@ from ftlayer.config import FTConfig
 from ftlayer.ids import child_id
 from ftlayer.layer import FTLayer
 from ftlayer.server import EmbeddedServer
+from runtime.progress import TaskProgress
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "bench" / "results.json"
 
@@ -110,7 +111,10 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 
 def bench_acker(url: str, n: int, repeats: int, batch: int) -> dict[str, Any]:
-    """Alternate acker and raw rounds; return updates/s figures and their ratio."""
+    """Alternate acker and raw rounds; return updates/s figures and their ratio.
+
+    Shows a progress bar of the rounds on stderr (plain ``[bench]`` lines when stderr is not a terminal).
+    """
     acker_rates: list[float] = []
     raw_rates: list[float] = []
     ratios: list[float] = []
@@ -118,15 +122,18 @@ def bench_acker(url: str, n: int, repeats: int, batch: int) -> dict[str, Any]:
         ("acker", _acker_round, acker_rates),
         ("raw", _raw_round, raw_rates),
     ]
-    for r in range(repeats):
-        pair: dict[str, float] = {}
-        order = runs if r % 2 == 0 else runs[::-1]
-        for name, fn, sink in order:
-            rate = 2 * n / fn(url, n, batch)
-            sink.append(rate)
-            pair[name] = rate
-        ratios.append(pair["acker"] / pair["raw"])
-        _progress(f"acker round {r + 1}/{repeats}: acker {pair['acker']:,.0f}/s raw {pair['raw']:,.0f}/s")
+    with TaskProgress("bench", total=2 * repeats, stream=sys.stderr, plain_interval_s=30) as bar:
+        for r in range(repeats):
+            pair: dict[str, float] = {}
+            order = runs if r % 2 == 0 else runs[::-1]
+            for name, fn, sink in order:
+                bar.update(info=f"round {r + 1}/{repeats}: {name}")
+                rate = 2 * n / fn(url, n, batch)
+                sink.append(rate)
+                pair[name] = rate
+                bar.update(advance=1, info=f"round {r + 1}/{repeats}: {name} {rate:,.0f}/s")
+            ratios.append(pair["acker"] / pair["raw"])
+            bar.log(f"acker round {r + 1}/{repeats}: acker {pair['acker']:,.0f}/s raw {pair['raw']:,.0f}/s")
     return {
         "updates": 2 * n,
         "flush_batch_size": batch,

@@ -5,8 +5,9 @@ replay its records) -> parse -> filter out bots -> key_by(user) -> per-user
 enrichment -> JSON-lines file sink. It runs on local Spark and the embedded
 Redis (or ``FTLAYER_REDIS_URL``), injects FailRecord on a fraction of records,
 one poison record that always fails, and kills one Python worker with
-``os._exit`` mid-partition. It prints progress while it runs and ends with a
-report: records in, delivered, duplicates, replays, dead letters, lost (must
+``os._exit`` mid-partition. It shows progress while it runs (a rich bar on a
+terminal, a ``[demo]`` line every 2 s otherwise; see ``runtime.progress``) and
+ends with a report: records in, delivered, duplicates, replays, dead letters, lost (must
 be 0) and acker entries left (must be 0). Exit status 1 if either is not 0.
 """
 
@@ -25,6 +26,7 @@ from typing import Any
 from ftlayer.config import FTConfig
 from ftlayer.errors import FailRecord
 from ftlayer.keyhash import key_hash
+from runtime.progress import TaskProgress
 from runtime.sinks import JsonLinesSink
 from runtime.topology import FTQuery, Topology
 from serialization.payload import unpack_payload
@@ -74,12 +76,14 @@ def enrich(event: dict[str, Any]) -> dict[str, Any]:
             "hour": event["ts"].hour}
 
 
-def progress(query: FTQuery, started: float) -> str:
+def progress(query: FTQuery, bar: TaskProgress) -> None:
+    """Show the FT figures of the demo's source; the bar is acked + dead-lettered of all records."""
     st = next(iter(query.stats().values()))
-    return (f"[demo] {time.monotonic() - started:5.1f}s  persisted {st['persisted']:>6}  "
-            f"acked {st['acked']:>6}  pending {st['pending']:>5}  "
-            f"failed {st['failed_explicit'] + st['failed_timeout']:>4}  replayed {st['replayed']:>4}  "
-            f"dead {st['dead_lettered']}")
+    bar.update(st["acked"] + st["dead_lettered"], figures={
+        "persisted": st["persisted"], "acked": st["acked"], "pending": st["pending"],
+        "failed": st["failed_explicit"] + st["failed_timeout"], "replayed": st["replayed"],
+        "dead": st["dead_lettered"],
+    })
 
 
 def run(records: int, fail_every: int, timeout_s: float, spark: Any = None) -> int:
@@ -102,20 +106,21 @@ def run(records: int, fail_every: int, timeout_s: float, spark: Any = None) -> i
         .map(enrich)
         .sink(sink)
     )
-    started = time.monotonic()
     query = topo.start(spark, checkpoint_location=str(work / "checkpoint"), trigger_interval_s=0.5,
                        max_records_per_batch=5000)
-    print(f"[demo] topology 'clicks' started; FT on; Redis namespace '{cfg.namespace}'; output {work}", flush=True)
+    bar = TaskProgress("demo", total=records)  # a rich bar on a terminal, a line every 2 s otherwise
+    bar.log(f"topology 'clicks' started; FT on; Redis namespace '{cfg.namespace}'; output {work}")
     try:
         deadline = time.monotonic() + 120 + 10 * timeout_s
         while not query.drained() and time.monotonic() < deadline:
             failure = query.query.exception()
             if failure is not None:
                 raise failure
-            print(progress(query, started), flush=True)
-            time.sleep(2.0)
-        print(progress(query, started), flush=True)
+            progress(query, bar)
+            time.sleep(0.5)
+        progress(query, bar)
     finally:
+        bar.close()
         query.stop()
     return report(query, sink, records, marks)
 
