@@ -19,6 +19,12 @@ Contract on errors: an exception from the user source stops ingest and is kept
 in ``Ingestor.error`` (the query keeps running and drains what was persisted);
 a Redis error is retried with backoff, holding the batch, so nothing read from
 the source is dropped while the process lives.
+
+Where batches go is pluggable: an :class:`FTLayer` (FT on) is wrapped in a
+:class:`PersistDestination`; with FT off the topology passes a
+``runtime.feed.FeedDestination`` (an in-memory feed, no Redis). Any object with
+the :class:`BatchDestination` attributes works; key hashing and channel routing
+stay here, the same for both.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from ftlayer.errors import FTLayerError
 from ftlayer.ids import RecordId, new_ids
@@ -77,26 +83,67 @@ def source_iterator(source: Any, stop: threading.Event) -> Iterator[Any]:
         yield from source
 
 
+class BatchDestination(Protocol):
+    """Where an :class:`Ingestor` puts its batches (see the module notes)."""
+
+    num_channels: int
+    batch_size: int  # most records per put()
+    max_pending: int  # ingest waits while pending_count() is at least this
+    label: str  # for logs
+
+    def put(self, values: list[Any], hashes: list[int], channels: list[int]) -> None:
+        """Make a batch visible to the query (may raise FTLayerError: retried with backoff)."""
+        ...
+
+    def pending_count(self) -> int:
+        """Records put and not yet done with (backpressure)."""
+        ...
+
+
+class PersistDestination:
+    """FT on: give each record a RecordId and persist the batch through the FT layer."""
+
+    def __init__(self, layer: FTLayer) -> None:
+        self.layer = layer
+        self.num_channels = layer.num_channels
+        self.batch_size = layer.config.flush_batch_size
+        self.max_pending = layer.config.max_pending
+        self.label = layer.store.keys.prefix
+
+    def put(self, values: list[Any], hashes: list[int], channels: list[int]) -> None:
+        ids = new_ids(2 * len(values))
+        src = self.layer.source_id
+        records = []
+        for i, value in enumerate(values):
+            rid = RecordId(ids[2 * i], ids[2 * i + 1])
+            records.append(SemiDeserializedRecord(src, rid, hashes[i], rid.source_record_id, 0,
+                                                  pack_payload(value), channels[i]))
+        self.layer.persist(records)
+
+    def pending_count(self) -> int:
+        return self.layer.pending_count()
+
+
 class Ingestor:
     """Driver-side thread that persists one source's records (see module contract)."""
 
     def __init__(
         self,
-        layer: FTLayer,
+        layer: FTLayer | BatchDestination,
         source: Any,
         *,
         key: KeySelector | None = None,
         linger_s: float = 0.02,
     ) -> None:
-        self.layer = layer
+        dest: BatchDestination = PersistDestination(layer) if isinstance(layer, FTLayer) else layer
+        self.destination = dest
         self.source = source
         self.key = key
         self.linger_s = linger_s
-        cfg = layer.config
         strategy = "fields" if key is not None else "rebalance"
-        self.partitioner = partitioner_for(strategy, layer.num_channels)
-        self.batch_size = cfg.flush_batch_size
-        self.max_pending = cfg.max_pending
+        self.partitioner = partitioner_for(strategy, dest.num_channels)
+        self.batch_size = dest.batch_size
+        self.max_pending = dest.max_pending
         self.ingested = 0
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -108,23 +155,22 @@ class Ingestor:
         """True once the source ended (or failed) and everything read was persisted."""
         return self._done.is_set()
 
-    def _records(self, values: list[Any]) -> list[SemiDeserializedRecord]:
-        ids = new_ids(2 * len(values))
-        out = []
-        src = self.layer.source_id
-        for i, value in enumerate(values):
-            rid = RecordId(ids[2 * i], ids[2 * i + 1])
+    def _route(self, values: list[Any]) -> tuple[list[int], list[int]]:
+        """Key hash and channel of every value (fields by key, else round-robin)."""
+        hashes: list[int] = []
+        channels: list[int] = []
+        for value in values:
             h = key_hash(self.key(value)) if self.key is not None else key_hash(None)
-            ch = self.partitioner.select(key_hash=h)[0]
-            out.append(SemiDeserializedRecord(src, rid, h, rid.source_record_id, 0, pack_payload(value), ch))
-        return out
+            hashes.append(h)
+            channels.append(self.partitioner.select(key_hash=h)[0])
+        return hashes, channels
 
     def _persist(self, values: list[Any]) -> None:
-        records = self._records(values)
+        hashes, channels = self._route(values)
         delay = 0.05
         while True:
             try:
-                self.layer.persist(records)
+                self.destination.put(values, hashes, channels)
             except FTLayerError:
                 if self._stop.is_set():
                     raise
@@ -132,13 +178,13 @@ class Ingestor:
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
             else:
-                self.ingested += len(records)
+                self.ingested += len(values)
                 return
 
     def _wait_for_room(self) -> None:
         while not self._stop.is_set():
             try:
-                if self.layer.pending_count() < self.max_pending:
+                if self.destination.pending_count() < self.max_pending:
                     return
             except FTLayerError:
                 pass
@@ -165,7 +211,7 @@ class Ingestor:
                     break
         except Exception as exc:  # a broken user source stops ingest, not the query
             self.error = exc
-            log.exception("user source of %s failed; ingest stopped", self.layer.store.keys.prefix)
+            log.exception("user source of %s failed; ingest stopped", self.destination.label)
         finally:
             if batch:
                 self._persist(batch)

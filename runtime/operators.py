@@ -23,7 +23,7 @@ too (plain functions and lambdas are, through cloudpickle).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,8 +115,6 @@ class Stage:
     fanout: Fanout | None = None
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
         env = self.env
         handler = handler_for(env.config.ft_on, self.stage_id)
         chain = make_chain(self.ops)
@@ -124,28 +122,68 @@ class Stage:
         key = self.key
         for rb in batches:
             rows = _rows(rb, handler, self.fanout)
-            src_o: list[int] = []
-            sid_o: list[int] = []
-            cid_o: list[int] = []
-            org_o: list[int] = []
-            kh_o: list[int] = []
-            ch_o: list[int] = []
-            pl_o: list[bytes] = []
-            for src, sid, cid, origin, value in handler.process(rows, chain):
-                src_o.append(src)
-                sid_o.append(sid)
-                cid_o.append(cid)
-                org_o.append(origin)
-                h = key_hash(key(value)) if key is not None else NO_KEY_HASH
-                kh_o.append(h)
-                ch_o.append(h % n)
-                pl_o.append(pack_payload(value))
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(src_o, pa.int32()), pa.array(sid_o, pa.int64()), pa.array(cid_o, pa.int64()),
-                 pa.array(org_o, pa.int64()), pa.array(kh_o, pa.int64()), pa.array(ch_o, pa.int32()),
-                 pa.array(pl_o, pa.binary())],
-                names=list(ROW_COLUMNS),
-            )
+            yield _to_batch(handler.process(rows, chain), key, n)
+        if handler.ft_on:
+            handler.flush(env.layers(), env.token(f"st{self.stage_id}"))
+
+
+def _to_batch(outputs: Iterable[tuple[int, int, int, int, Any]], key: Callable[[Any], Any] | None, n: int) -> Any:
+    """Encode a stage's outputs as an Arrow batch of rows; fill key hash and channel for a keyed edge."""
+    import pyarrow as pa
+
+    src_o: list[int] = []
+    sid_o: list[int] = []
+    cid_o: list[int] = []
+    org_o: list[int] = []
+    kh_o: list[int] = []
+    ch_o: list[int] = []
+    pl_o: list[bytes] = []
+    for src, sid, cid, origin, value in outputs:
+        src_o.append(src)
+        sid_o.append(sid)
+        cid_o.append(cid)
+        org_o.append(origin)
+        h = key_hash(key(value)) if key is not None else NO_KEY_HASH
+        kh_o.append(h)
+        ch_o.append(h % n)
+        pl_o.append(pack_payload(value))
+    return pa.RecordBatch.from_arrays(
+        [pa.array(src_o, pa.int32()), pa.array(sid_o, pa.int64()), pa.array(cid_o, pa.int64()),
+         pa.array(org_o, pa.int64()), pa.array(kh_o, pa.int64()), pa.array(ch_o, pa.int32()),
+         pa.array(pl_o, pa.binary())],
+        names=list(ROW_COLUMNS),
+    )
+
+
+@dataclass(frozen=True)
+class StatefulStage:
+    """``key_by(key).map_with_state(fn)``: ``fn(state, value)`` returns outputs; see runtime.keyed_state.
+
+    Runs right after the keyed exchange, so every record of a key is in this
+    partition. States are saved before the acks are flushed.
+    """
+
+    env: TaskEnv
+    stage_id: int
+    key: Callable[[Any], Any]
+    fn: Callable[[dict[str, Any], Any], Iterable[Any]]
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        from runtime.keyed_state import KeyedStateStore
+
+        env = self.env
+        handler = handler_for(env.config.ft_on, self.stage_id)
+        store = KeyedStateStore(env.config, env.topology, self.stage_id)
+        key, fn = self.key, self.fn
+
+        def chain(value: Any) -> list[Any]:
+            return list(fn(store.state_for(key(value)), value))
+
+        for rb in batches:
+            rows = list(_rows(rb, handler, None))
+            store.load(key(row[4]) for row in rows)
+            yield _to_batch(handler.process(rows, chain), None, env.num_channels)
+        store.save()  # state first: a record is acked only after its effect is stored
         if handler.ft_on:
             handler.flush(env.layers(), env.token(f"st{self.stage_id}"))
 

@@ -20,6 +20,12 @@ with its own child id (the Storm/original-design rule that every emitted
 record has its own id). The sink is the last stage. A driver-side FT service
 rotates timeout buckets and replays failures; it stops with the query.
 
+With ``FTConfig(status="off")`` the same program runs with no FT and no Redis:
+ingest appends to an in-memory feed on the driver (:mod:`runtime.feed`), read
+by the ``ftlayer_feed`` source (same columns and partitions), with
+``NonFTHandler`` s and no FT service. It promises nothing beyond Spark's own
+behaviour; records in the feed are lost if the driver dies.
+
 Operator ids and stage ids are assigned in construction order, so the same
 program gives the same child ids after a driver restart.
 """
@@ -31,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ftlayer.config import FTConfig
 from ftlayer.connection import resolved
@@ -39,8 +45,10 @@ from ftlayer.errors import TopologyError
 from ftlayer.keys import check_name
 from ftlayer.layer import FTLayer
 from ftlayer.service import FTService
+from runtime.feed import Feed, FeedDestination, FeedProgress, FeedServer
+from runtime.feed_source import feed_host
 from runtime.handlers import FTHandler, handler_for
-from runtime.ingest import Ingestor
+from runtime.ingest import BatchDestination, Ingestor
 from runtime.operators import ROW_COLUMNS, ROW_SCHEMA, Fanout, Op, Stage, TaskEnv
 from runtime.sinks import CallableSink, ExecutorSink, ForeachBatchSink, RedisHashSink, SinkStage
 from serialization.payload import unpack_payload
@@ -175,18 +183,14 @@ class Compiler:
     def __init__(self, topology: Topology, spark: Any) -> None:
         self.topology = topology
         self.spark = spark
-        cfg = resolved(topology.config)
-        if not cfg.ft_on:
-            msg = (
-                "status='off' is not supported by the Spark runtime yet (issue 5 follow-up); "
-                "set FTLAYER_STATUS=on"
-            )
-            raise TopologyError(msg)
+        # FT off: no Redis URL is resolved, so no embedded server is started either
+        cfg = resolved(topology.config) if topology.config.ft_on else topology.config
         self.config = cfg
         self.n = cfg.num_channels
         self.env = TaskEnv(cfg, topology.name, tuple(s.name for s in topology._sources), self.n)
         self._stage_ids = 0
         self._max_records: int | None = None
+        self._feeds: list[FeedServer] = []
 
     def _next_stage(self) -> int:
         self._stage_ids += 1
@@ -197,11 +201,15 @@ class Compiler:
         from pyspark.sql import functions as F
 
         from partitioners.spark_exact import exact_repartition
+        from runtime.feed_source import read_feed_stream
         from runtime.ft_source import read_stream
 
         if isinstance(node, SourceNode):
-            df = read_stream(self.spark, self.config, self.topology.name, node.name, self.n,
-                             max_records_per_batch=self._max_records)
+            if self.config.ft_on:
+                df = read_stream(self.spark, self.config, self.topology.name, node.name, self.n,
+                                 max_records_per_batch=self._max_records)
+            else:
+                df = read_feed_stream(self.spark, self._feeds[node.index], max_records_per_batch=self._max_records)
             return df.select(F.lit(node.index).cast("int").alias("src"), "sid", "cid", "origin",
                              "key_hash", "channel", "payload")
         if isinstance(node, OpNode):
@@ -259,33 +267,45 @@ class Compiler:
         if not topo._sources:
             msg = f"topology {topo.name!r} has no source"
             raise TopologyError(msg)
-        sink_node = sinks[0]
-        layers = [
-            FTLayer(self.config, topo.name, s.name, source_id=s.index, num_channels=self.n).open()
-            for s in topo._sources
-        ]
+        dests: list[FTLayer | BatchDestination]
+        if self.config.ft_on:
+            layers = [FTLayer(self.config, topo.name, s.name, source_id=s.index, num_channels=self.n).open()
+                      for s in topo._sources]
+            dests = list(layers)
+        else:  # FT off: an in-memory feed per source, served to the feed source over TCP
+            host = feed_host(self.spark)
+            self._feeds = [FeedServer(Feed(self.n), name=s.name, host=host).start() for s in topo._sources]
+            dests = [FeedDestination(f.feed, self.config, f"{topo.name}/{f.name}") for f in self._feeds]
+        progress: Progress = FeedProgress(self._feeds)  # FT on: replaced once the service runs
+        ingestors: list[Ingestor] = []
+        try:
+            writer = self._writer(sinks[0])
+            checkpoint = checkpoint or tempfile.mkdtemp(prefix=f"ftlayer-{topo.name}-ckpt-")
+            if self.config.ft_on:
+                progress = FTProgress(layers, FTService(layers).start())
+            ingestors = [Ingestor(d, s.source, key=s.key).start() for d, s in zip(dests, topo._sources, strict=True)]
+            query = (
+                writer.queryName(f"ftlayer-{topo.name}")
+                .option("checkpointLocation", checkpoint)
+                .trigger(processingTime=f"{int(trigger_s * 1000)} milliseconds")
+                .start()
+            )
+        except BaseException:
+            for ing in ingestors:
+                ing.stop()
+            progress.stop()
+            raise
+        return FTQuery(query, ingestors, progress, checkpoint)
+
+    def _writer(self, sink_node: SinkNode) -> Any:
         sink = sink_node.sink
         if isinstance(sink, RedisHashSink) and sink.url is None:
-            sink.url = self.config.redis_url
+            sink.url = resolved(self.config).redis_url  # the user's output server (FT off too)
         df = self.input_df(sink_node.parents[0], sink_node)
-        writer: Any
         if isinstance(sink, ForeachBatchSink):
-            writer = df.writeStream.foreachBatch(DriverSinkBatch(self.env, sink))
-        else:
-            out = df.mapInArrow(SinkStage(self.env, self._next_stage(), sink), "written long")
-            writer = out.writeStream.format("noop")
-        checkpoint = checkpoint or tempfile.mkdtemp(prefix=f"ftlayer-{topo.name}-ckpt-")
-        service = FTService(layers).start()
-        ingestors = [
-            Ingestor(layer, s.source, key=s.key).start() for layer, s in zip(layers, topo._sources, strict=True)
-        ]
-        query = (
-            writer.queryName(f"ftlayer-{topo.name}")
-            .option("checkpointLocation", checkpoint)
-            .trigger(processingTime=f"{int(trigger_s * 1000)} milliseconds")
-            .start()
-        )
-        return FTQuery(query, layers, ingestors, service, checkpoint)
+            return df.writeStream.foreachBatch(DriverSinkBatch(self.env, sink))
+        out = df.mapInArrow(SinkStage(self.env, self._next_stage(), sink), "written long")
+        return out.writeStream.format("noop")
 
 
 @dataclass
@@ -296,9 +316,12 @@ class DriverSinkBatch:
     sink: ForeachBatchSink
 
     def __call__(self, df: Any, batch_id: int) -> None:
+        if not self.env.config.ft_on:  # FT off: no acks; a failing sink fails the batch (Spark's rules)
+            self.sink.fn([unpack_payload(r["payload"]) for r in df.select("payload").collect()], batch_id)
+            return
         rows = df.select(*ROW_COLUMNS).collect()
         ids = [(r["src"], r["sid"], r["cid"]) for r in rows]
-        handler: FTHandler = handler_for(self.env.config.ft_on, 0)
+        handler: FTHandler = handler_for(True, 0)
         try:
             self.sink.fn([unpack_payload(r["payload"]) for r in rows], batch_id)
         except Exception as exc:  # the batch's records fail and are replayed
@@ -308,27 +331,52 @@ class DriverSinkBatch:
         handler.flush(self.env.layers(), f"{self.env.topology}/{batch_id}/sink/driver")
 
 
-class FTQuery:
-    """A running topology: the StreamingQuery plus ingest threads and the FT service."""
+class Progress(Protocol):
+    """What an FTQuery watches: :class:`FTProgress` (FT on) or ``runtime.feed.FeedProgress`` (off)."""
 
-    def __init__(
-        self, query: Any, layers: list[FTLayer], ingestors: list[Ingestor], service: FTService, checkpoint: str
-    ) -> None:
-        self.query = query
-        self.layers = layers
-        self.ingestors = ingestors
-        self.service = service
-        self.checkpoint = checkpoint
+    def stats(self) -> dict[str, dict[str, int]]: ...
+    def settled(self) -> bool: ...  # nothing in flight: every ingested record is done with
+    def stop(self) -> None: ...
+
+
+@dataclass
+class FTProgress:
+    """FT on: counters from Redis; settled when nothing is pending or waiting for replay."""
+
+    layers: list[FTLayer]
+    service: FTService
 
     def stats(self) -> dict[str, dict[str, int]]:
-        """Counters per source (persisted, acked, failed_*, replayed, dead_lettered, pending, ...)."""
         return {layer.store.keys.source: layer.stats() for layer in self.layers}
 
+    def settled(self) -> bool:
+        return all(s["pending"] == 0 and s["failed_waiting"] == 0 for s in self.stats().values())
+
+    def stop(self) -> None:
+        self.service.stop()
+
+
+class FTQuery:
+    """A running topology: the StreamingQuery plus ingest threads and the FT service (or feeds)."""
+
+    def __init__(self, query: Any, ingestors: list[Ingestor], progress: Progress, checkpoint: str) -> None:
+        self.query = query
+        self.ingestors = ingestors
+        self.progress = progress
+        self.checkpoint = checkpoint
+        self.layers: list[FTLayer] = progress.layers if isinstance(progress, FTProgress) else []
+        self.service: FTService | None = progress.service if isinstance(progress, FTProgress) else None
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Counters per source: FT on, persisted, acked, failed_*, replayed, pending, ...; FT off, see Feed.stats."""
+        return self.progress.stats()
+
     def drained(self) -> bool:
-        """Ingest finished and nothing pending or waiting for replay."""
+        """Ingest finished and nothing in flight (FT on: nothing pending or waiting for replay;
+        FT off: every fed row committed, i.e. the batches holding it completed)."""
         if not all(i.done for i in self.ingestors):
             return False
-        return all(s["pending"] == 0 and s["failed_waiting"] == 0 for s in self.stats().values())
+        return self.progress.settled()
 
     def await_drained(self, timeout_s: float = 120.0, poll_s: float = 0.25) -> bool:
         """Wait until :meth:`drained` (True) or the timeout (False). Raises if the query died."""
@@ -343,8 +391,8 @@ class FTQuery:
         return False
 
     def stop(self) -> None:
-        """Stop ingest, the query and the FT service (leases released)."""
+        """Stop ingest, the query and the FT service (leases released) or the feed servers."""
         for ing in self.ingestors:
             ing.stop()
         self.query.stop()
-        self.service.stop()
+        self.progress.stop()
