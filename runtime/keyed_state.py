@@ -15,8 +15,9 @@ in Redis all the same (this hook is the one part of a topology that talks to
 Redis from executors in that mode).
 
 State values must be msgpack-serializable (see ``serialization.payload``).
-Key: ``<namespace>:{<topology>/state-<operator>}:state`` (hash field = the
-msgpack bytes of the key).
+Key: ``<namespace>:{<topology>/state-<name>}:state`` (hash field = the msgpack
+bytes of the key); ``name`` is given to ``map_with_state`` (default: the
+operator's position in the topology, ``op<N>``).
 """
 
 from __future__ import annotations
@@ -29,17 +30,17 @@ from ftlayer.connection import client_for
 from serialization.payload import pack_payload, unpack_payload
 
 
-def state_key(namespace: str, topology: str, op_id: int) -> str:
+def state_key(namespace: str, topology: str, name: str) -> str:
     """The Redis hash holding one keyed operator's state."""
-    return f"{namespace}:{{{topology}/state-{op_id}}}:state"
+    return f"{namespace}:{{{topology}/state-{name}}}:state"
 
 
 class KeyedStateStore:
     """Loads and saves per-key state dicts for one operator in one task. Not thread-safe."""
 
-    def __init__(self, config: FTConfig, topology: str, op_id: int) -> None:
+    def __init__(self, config: FTConfig, topology: str, name: str) -> None:
         self.config = config
-        self.key = state_key(config.namespace, topology, op_id)
+        self.key = state_key(config.namespace, topology, name)
         self.states: dict[bytes, dict[str, Any]] = {}
         self.dirty: set[bytes] = set()
 

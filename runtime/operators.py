@@ -167,13 +167,14 @@ class StatefulStage:
     stage_id: int
     key: Callable[[Any], Any]
     fn: Callable[[dict[str, Any], Any], Iterable[Any]]
+    state_name: str
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         from runtime.keyed_state import KeyedStateStore
 
         env = self.env
         handler = handler_for(env.config.ft_on, self.stage_id)
-        store = KeyedStateStore(env.config, env.topology, self.stage_id)
+        store = KeyedStateStore(env.config, env.topology, self.state_name)
         key, fn = self.key, self.fn
 
         def chain(value: Any) -> list[Any]:

@@ -34,10 +34,9 @@ from __future__ import annotations
 
 import functools
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ftlayer.config import FTConfig
 from ftlayer.connection import resolved
@@ -47,11 +46,13 @@ from ftlayer.layer import FTLayer
 from ftlayer.service import FTService
 from runtime.feed import Feed, FeedDestination, FeedProgress, FeedServer
 from runtime.feed_source import feed_host
-from runtime.handlers import FTHandler, handler_for
 from runtime.ingest import BatchDestination, Ingestor
-from runtime.operators import ROW_COLUMNS, ROW_SCHEMA, Fanout, Op, Stage, TaskEnv
+from runtime.observe import TopologyObservers
+from runtime.operators import ROW_SCHEMA, Fanout, Op, Stage, StatefulStage, TaskEnv
+from runtime.query import DriverSinkBatch, FTProgress, FTQuery, Progress
 from runtime.sinks import CallableSink, ExecutorSink, ForeachBatchSink, RedisHashSink, SinkStage
-from serialization.payload import unpack_payload
+
+__all__ = ["Compiler", "FTQuery", "Stream", "Topology"]
 
 FANOUT_OP_BASE = 1 << 20
 
@@ -81,6 +82,12 @@ class OpNode(Node):
 @dataclass(eq=False)
 class KeyByNode(Node):
     key: Callable[[Any], Any] | None = None
+
+
+@dataclass(eq=False)
+class StateNode(Node):
+    fn: Callable[[dict[str, Any], Any], Any] | None = None
+    name: str = ""
 
 
 @dataclass(eq=False)
@@ -118,6 +125,16 @@ class Stream:
     def key_by(self, key: Callable[[Any], Any]) -> Stream:
         """Route by ``key``: channel = pmod(xxhash64(key), n), Spark partition = channel."""
         return Stream(self._topology, self._topology._add(KeyByNode, [self._node], key=key))
+
+    def map_with_state(self, fn: Callable[[dict[str, Any], Any], Any], *, name: str | None = None) -> Stream:
+        """Keyed state: right after ``key_by``, ``fn(state, value)`` returns an iterable of outputs and
+        may change ``state``, the key's dict, kept in Redis under ``name`` (default ``op<N>``, N =
+        the operator's position); see runtime.keyed_state for its at-least-once contract."""
+        if not isinstance(self._node, KeyByNode):
+            msg = f"topology {self._topology.name!r}: map_with_state must directly follow key_by"
+            raise TopologyError(msg)
+        state = check_name("state", name or f"op{len(self._topology._nodes)}")
+        return Stream(self._topology, self._topology._add(StateNode, [self._node], fn=fn, name=state))
 
     def union(self, *others: Stream) -> Stream:
         """Records of this stream and the others."""
@@ -221,6 +238,11 @@ class Compiler:
             else:
                 keyed = self.pass_through(parent, node, key=node.key)
             return exact_repartition(keyed, "channel", self.n)
+        if isinstance(node, StateNode):
+            keyed = node.parents[0]
+            assert isinstance(keyed, KeyByNode) and keyed.key is not None and node.fn is not None
+            stage = StatefulStage(self.env, self._next_stage(), keyed.key, node.fn, node.name)
+            return self.input_df(keyed, node).mapInArrow(stage, ROW_SCHEMA)
         if isinstance(node, UnionNode):
             dfs = [self.input_df(p, node) for p in node.parents]
             return functools.reduce(lambda a, b: a.unionByName(b), dfs)
@@ -283,6 +305,9 @@ class Compiler:
             checkpoint = checkpoint or tempfile.mkdtemp(prefix=f"ftlayer-{topo.name}-ckpt-")
             if self.config.ft_on:
                 progress = FTProgress(layers, FTService(layers).start())
+                progress.observers = TopologyObservers.start(
+                    self.spark, layers, self.config, query_name=f"ftlayer-{topo.name}"
+                )
             ingestors = [Ingestor(d, s.source, key=s.key).start() for d, s in zip(dests, topo._sources, strict=True)]
             query = (
                 writer.queryName(f"ftlayer-{topo.name}")
@@ -306,93 +331,3 @@ class Compiler:
             return df.writeStream.foreachBatch(DriverSinkBatch(self.env, sink))
         out = df.mapInArrow(SinkStage(self.env, self._next_stage(), sink), "written long")
         return out.writeStream.format("noop")
-
-
-@dataclass
-class DriverSinkBatch:
-    """foreachBatch function of a :class:`ForeachBatchSink`: collect, call, ack on the driver."""
-
-    env: TaskEnv
-    sink: ForeachBatchSink
-
-    def __call__(self, df: Any, batch_id: int) -> None:
-        if not self.env.config.ft_on:  # FT off: no acks; a failing sink fails the batch (Spark's rules)
-            self.sink.fn([unpack_payload(r["payload"]) for r in df.select("payload").collect()], batch_id)
-            return
-        rows = df.select(*ROW_COLUMNS).collect()
-        ids = [(r["src"], r["sid"], r["cid"]) for r in rows]
-        handler: FTHandler = handler_for(True, 0)
-        try:
-            self.sink.fn([unpack_payload(r["payload"]) for r in rows], batch_id)
-        except Exception as exc:  # the batch's records fail and are replayed
-            handler.fail_all(ids, exc)
-        else:
-            handler.ack(ids)
-        handler.flush(self.env.layers(), f"{self.env.topology}/{batch_id}/sink/driver")
-
-
-class Progress(Protocol):
-    """What an FTQuery watches: :class:`FTProgress` (FT on) or ``runtime.feed.FeedProgress`` (off)."""
-
-    def stats(self) -> dict[str, dict[str, int]]: ...
-    def settled(self) -> bool: ...  # nothing in flight: every ingested record is done with
-    def stop(self) -> None: ...
-
-
-@dataclass
-class FTProgress:
-    """FT on: counters from Redis; settled when nothing is pending or waiting for replay."""
-
-    layers: list[FTLayer]
-    service: FTService
-
-    def stats(self) -> dict[str, dict[str, int]]:
-        return {layer.store.keys.source: layer.stats() for layer in self.layers}
-
-    def settled(self) -> bool:
-        return all(s["pending"] == 0 and s["failed_waiting"] == 0 for s in self.stats().values())
-
-    def stop(self) -> None:
-        self.service.stop()
-
-
-class FTQuery:
-    """A running topology: the StreamingQuery plus ingest threads and the FT service (or feeds)."""
-
-    def __init__(self, query: Any, ingestors: list[Ingestor], progress: Progress, checkpoint: str) -> None:
-        self.query = query
-        self.ingestors = ingestors
-        self.progress = progress
-        self.checkpoint = checkpoint
-        self.layers: list[FTLayer] = progress.layers if isinstance(progress, FTProgress) else []
-        self.service: FTService | None = progress.service if isinstance(progress, FTProgress) else None
-
-    def stats(self) -> dict[str, dict[str, int]]:
-        """Counters per source: FT on, persisted, acked, failed_*, replayed, pending, ...; FT off, see Feed.stats."""
-        return self.progress.stats()
-
-    def drained(self) -> bool:
-        """Ingest finished and nothing in flight (FT on: nothing pending or waiting for replay;
-        FT off: every fed row committed, i.e. the batches holding it completed)."""
-        if not all(i.done for i in self.ingestors):
-            return False
-        return self.progress.settled()
-
-    def await_drained(self, timeout_s: float = 120.0, poll_s: float = 0.25) -> bool:
-        """Wait until :meth:`drained` (True) or the timeout (False). Raises if the query died."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            exc = self.query.exception()
-            if exc is not None:
-                raise exc
-            if self.drained():
-                return True
-            time.sleep(poll_s)
-        return False
-
-    def stop(self) -> None:
-        """Stop ingest, the query and the FT service (leases released) or the feed servers."""
-        for ing in self.ingestors:
-            ing.stop()
-        self.query.stop()
-        self.progress.stop()
