@@ -194,33 +194,58 @@ def write_results(update: dict[str, Any], path: Path = RESULTS) -> dict[str, Any
     return data
 
 
+def _e2e(url: str, records: int, repeats: int) -> dict[str, Any]:
+    """FT on vs FT off vs plain Spark, small records and 1 KiB payloads."""
+    from runtime.bench_e2e import bench_e2e
+    from runtime.spark import local_session
+
+    spark = local_session("ftlayer-bench")
+    cfg = FTConfig(redis_url=url, max_pending=50_000, timeout_s=120.0)
+    out: dict[str, Any] = {}
+    for label, payload in (("e2e_small", 0), ("e2e_1kib", 1024)):
+        _progress(f"{label}: {records:,} records, {repeats} alternating rounds of ft-on / ft-off / plain")
+        res = bench_e2e(spark, cfg, records, payload, repeats,
+                        on_round=lambda r, got: _progress(f"  round {r + 1}: " + ", ".join(
+                            f"{k} {v:,.0f}/s" for k, v in got.items())))
+        out[label] = res
+    out["ft_on_vs_off_ratio"] = round(out["e2e_small"]["ft_on_vs_off_ratio"]["median"], 3)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ftlayer bench", description=__doc__.split("\n")[0] if __doc__ else None)
-    parser.add_argument("which", nargs="?", default="acker", choices=["acker"], help="benchmark to run")
+    parser.add_argument("which", nargs="?", default="acker", choices=["acker", "e2e", "all"],
+                        help="benchmark to run: acker (acker vs raw, memory), e2e (FT on/off/plain on Spark), all")
     parser.add_argument("--records", type=int, default=100_000, help="records per round [env FTLAYER_BENCH_RECORDS]")
     parser.add_argument("--repeats", type=int, default=5, help="alternating rounds per variant")
     parser.add_argument("--payload-bytes", type=int, default=32, help="payload size for the memory figure")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/bench/results.json alone")
+    parser.add_argument("--e2e-records", type=int, default=200_000, help="records per end-to-end run")
+    parser.add_argument("--e2e-repeats", type=int, default=3, help="alternating end-to-end rounds per variant")
     args = parser.parse_args(argv)
     n = int(os.environ.get("FTLAYER_BENCH_RECORDS", args.records))
     url = os.environ.get("FTLAYER_REDIS_URL", "")
     server = None if url else EmbeddedServer().start()
     url = url or (server.url if server else "")
+    summary: dict[str, Any] = {}
     try:
-        batch = FTConfig().flush_batch_size
-        _progress(f"acker vs raw: {2 * n:,} updates per round, {args.repeats} rounds each, alternating")
-        acker = bench_acker(url, n, args.repeats, batch)
-        _progress(f"memory: {n:,} pending records")
-        memory = bench_memory(url, n, args.payload_bytes)
+        if args.which in ("acker", "all"):
+            batch = FTConfig().flush_batch_size
+            _progress(f"acker vs raw: {2 * n:,} updates per round, {args.repeats} rounds each, alternating")
+            acker = bench_acker(url, n, args.repeats, batch)
+            _progress(f"memory: {n:,} pending records")
+            memory = bench_memory(url, n, args.payload_bytes)
+            summary.update({
+                "acker_vs_raw_ratio": round(acker["ratio"]["median"], 3),
+                "bytes_per_pending_record": round(memory["bytes_per_pending_record"], 1),
+                "acker": acker,
+                "memory": memory,
+            })
+        if args.which in ("e2e", "all"):
+            summary.update(_e2e(url, args.e2e_records, args.e2e_repeats))
     finally:
         if server is not None:
             server.stop()
-    summary = {
-        "acker_vs_raw_ratio": round(acker["ratio"]["median"], 3),
-        "bytes_per_pending_record": round(memory["bytes_per_pending_record"], 1),
-        "acker": acker,
-        "memory": memory,
-    }
     print(json.dumps(summary, indent=2))
     if not args.no_write:
         write_results(summary)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,3 +122,47 @@ def run_plain(spark: Any, records: int, payload_bytes: int) -> Run:
     finally:
         query.stop()
     return Run("plain", done, elapsed)
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    import statistics
+
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def bench_e2e(spark: Any, config: FTConfig, records: int, payload_bytes: int, repeats: int, *,
+              on_round: Any = None) -> dict[str, Any]:
+    """Alternate ft-on, ft-off and plain ``repeats`` times (order rotated each round).
+
+    Returns records/s per variant (median, min, max) and the per-round ratios
+    ft-on / ft-off and ft-on / plain. A warm-up round of each variant runs
+    first and is not counted (the first query in a session pays JVM and
+    Python-worker start-up).
+    """
+    variants: dict[str, Callable[[], Run]] = {
+        "ft-on": lambda: run_ftlayer(spark, config, records, payload_bytes, ft_on=True),
+        "ft-off": lambda: run_ftlayer(spark, config, records, payload_bytes, ft_on=False),
+        "plain": lambda: run_plain(spark, records, payload_bytes),
+    }
+    for fn in variants.values():  # warm-up (not counted)
+        fn()
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    on_off: list[float] = []
+    on_plain: list[float] = []
+    names = list(variants)
+    for r in range(repeats):
+        order = names[r % 3:] + names[: r % 3]
+        got = {name: variants[name]().rate for name in order}
+        for name, rate in got.items():
+            rates[name].append(rate)
+        on_off.append(got["ft-on"] / got["ft-off"])
+        on_plain.append(got["ft-on"] / got["plain"])
+        if on_round is not None:
+            on_round(r, got)
+    return {
+        "records": records,
+        "payload_bytes": payload_bytes,
+        "records_per_s": {name: _summary(v) for name, v in rates.items()},
+        "ft_on_vs_off_ratio": _summary(on_off),
+        "ft_on_vs_plain_ratio": _summary(on_plain),
+    }

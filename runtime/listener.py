@@ -74,6 +74,11 @@ class FTProgressListener(StreamingQueryListener):
         self.log = logger or logging.getLogger(LOGGER_NAME)
         self.batches_logged = 0
         self._query_ids: set[str] = set()  # ids of the queries this listener reports on
+        self.closed = False  # set before detaching: Spark's listener bus may still deliver late events
+
+    def close(self) -> None:
+        """Ignore every event from now on (Spark delivers events asynchronously, even after removal)."""
+        self.closed = True
 
     def ft_figures(self) -> dict[str, dict[str, int]]:
         """``{"topology/source": {pending, acked, failed, replayed, dead_lettered}}`` read now."""
@@ -127,7 +132,7 @@ class FTProgressListener(StreamingQueryListener):
 
     def onQueryProgress(self, event: QueryProgressEvent) -> None:
         progress = event.progress
-        if not self._mine(progress.name, progress.id):
+        if self.closed or not self._mine(progress.name, progress.id):
             return
         try:
             line, spark, ft, error = self.progress_line(progress)

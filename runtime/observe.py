@@ -70,4 +70,5 @@ class TopologyObservers:
         if listener is not None:
             from runtime.listener import detach
 
+            listener.close()
             detach(self.spark, listener)

@@ -121,7 +121,7 @@ class Stage:
         n = env.num_channels
         key = self.key
         for rb in batches:
-            rows = _rows(rb, handler, self.fanout)
+            rows = decode_rows(rb, handler, self.fanout)
             yield _to_batch(handler.process(rows, chain), key, n)
         if handler.ft_on:
             handler.flush(env.layers(), env.token(f"st{self.stage_id}"))
@@ -181,7 +181,7 @@ class StatefulStage:
             return list(fn(store.state_for(key(value)), value))
 
         for rb in batches:
-            rows = list(_rows(rb, handler, None))
+            rows = list(decode_rows(rb, handler, None))
             store.load(key(row[4]) for row in rows)
             yield _to_batch(handler.process(rows, chain), None, env.num_channels)
         store.save()  # state first: a record is acked only after its effect is stored
@@ -189,7 +189,7 @@ class StatefulStage:
             handler.flush(env.layers(), env.token(f"st{self.stage_id}"))
 
 
-def _rows(rb: Any, handler: FTHandler, fanout: Fanout | None) -> Iterator[tuple[int, int, int, int, Any]]:
+def decode_rows(rb: Any, handler: FTHandler, fanout: Fanout | None) -> Iterator[tuple[int, int, int, int, Any]]:
     """Decode a batch into (src, sid, cid, origin, value); apply the fan-out copy ids."""
     cols = rb.to_pydict()
     src, sid, cid, origin, payload = cols["src"], cols["sid"], cols["cid"], cols["origin"], cols["payload"]

@@ -264,8 +264,8 @@ class Compiler:
             return self.pass_through(parent, consumer, key=None)
         return self.df_for(parent)
 
-    def stage_df(self, tail: OpNode, key: Callable[[Any], Any] | None) -> Any:
-        """Fuse the run of single-consumer operators ending at ``tail`` into one stage."""
+    def chain(self, tail: OpNode) -> tuple[list[Op], Node, Node]:
+        """The run of single-consumer operators ending at ``tail``: (ops, the node they read, the top op)."""
         ops: list[Op] = []
         node: Node = tail
         while True:
@@ -275,7 +275,11 @@ class Compiler:
             if isinstance(parent, OpNode) and len(parent.consumers) == 1:
                 node = parent
                 continue
-            break
+            return ops, parent, node
+
+    def stage_df(self, tail: OpNode, key: Callable[[Any], Any] | None) -> Any:
+        """Fuse the run of single-consumer operators ending at ``tail`` into one stage."""
+        ops, parent, node = self.chain(tail)
         stage = Stage(self.env, self._next_stage(), tuple(ops), key=key, fanout=self.fanout(parent, node))
         return self.df_for(parent).mapInArrow(stage, ROW_SCHEMA)
 
@@ -326,8 +330,15 @@ class Compiler:
         sink = sink_node.sink
         if isinstance(sink, RedisHashSink) and sink.url is None:
             sink.url = resolved(self.config).redis_url  # the user's output server (FT off too)
-        df = self.input_df(sink_node.parents[0], sink_node)
+        parent = sink_node.parents[0]
         if isinstance(sink, ForeachBatchSink):
+            df = self.input_df(parent, sink_node)
             return df.writeStream.foreachBatch(DriverSinkBatch(self.env, sink))
-        out = df.mapInArrow(SinkStage(self.env, self._next_stage(), sink), "written long")
+        ops: tuple[Op, ...] = ()
+        if isinstance(parent, OpNode) and len(parent.consumers) == 1:
+            chain, base, top = self.chain(parent)
+            if self.fanout(base, top) is None:  # fuse the last operators into the sink stage
+                ops, parent = tuple(chain), base
+        df = self.df_for(parent) if ops else self.input_df(parent, sink_node)
+        out = df.mapInArrow(SinkStage(self.env, self._next_stage(), sink, ops), "written long")
         return out.writeStream.format("noop")
