@@ -69,7 +69,8 @@ class FTService:
                 due_at = self._next_rotation.setdefault(i, now + self.interval_s)
                 if now >= due_at:
                     try:
-                        layer.buckets.rotate(use_lease=True)
+                        # expected_gen: a client retry of a rotation whose reply was lost must not rotate twice
+                        layer.buckets.rotate(use_lease=True, expected_gen=layer.buckets.current_gen())
                         self.rotations += 1
                     except LeaseLostError:
                         self._next_rotation.pop(i, None)

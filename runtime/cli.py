@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from ftlayer.errors import FTLayerError
-from runtime import dlq_cli, status
+from runtime import chaos, dlq_cli, status
 
 
 def _cmd_redis(args: argparse.Namespace) -> int:
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_redis.set_defaults(func=_cmd_redis)
     status.add_parser(sub)
     dlq_cli.add_parser(sub)
+    chaos.add_parser(sub)
     return parser
 
 

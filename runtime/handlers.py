@@ -17,12 +17,25 @@
 ``NonFTHandler`` does none of that: no ids, no Redis. The FT status in config
 picks the handler; user code does not change.
 
+Fault injection (tests and ``ftlayer chaos`` only): when
+:func:`duplicate_flushes` is true at flush time, :meth:`XorHandler.flush` sends
+every call twice with the same token, as a client retry after a lost reply
+would. The second call must be skipped by the server (counted in
+``duplicate_flushes``) and change nothing. It is switched on by the environment
+variable ``FTLAYER_CHAOS_DUPLICATE_FLUSH=1`` in the process that flushes (Python
+workers inherit the environment of the Spark JVM, i.e. of the driver *when the
+SparkSession was created*; on a cluster use ``spark.executorEnv.*``), or, for a
+session that is already running, by the Spark local property
+``ftlayer.chaos.duplicateFlush = "1"`` set on the driver thread before the query
+starts (tasks of that query see it through ``TaskContext``).
+
 Handlers are created per task in executors; they are not shared across
 threads.
 """
 
 from __future__ import annotations
 
+import os
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +47,20 @@ from ftlayer.ids import child_id
 from ftlayer.layer import FTLayer
 
 MAX_TRACEBACK_CHARS = 4000
+DUPLICATE_FLUSH_ENV = "FTLAYER_CHAOS_DUPLICATE_FLUSH"
+DUPLICATE_FLUSH_PROPERTY = "ftlayer.chaos.duplicateFlush"
+
+
+def duplicate_flushes() -> bool:
+    """True when the duplicated-flush fault is switched on for this process or task (see module notes)."""
+    if os.environ.get(DUPLICATE_FLUSH_ENV) == "1":
+        return True
+    try:
+        from pyspark import TaskContext
+    except ImportError:  # no Spark here: only the environment switch applies
+        return False
+    tc = TaskContext.get()
+    return tc is not None and tc.getLocalProperty(DUPLICATE_FLUSH_PROPERTY) == "1"
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -62,13 +89,20 @@ class XorHandler:
         return not any(self.deltas.values()) and not any(self.fails.values())
 
     def flush(self, layers: Mapping[int, FTLayer], token: str) -> dict[int, FlushResult]:
-        """Send everything accumulated, one call per source, then reset. Idempotent per token."""
+        """Send everything accumulated, one call per source, then reset. Idempotent per token.
+
+        With :func:`duplicate_flushes` on, each call is sent a second time with the same
+        token (fault injection); the first call's result is returned.
+        """
         out: dict[int, FlushResult] = {}
+        twice = duplicate_flushes()
         for src in sorted(set(self.deltas) | set(self.fails)):
             deltas = {sid: v for sid, v in self.deltas.get(src, {}).items() if v}
             fails = self.fails.get(src, {})
             if deltas or fails:
                 out[src] = layers[src].xor(deltas, token=f"{token}/s{src}", fails=fails)
+                if twice:
+                    layers[src].xor(deltas, token=f"{token}/s{src}", fails=fails)
         self.deltas.clear()
         self.fails.clear()
         return out
