@@ -28,6 +28,7 @@ from ftlayer.errors import FailRecord
 from ftlayer.keyhash import key_hash
 from runtime.progress import TaskProgress
 from runtime.sinks import JsonLinesSink
+from runtime.testing import once
 from runtime.topology import FTQuery, Topology
 from serialization.payload import unpack_payload
 
@@ -39,15 +40,6 @@ def click_events(n: int) -> Any:
     for i in range(n):
         agent = "bot/1.0" if i % 40 == 7 else "mozilla"
         yield f"{i}|user-{(i * 7919) % 211}|/page/{i % 17}|{agent}|{(T0 + timedelta(seconds=i)).isoformat()}"
-
-
-def once(marks: Path, name: str) -> bool:
-    """True the first time ``name`` is asked for, in any process."""
-    try:
-        os.close(os.open(marks / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    return True
 
 
 class Parse:

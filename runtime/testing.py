@@ -228,6 +228,17 @@ class CollectingSink(JsonLinesSink):
         return list(self.iter_lines())
 
 
+
+def once(marker_dir: str | Path, name: str) -> bool:
+    """True the first time ``name`` is asked for in ``marker_dir``, in any process (an O_EXCL file)."""
+    Path(marker_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(Path(marker_dir, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True
+
 class FaultLog:
     """A directory shared by all processes of a scenario, where fault injectors leave marks.
 
@@ -246,14 +257,7 @@ class FaultLog:
 
     def once(self, fault: str, key: str) -> bool:
         """True for the first caller with this (fault, key) in any process, False afterwards."""
-        marks = self._dir(fault) / "marks"
-        marks.mkdir(exist_ok=True)
-        try:
-            fd = os.open(marks / key, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            return False
-        os.close(fd)
-        return True
+        return once(self._dir(fault) / "marks", key)
 
     def marks(self, fault: str) -> int:
         """How many :meth:`once` keys of ``fault`` were taken."""

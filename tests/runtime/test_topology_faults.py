@@ -12,21 +12,11 @@ import pytest
 from ftlayer.config import FTConfig
 from ftlayer.errors import FailRecord
 from runtime.sinks import JsonLinesSink
+from runtime.testing import once
 from runtime.topology import Topology
 from tests.runtime.test_topology_e2e import clicks, run_to_drain
 
 pytestmark = pytest.mark.spark
-
-
-def once(marker_dir: Path, name: str) -> bool:
-    """True the first time it is called with ``name`` in any process (a file marks it)."""
-    marker_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(marker_dir / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        return False
-    os.close(fd)
-    return True
 
 
 class DieAfterFlush(JsonLinesSink):
