@@ -188,10 +188,14 @@ class FTHandler:
                 self.failed += 1
                 continue
             delta = carried ^ cid
+            if len(outputs) == 1:  # the common case (map), without the lists
+                child = child_id(cid, op, 0)
+                yield src, sid, child, origin, outputs[0], delta ^ child
+                continue
             if not outputs:
                 yield src, sid, 0, origin, CARRIER, delta
                 continue
-            children = [anchor.child(op, i) for i in range(len(outputs))]
+            children = [child_id(cid, op, i) for i in range(len(outputs))]
             for child in children:
                 delta ^= child
             for i, out in enumerate(outputs):
