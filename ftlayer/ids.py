@@ -116,6 +116,8 @@ def new_record_id() -> RecordId:
 
 
 _CHILD = struct.Struct("<qqI")
+_CHILD_PACK = _CHILD.pack
+_xxh64 = xxhash.xxh64_intdigest
 
 
 def child_id(parent_current_id: int, operator_id: int, output_index: int) -> int:
@@ -124,10 +126,10 @@ def child_id(parent_current_id: int, operator_id: int, output_index: int) -> int
     Pure: the same inputs give the same id in every process, so a retried Spark
     task XORs exactly the same ids as the attempt it replaces. Never 0.
     """
-    digest = xxhash.xxh64_intdigest(
-        _CHILD.pack(parent_current_id, operator_id, output_index), seed=_CHILD_SEED
-    )
-    value = to_signed64(digest)
+    # hot path (once per operator output): to_signed64 inlined; the digest is already 64-bit
+    value = _xxh64(_CHILD_PACK(parent_current_id, operator_id, output_index), _CHILD_SEED)
+    if value >= _SIGN64:
+        return value - (1 << 64)
     return value if value else 1
 
 

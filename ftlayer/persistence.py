@@ -30,13 +30,26 @@ from serialization.frames import NO_CHANNEL, SemiDeserializedRecord, SemiDeseria
 _SERIALIZER = SemiDeserializedSerializer()
 
 
+PEND_PREFIX = 12  # a `pend` value is ack (8) | bucket gen (4) | frame
+
+
 @dataclass(frozen=True)
 class ChannelBatch:
-    """Records read from one channel: frames (still serialized) and the last stream id read."""
+    """Records read from one channel, still serialized, and the last stream id read.
+
+    ``values`` are the records' ``pend`` values: each frame starts at byte
+    :data:`PEND_PREFIX` (``runtime.arrow_codec.frames_to_record_batch`` reads
+    them in place with ``prefix=PEND_PREFIX``).
+    """
 
     channel: int
     last_id: str
-    frames: list[bytes]
+    values: list[bytes]
+
+    @property
+    def frames(self) -> list[bytes]:
+        """The frames alone (a copy of each)."""
+        return [v[PEND_PREFIX:] for v in self.values]
 
     def records(self) -> list[SemiDeserializedRecord]:
         """The frames decoded (payloads stay msgpack bytes)."""
@@ -87,7 +100,7 @@ class PersistenceLayer:
     def read_channel(
         self, channel: int, after: str = "-", until: str = "+", max_entries: int = 10_000
     ) -> ChannelBatch:
-        """Frames appended to ``channel`` with stream ids in (after, until], still pending."""
+        """Records appended to ``channel`` with stream ids in (after, until], still pending."""
         k = self.store.keys
         reply = self.store.run(
             "READ_CHANNEL", [k.channel(channel), k.pend], [after, until, max_entries]

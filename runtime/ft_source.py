@@ -88,7 +88,7 @@ from ftlayer.config import FTConfig
 from ftlayer.connection import resolved
 from ftlayer.errors import ConfigError
 from ftlayer.keys import check_name
-from ftlayer.persistence import PersistenceLayer
+from ftlayer.persistence import PEND_PREFIX, PersistenceLayer
 from ftlayer.store import SourceStore
 from runtime.arrow_codec import SOURCE_COLUMNS, SOURCE_SCHEMA_DDL, frames_to_record_batch
 
@@ -401,14 +401,14 @@ class FTStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         while True:
             batch = persistence.read_channel(c, after="-" if after == START_ID else after, until=until,
                                              max_entries=page)
-            if batch.frames:
-                yield frames_to_record_batch(batch.frames)
+            if batch.values:
+                yield frames_to_record_batch(batch.values, prefix=PEND_PREFIX)
             if not batch.last_id or compare_ids(batch.last_id, until) >= 0:
                 return
             after = batch.last_id
             # an entry holds one persist call's ids for this channel (1 to flush_batch_size):
             # steer the page so that one server-side call returns about READ_TARGET_RECORDS
-            got = len(batch.frames)
+            got = len(batch.values)
             if got < READ_TARGET_RECORDS // 2:
                 page = min(page * 2, MAX_READ_PAGE_ENTRIES)
             elif got > READ_TARGET_RECORDS * 2:

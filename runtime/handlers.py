@@ -10,9 +10,11 @@
   source record id. Child ids are ``child_id(input current id, operator, output
   index)``, so a retried Spark task produces exactly the same ids.
 - **XorHandler** (operators and sinks): XORs each output id in and the input id
-  out (the ack), combining the deltas per source record inside the task, and
-  flushes them once per task with an idempotent token. Fails (``FailRecord`` or
-  any other exception in user code) ride in the same flush.
+  out (the ack). An operator puts the delta of each input on its first output
+  (or on a *carrier row* when it has none), so deltas cross Spark exchanges
+  with the data; the sink combines everything it received per source record
+  and flushes once per task with an idempotent token. Fails (``FailRecord`` or
+  any other exception in user code) are flushed by the task that saw them.
 
 ``NonFTHandler`` does none of that: no ids, no Redis. The FT status in config
 picks the handler; user code does not change.
@@ -125,12 +127,32 @@ class AnchorHandler:
         return child_id(self.cid, operator_id, index)
 
 
-Row = tuple[int, int, int, int, Any]  # (source index, source record id, current id, origin id, value)
+class _Carrier:
+    """Type of :data:`CARRIER`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "CARRIER"
+
+
+#: The value of a *carrier row*: a row with no record, only an XOR delta on its way to the sink.
+CARRIER: Any = _Carrier()
+
+# (source index, source record id, current id, origin id, value, carried delta). The carried
+# delta is XORed into the acker by whichever terminal stage (the sink) receives the row.
+Row = tuple[int, int, int, int, Any, int]
 Chain = Callable[[Any], list[Any]]
 
 
 class FTHandler:
-    """Operating handler of one task: anchors, derives child ids, XORs and fails."""
+    """Operating handler of one task: anchors, derives child ids, XORs and fails.
+
+    Deltas travel *in-band*: an operator does not flush its own XORs, it puts
+    them on its outputs and the sink flushes everything it received in one
+    call per task (see :meth:`process`). Only explicit fails are flushed by
+    an intermediate stage.
+    """
 
     ft_on = True
 
@@ -141,13 +163,23 @@ class FTHandler:
         self.failed = 0
 
     def process(self, rows: Iterable[Row], chain: Chain) -> Iterator[Row]:
-        """Run ``chain`` on each input; yield outputs with child ids; XOR outputs in, input out.
+        """Run ``chain`` on each input; yield outputs with child ids and the delta they carry.
 
-        A record whose chain raises is failed (its whole tree) and yields
-        nothing; the task carries on with the next record.
+        Per input row, the delta ``carried ^ input id ^ XOR(child ids)`` rides
+        on its first output; an input with no output yields a carrier row
+        holding the delta instead, and carrier inputs pass through. The
+        delta depends on that row alone (never on how Spark cut the Arrow
+        batches), so a recomputed task carries exactly the same deltas to
+        the same partitions. A record whose chain raises is failed (its
+        whole tree; the failure is flushed by the task) and yields nothing:
+        its carried delta is dropped, as any later delta of a failed record
+        is ignored.
         """
-        xor, anchor, op = self.xors.xor, self.anchor, self.operator_id
-        for src, sid, cid, origin, value in rows:
+        anchor, op = self.anchor, self.operator_id
+        for src, sid, cid, origin, value, carried in rows:
+            if value is CARRIER:
+                yield src, sid, 0, origin, CARRIER, carried
+                continue
             anchor.anchor(src, sid, cid)
             try:
                 outputs = chain(value)
@@ -155,18 +187,25 @@ class FTHandler:
                 self.xors.fail(src, sid, failure_reason(exc))
                 self.failed += 1
                 continue
-            delta = cid
-            for i, out in enumerate(outputs):
-                child = anchor.child(op, i)
+            delta = carried ^ cid
+            if len(outputs) == 1:  # the common case (map), without the lists
+                child = child_id(cid, op, 0)
+                yield src, sid, child, origin, outputs[0], delta ^ child
+                continue
+            if not outputs:
+                yield src, sid, 0, origin, CARRIER, delta
+                continue
+            children = [child_id(cid, op, i) for i in range(len(outputs))]
+            for child in children:
                 delta ^= child
-                yield src, sid, child, origin, out
-            xor(src, sid, delta)
+            for i, out in enumerate(outputs):
+                yield src, sid, children[i], origin, out, delta if i == 0 else 0
 
     def ack(self, rows: Iterable[tuple[int, int, int]]) -> None:
-        """A sink acks (src, sid, cid) after its write succeeded."""
+        """A sink acks ``(src, sid, cid ^ carried delta)`` after its write succeeded."""
         xor = self.xors.xor
-        for src, sid, cid in rows:
-            xor(src, sid, cid)
+        for src, sid, value in rows:
+            xor(src, sid, value)
 
     def fail_all(self, rows: Iterable[tuple[int, int, int]], exc: BaseException) -> None:
         """Fail every record of a failed sink write (they will be replayed)."""
@@ -176,7 +215,8 @@ class FTHandler:
             self.failed += 1
 
     def flush(self, layers: Mapping[int, FTLayer], token: str) -> None:
-        self.xors.flush(layers, token)
+        if not self.xors.empty():
+            self.xors.flush(layers, token)
 
 
 class NonFTHandler(FTHandler):
@@ -185,14 +225,14 @@ class NonFTHandler(FTHandler):
     ft_on = False
 
     def process(self, rows: Iterable[Row], chain: Chain) -> Iterator[Row]:
-        for src, sid, cid, origin, value in rows:
+        for src, sid, cid, origin, value, _ in rows:
             try:
                 outputs = chain(value)
             except FailRecord:  # FT off: nothing can replay it; the record is dropped and counted
                 self.failed += 1
                 continue
             for out in outputs:
-                yield src, sid, cid, origin, out
+                yield src, sid, cid, origin, out, 0
 
     def ack(self, rows: Iterable[tuple[int, int, int]]) -> None:
         return None

@@ -36,16 +36,17 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from ftlayer.errors import FTLayerError
-from ftlayer.ids import RecordId, new_ids
+from ftlayer.ids import new_ids
 from ftlayer.keyhash import key_hash
 from ftlayer.layer import FTLayer
 from partitioners.factory import partitioner_for
+from serialization.frames import encode_source_frames
 from serialization.payload import pack_payload
-from serialization.record import SemiDeserializedRecord
 
 log = logging.getLogger(__name__)
 
 KeySelector = Callable[[Any], Any]
+NO_KEY_HASH = key_hash(None)
 
 
 def source_iterator(source: Any, stop: threading.Event) -> Iterator[Any]:
@@ -111,14 +112,10 @@ class PersistDestination:
         self.label = layer.store.keys.prefix
 
     def put(self, values: list[Any], hashes: list[int], channels: list[int]) -> None:
-        ids = new_ids(2 * len(values))
-        src = self.layer.source_id
-        records = []
-        for i, value in enumerate(values):
-            rid = RecordId(ids[2 * i], ids[2 * i + 1])
-            records.append(SemiDeserializedRecord(src, rid, hashes[i], rid.source_record_id, 0,
-                                                  pack_payload(value), channels[i]))
-        self.layer.persist(records)
+        # hot path: frames straight from the parts; channels come from the source's partitioner
+        payloads = [pack_payload(v) for v in values]
+        frames = encode_source_frames(self.layer.source_id, new_ids(2 * len(values)), hashes, payloads, channels)
+        self.layer.persistence.persist_frames(frames)
 
     def pending_count(self) -> int:
         return self.layer.pending_count()
@@ -157,13 +154,13 @@ class Ingestor:
 
     def _route(self, values: list[Any]) -> tuple[list[int], list[int]]:
         """Key hash and channel of every value (fields by key, else round-robin)."""
-        hashes: list[int] = []
-        channels: list[int] = []
-        for value in values:
-            h = key_hash(self.key(value)) if self.key is not None else key_hash(None)
-            hashes.append(h)
-            channels.append(self.partitioner.select(key_hash=h)[0])
-        return hashes, channels
+        select = self.partitioner.select
+        if self.key is None:
+            hashes = [NO_KEY_HASH] * len(values)
+            return hashes, [select(key_hash=NO_KEY_HASH)[0] for _ in values]
+        key = self.key
+        hashes = [key_hash(key(value)) for value in values]
+        return hashes, [select(key_hash=h)[0] for h in hashes]
 
     def _persist(self, values: list[Any]) -> None:
         hashes, channels = self._route(values)

@@ -6,14 +6,21 @@ batch it decodes each payload once (msgpack), runs the fused chain through the
 task's handler (which anchors, derives child ids, XORs and catches failures),
 and re-encodes the outputs once. Records created and consumed inside the
 chain never leave the task, so their XORs cancel and are not sent at all:
-a stage XORs its inputs out and its final outputs in. The task's combined
-deltas are flushed once, after the last batch, with the token
-``<topology>/<micro-batch>/st<stage>/p<partition>``, so a retried task (or a
-recomputed stage) never applies them twice.
+a stage XORs its inputs out and its final outputs in.
+
+Deltas travel in-band, not through Redis: each output row carries, in its
+``delta`` column, the XOR its input contributes (input id out, children in,
+plus whatever the input itself carried); an input with no output emits a
+*carrier row* (null payload) holding it. Only the sink flushes, once per
+task, so a record costs one acker update per sink task instead of one per
+stage, and a recomputed stage carries the same deltas again (they depend
+on each row alone). A stage flushes only the explicit fails it saw, with
+the token ``<topology>/<micro-batch>/st<stage>/p<partition>``, so a retried
+task never applies them twice.
 
 Rows between stages: ``src int, sid long, cid long, origin long, key_hash
-long, channel int, payload binary`` (the origin id rides along so sinks can
-deduplicate replays). A stage before a keyed edge fills ``key_hash`` and
+long, channel int, payload binary, delta long`` (the origin id rides along so
+sinks can deduplicate replays; carrier rows have a null payload). A stage before a keyed edge fills ``key_hash`` and
 ``channel = pmod(key_hash, n)`` from the key selector; the exchange then puts
 channel c in Spark partition c exactly (``partitioners.spark_exact``).
 
@@ -31,11 +38,11 @@ from ftlayer.config import FTConfig
 from ftlayer.ids import child_id
 from ftlayer.keyhash import key_hash
 from ftlayer.layer import FTLayer
-from runtime.handlers import FTHandler, handler_for
+from runtime.handlers import CARRIER, FTHandler, Row, handler_for
 from serialization.payload import pack_payload, unpack_payload
 
-ROW_SCHEMA = "src int, sid long, cid long, origin long, key_hash long, channel int, payload binary"
-ROW_COLUMNS = ("src", "sid", "cid", "origin", "key_hash", "channel", "payload")
+ROW_SCHEMA = "src int, sid long, cid long, origin long, key_hash long, channel int, payload binary, delta long"
+ROW_COLUMNS = ("src", "sid", "cid", "origin", "key_hash", "channel", "payload", "delta")
 NO_KEY_HASH = key_hash(None)
 
 
@@ -123,12 +130,16 @@ class Stage:
         for rb in batches:
             rows = decode_rows(rb, handler, self.fanout)
             yield _to_batch(handler.process(rows, chain), key, n)
-        if handler.ft_on:
+        if handler.ft_on and not handler.xors.empty():  # explicit fails only: deltas went downstream
             handler.flush(env.layers(), env.token(f"st{self.stage_id}"))
 
 
-def _to_batch(outputs: Iterable[tuple[int, int, int, int, Any]], key: Callable[[Any], Any] | None, n: int) -> Any:
-    """Encode a stage's outputs as an Arrow batch of rows; fill key hash and channel for a keyed edge."""
+def _to_batch(outputs: Iterable[Row], key: Callable[[Any], Any] | None, n: int) -> Any:
+    """Encode a stage's outputs as an Arrow batch of rows; fill key hash and channel for a keyed edge.
+
+    A carrier row goes to channel ``sid mod n``: any partition may apply a
+    delta, and this choice is deterministic.
+    """
     import pyarrow as pa
 
     src_o: list[int] = []
@@ -137,12 +148,19 @@ def _to_batch(outputs: Iterable[tuple[int, int, int, int, Any]], key: Callable[[
     org_o: list[int] = []
     kh_o: list[int] = []
     ch_o: list[int] = []
-    pl_o: list[bytes] = []
-    for src, sid, cid, origin, value in outputs:
+    pl_o: list[bytes | None] = []
+    dl_o: list[int] = []
+    for src, sid, cid, origin, value, delta in outputs:
         src_o.append(src)
         sid_o.append(sid)
         cid_o.append(cid)
         org_o.append(origin)
+        dl_o.append(delta)
+        if value is CARRIER:
+            kh_o.append(NO_KEY_HASH)
+            ch_o.append(sid % n)
+            pl_o.append(None)
+            continue
         h = key_hash(key(value)) if key is not None else NO_KEY_HASH
         kh_o.append(h)
         ch_o.append(h % n)
@@ -150,7 +168,7 @@ def _to_batch(outputs: Iterable[tuple[int, int, int, int, Any]], key: Callable[[
     return pa.RecordBatch.from_arrays(
         [pa.array(src_o, pa.int32()), pa.array(sid_o, pa.int64()), pa.array(cid_o, pa.int64()),
          pa.array(org_o, pa.int64()), pa.array(kh_o, pa.int64()), pa.array(ch_o, pa.int32()),
-         pa.array(pl_o, pa.binary())],
+         pa.array(pl_o, pa.binary()), pa.array(dl_o, pa.int64())],
         names=list(ROW_COLUMNS),
     )
 
@@ -182,25 +200,40 @@ class StatefulStage:
 
         for rb in batches:
             rows = list(decode_rows(rb, handler, None))
-            store.load(key(row[4]) for row in rows)
+            store.load(key(row[4]) for row in rows if row[4] is not CARRIER)
             yield _to_batch(handler.process(rows, chain), None, env.num_channels)
-        store.save()  # state first: a record is acked only after its effect is stored
-        if handler.ft_on:
+        store.save()  # state first: the sink acks a record only after this stage's task ended
+        if handler.ft_on and not handler.xors.empty():
             handler.flush(env.layers(), env.token(f"st{self.stage_id}"))
 
 
-def decode_rows(rb: Any, handler: FTHandler, fanout: Fanout | None) -> Iterator[tuple[int, int, int, int, Any]]:
-    """Decode a batch into (src, sid, cid, origin, value); apply the fan-out copy ids."""
-    cols = rb.to_pydict()
-    src, sid, cid, origin, payload = cols["src"], cols["sid"], cols["cid"], cols["origin"], cols["payload"]
+def decode_rows(rb: Any, handler: FTHandler, fanout: Fanout | None) -> Iterator[Row]:
+    """Decode a batch into rows ``(src, sid, cid, origin, value, carried delta)``.
+
+    A null payload decodes to :data:`~runtime.handlers.CARRIER`. With a
+    fan-out, copy ``index`` gets its own current id; only the reader of copy 0
+    keeps the carried deltas and carrier rows (every copy reads the same
+    upstream rows, and each delta must be applied exactly once) and adds the
+    fan-out's own delta (the original out, every copy in).
+    """
+    src, sid, cid, origin, payload, carried = (
+        rb.column(name).to_pylist() for name in ("src", "sid", "cid", "origin", "payload", "delta")
+    )
+    copies_of = fanout is not None and handler.ft_on
     for i in range(len(sid)):
-        c = cid[i]
-        if fanout is not None and handler.ft_on:
+        c, d, p = cid[i], carried[i], payload[i]
+        if p is None:
+            if not copies_of or fanout is None or fanout.index == 0:
+                yield src[i], sid[i], 0, origin[i], CARRIER, d
+            continue
+        if copies_of:
+            assert fanout is not None
             copies = [child_id(c, fanout.op_id, j) for j in range(fanout.copies)]
             if fanout.index == 0:
-                emit = c
                 for copy in copies:
-                    emit ^= copy
-                handler.xors.xor(src[i], sid[i], emit)
+                    d ^= copy
+                d ^= c
+            else:
+                d = 0
             c = copies[fanout.index]
-        yield src[i], sid[i], c, origin[i], unpack_payload(payload[i])
+        yield src[i], sid[i], c, origin[i], unpack_payload(p), d

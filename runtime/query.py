@@ -31,11 +31,16 @@ class DriverSinkBatch:
 
     def __call__(self, df: Any, batch_id: int) -> None:
         if not self.env.config.ft_on:  # FT off: no acks; a failing sink fails the batch (Spark's rules)
-            self.sink.fn([unpack_payload(r["payload"]) for r in df.select("payload").collect()], batch_id)
+            self.sink.fn([unpack_payload(r["payload"]) for r in df.select("payload").collect()
+                          if r["payload"] is not None], batch_id)
             return
         rows = df.select(*ROW_COLUMNS).collect()
-        ids = [(r["src"], r["sid"], r["cid"]) for r in rows]
         handler: FTHandler = handler_for(True, 0)
+        for r in rows:
+            if r["payload"] is None:  # a carrier row: only a delta from upstream operators
+                handler.xors.xor(r["src"], r["sid"], r["delta"])
+        rows = [r for r in rows if r["payload"] is not None]
+        ids = [(r["src"], r["sid"], r["cid"] ^ r["delta"]) for r in rows]
         try:
             self.sink.fn([unpack_payload(r["payload"]) for r in rows], batch_id)
         except Exception as exc:  # the batch's records fail and are replayed

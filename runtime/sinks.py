@@ -2,10 +2,12 @@
 
 Executor sinks run as the last stage of the query, inside Spark tasks: for each
 Arrow batch they decode the values once, call ``write(values, ctx)``, and on
-success ack every record of the batch (XOR its current id out). If ``write``
+success ack every record of the batch (XOR its current id out, together with
+the deltas its upstream operators put on the row). If ``write``
 raises, every record of the batch fails with the traceback as reason and is
 replayed (dead-lettered after ``max_replays``); the query keeps running. The
-task flushes its acks once, with an idempotent token.
+task flushes its acks and the carried deltas once, with an idempotent token:
+this is the one acker update of the records it received.
 
 - :class:`CallableSink`: your function gets each batch's values.
 - :class:`JsonLinesSink`: one JSON-lines file per batch and attempt, written to
@@ -23,14 +25,13 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.handlers import handler_for
+from runtime.handlers import CARRIER, Row, handler_for
 from runtime.operators import Op, TaskEnv, decode_rows, make_chain
-from serialization.payload import unpack_payload
 
 
 @dataclass(frozen=True)
@@ -155,23 +156,28 @@ class SinkStage:
         written = 0
         ctx = SinkContext(str(batch_id), partition, attempt)
         for rb in batches:
-            if chain is None:
-                cols = rb.to_pydict()
-                ids = list(zip(cols["src"], cols["sid"], cols["cid"], strict=True))
-                values = [unpack_payload(p) for p in cols["payload"]]
-                origins, sids = cols["origin"], cols["sid"]
-            else:  # fused operators: inputs XORed out and outputs in by the handler, outputs acked below
-                outs = list(handler.process(decode_rows(rb, handler, None), chain))
-                ids = [(o[0], o[1], o[2]) for o in outs]
-                values = [o[4] for o in outs]
-                origins, sids = [o[3] for o in outs], [o[1] for o in outs]
+            rows: Iterable[Row] = decode_rows(rb, handler, None)
+            if chain is not None:  # fused operators: their deltas ride on their outputs
+                rows = handler.process(rows, chain)
+            acks: list[tuple[int, int, int]] = []
+            values: list[Any] = []
+            origins: list[int] = []
+            sids: list[int] = []
+            for src, sid, cid, origin, value, delta in rows:
+                if value is CARRIER:  # only a delta from upstream: apply it whatever the write does
+                    handler.xors.xor(src, sid, delta)
+                    continue
+                acks.append((src, sid, cid ^ delta))
+                values.append(value)
+                origins.append(origin)
+                sids.append(sid)
             ctx = SinkContext(str(batch_id), partition, attempt, origins, sids)
             try:
                 self.sink.write(values, ctx)
             except Exception as exc:  # a failed write fails its records; they are replayed
-                handler.fail_all(ids, exc)
+                handler.fail_all(acks, exc)
             else:
-                handler.ack(ids)
+                handler.ack(acks)
                 written += len(values)
         if handler.ft_on:
             handler.flush(self.env.layers(), self.env.token(f"st{self.stage_id}"))

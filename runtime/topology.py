@@ -228,7 +228,7 @@ class Compiler:
             else:
                 df = read_feed_stream(self.spark, self._feeds[node.index], max_records_per_batch=self._max_records)
             return df.select(F.lit(node.index).cast("int").alias("src"), "sid", "cid", "origin",
-                             "key_hash", "channel", "payload")
+                             "key_hash", "channel", "payload", F.lit(0).cast("long").alias("delta"))
         if isinstance(node, OpNode):
             return self.stage_df(node, key=None)
         if isinstance(node, KeyByNode):

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ftlayer.errors import FailRecord, FrameError, KeyHashError, SerializationError
@@ -68,6 +68,7 @@ __all__ = [
     "AsSemiDeserializedSerializer",
     "SemiDeserializedRecord",
     "SemiDeserializedSerializer",
+    "encode_source_frames",
 ]
 
 FRAME_VERSION = 1
@@ -106,6 +107,38 @@ def _encode(rec: SemiDeserializedRecord) -> bytes:
     )
     crc = _crc32(payload, _crc32(covered))
     return b"".join((_U32.pack(BODY_FIXED_SIZE + len(payload)), covered, _U32.pack(crc), payload))
+
+
+def encode_source_frames(
+    source_id: int,
+    ids: Sequence[int],
+    key_hashes: Sequence[int],
+    payloads: Sequence[bytes],
+    channels: Sequence[int],
+) -> list[bytes]:
+    """Frames of fresh source records, for ingest's hot path (no record objects built).
+
+    Record ``i`` has source record id ``ids[2i]``, current id ``ids[2i + 1]``,
+    origin = its source record id, replay count 0. The bytes are exactly those
+    :meth:`SemiDeserializedSerializer.encode` gives for the same record. The
+    caller vouches for what the record constructor would check (ids from
+    ``ftlayer.ids``, hashes from ``key_hash``, payloads from ``pack_payload``);
+    a value that does not fit its field raises ``SerializationError`` naming
+    the record's index.
+    """
+    covered_pack, u32, crc32 = _CRC_COVERED.pack, _U32.pack, _crc32
+    out: list[bytes] = []
+    try:
+        for i, payload in enumerate(payloads):
+            sid = ids[2 * i]
+            covered = covered_pack(FRAME_VERSION, 0, source_id, sid, ids[2 * i + 1], key_hashes[i], sid, 0,
+                                   channels[i])
+            out.append(b"".join((u32(BODY_FIXED_SIZE + len(payload)), covered,
+                                 u32(crc32(payload, crc32(covered))), payload)))
+    except (struct.error, TypeError) as exc:
+        msg = f"cannot encode source record {len(out)} of a batch of {len(payloads)} as a frame: {exc}"
+        raise SerializationError(msg) from exc
+    return out
 
 
 _Buffer = bytes | memoryview

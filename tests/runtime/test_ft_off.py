@@ -135,7 +135,7 @@ def test_non_ft_handler_drops_and_counts_fail_record() -> None:
         return [v]
 
     handler = handler_for(False, 1)
-    out = [row[4] for row in handler.process(((0, i, i, i, i) for i in range(10)), fn)]
+    out = [row[4] for row in handler.process(((0, i, i, i, i, 0) for i in range(10)), fn)]
     assert out == [1, 2, 4, 5, 7, 8] and handler.failed == 4
 
 

@@ -345,3 +345,15 @@ def test_codec_matches_the_serializer_and_refuses_corrupt_frames(layer: FTLayer)
         bad = [*frames[:3], corrupt(frames[3]), *frames[4:]]
         with pytest.raises(FrameError, match="frame 3"):
             frames_to_record_batch(bad)
+
+
+def test_codec_reads_frames_behind_a_prefix(layer: FTLayer) -> None:
+    ser = SemiDeserializedSerializer()
+    recs = [layer.make_record({"i": i, "s": "y" * (i % 5)}, key=i) for i in range(20)]
+    frames = [ser.encode(r) for r in recs]
+    plain = frames_to_record_batch(frames)
+    assert frames_to_record_batch([b"ABCDEFGHIJKL" + f for f in frames], prefix=12).equals(plain)
+    bad = [b"ABCDEFGHIJKL" + f for f in frames]
+    bad[7] = bad[7][:-1] + bytes([bad[7][-1] ^ 1])
+    with pytest.raises(FrameError, match="frame 7"):
+        frames_to_record_batch(bad, prefix=12)

@@ -420,3 +420,28 @@ def test_serializers_are_picklable() -> None:
     semi = pickle.loads(pickle.dumps(AsSemiDeserializedSerializer(9, key_of)))
     assert (semi.source_id, semi.key_selector) == (9, key_of)
     assert semi.serialize({"k": "x"}, RecordId(1, 2)).key_hash == key_hash("x")
+
+
+def test_encode_source_frames_matches_the_record_encoder() -> None:
+    from ftlayer.ids import new_ids
+    from serialization.frames import encode_source_frames
+
+    values = [{"i": i, "user": f"u{i % 7}"} for i in range(50)] + ["", b"\x00", None]
+    ids = new_ids(2 * len(values))
+    hashes = [key_hash(v if not isinstance(v, dict) else v["user"]) for v in values]
+    payloads = [pack_payload(v) for v in values]
+    channels = [i % 3 for i in range(len(values))]
+    frames = encode_source_frames(4, ids, hashes, payloads, channels)
+    serializer = SemiDeserializedSerializer()
+    for i, frame in enumerate(frames):
+        rec = SemiDeserializedRecord(4, RecordId(ids[2 * i], ids[2 * i + 1]), hashes[i], ids[2 * i], 0,
+                                     payloads[i], channels[i])
+        assert frame == serializer.encode(rec)
+        assert serializer.decode(frame) == rec
+
+
+def test_encode_source_frames_names_the_record_that_does_not_fit() -> None:
+    from serialization.frames import encode_source_frames
+
+    with pytest.raises(SerializationError, match="source record 1 of a batch of 2"):
+        encode_source_frames(0, [1, 2, 3, 2**63], [0, 0], [b"\x01", b"\x02"], [0, 0])
