@@ -1,6 +1,7 @@
 """Benchmarks that print ratios measured side by side in one run.
 
-``python -m runtime.bench acker`` (also ``scripts/bench``, ``ftlayer bench``):
+The acker and memory benchmarks (``ftlayer bench acker``; :mod:`runtime.bench_cli`
+runs all benchmarks):
 
 - **acker vs raw**: XOR updates per second through :class:`AckerTable` (one
   non-completing XOR, then the completing one, for each of N pending records,
@@ -10,14 +11,13 @@
 - **bytes per pending record**: Redis ``used_memory`` growth per pending
   record after persisting N records, minus the msgpack payload size.
 
-Results are merged into ``docs/bench/results.json`` (keys
-``acker_vs_raw_ratio`` and ``bytes_per_pending_record`` plus raw figures, the
-machine and the date).
+:func:`write_results` merges a summary into ``docs/bench/results.json`` (keys
+``acker_vs_raw_ratio`` and ``bytes_per_pending_record`` come from here, plus
+raw figures, the machine and the date).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -36,7 +36,6 @@ import redis
 from ftlayer.config import FTConfig
 from ftlayer.ids import child_id
 from ftlayer.layer import FTLayer
-from ftlayer.server import EmbeddedServer
 from runtime.progress import TaskProgress
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "bench" / "results.json"
@@ -194,63 +193,11 @@ def write_results(update: dict[str, Any], path: Path = RESULTS) -> dict[str, Any
     return data
 
 
-def _e2e(url: str, records: int, repeats: int) -> dict[str, Any]:
-    """FT on vs FT off vs plain Spark, small records and 1 KiB payloads."""
-    from runtime.bench_e2e import bench_e2e
-    from runtime.spark import local_session
-
-    spark = local_session("ftlayer-bench")
-    cfg = FTConfig(redis_url=url, max_pending=50_000, timeout_s=120.0)
-    out: dict[str, Any] = {}
-    for label, payload in (("e2e_small", 0), ("e2e_1kib", 1024)):
-        _progress(f"{label}: {records:,} records, {repeats} alternating rounds of ft-on / ft-off / plain")
-        res = bench_e2e(spark, cfg, records, payload, repeats,
-                        on_round=lambda r, got: _progress(f"  round {r + 1}: " + ", ".join(
-                            f"{k} {v:,.0f}/s" for k, v in got.items())))
-        out[label] = res
-    out["ft_on_vs_off_ratio"] = round(out["e2e_small"]["ft_on_vs_off_ratio"]["median"], 3)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ftlayer bench", description=__doc__.split("\n")[0] if __doc__ else None)
-    parser.add_argument("which", nargs="?", default="acker", choices=["acker", "e2e", "all"],
-                        help="benchmark to run: acker (acker vs raw, memory), e2e (FT on/off/plain on Spark), all")
-    parser.add_argument("--records", type=int, default=100_000, help="records per round [env FTLAYER_BENCH_RECORDS]")
-    parser.add_argument("--repeats", type=int, default=5, help="alternating rounds per variant")
-    parser.add_argument("--payload-bytes", type=int, default=32, help="payload size for the memory figure")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/bench/results.json alone")
-    parser.add_argument("--e2e-records", type=int, default=200_000, help="records per end-to-end run")
-    parser.add_argument("--e2e-repeats", type=int, default=3, help="alternating end-to-end rounds per variant")
-    args = parser.parse_args(argv)
-    n = int(os.environ.get("FTLAYER_BENCH_RECORDS", args.records))
-    url = os.environ.get("FTLAYER_REDIS_URL", "")
-    server = None if url else EmbeddedServer().start()
-    url = url or (server.url if server else "")
-    summary: dict[str, Any] = {}
-    try:
-        if args.which in ("acker", "all"):
-            batch = FTConfig().flush_batch_size
-            _progress(f"acker vs raw: {2 * n:,} updates per round, {args.repeats} rounds each, alternating")
-            acker = bench_acker(url, n, args.repeats, batch)
-            _progress(f"memory: {n:,} pending records")
-            memory = bench_memory(url, n, args.payload_bytes)
-            summary.update({
-                "acker_vs_raw_ratio": round(acker["ratio"]["median"], 3),
-                "bytes_per_pending_record": round(memory["bytes_per_pending_record"], 1),
-                "acker": acker,
-                "memory": memory,
-            })
-        if args.which in ("e2e", "all"):
-            summary.update(_e2e(url, args.e2e_records, args.e2e_repeats))
-    finally:
-        if server is not None:
-            server.stop()
-    print(json.dumps(summary, indent=2))
-    if not args.no_write:
-        write_results(summary)
-        _progress(f"wrote {RESULTS}")
-    return 0
+    """``python -m runtime.bench``: the same as ``ftlayer bench`` (see :mod:`runtime.bench_cli`)."""
+    from runtime.bench_cli import main as cli_main
+
+    return cli_main(argv)
 
 
 if __name__ == "__main__":

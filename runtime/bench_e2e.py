@@ -146,8 +146,10 @@ def bench_e2e(spark: Any, config: FTConfig, records: int, payload_bytes: int, re
         "ft-off": lambda: run_ftlayer(spark, config, records, payload_bytes, ft_on=False),
         "plain": lambda: run_plain(spark, records, payload_bytes),
     }
-    for fn in variants.values():  # warm-up (not counted)
-        fn()
+    warm = min(records, 50_000)  # warm-up (not counted): JVM, Python workers, first-query costs
+    run_ftlayer(spark, config, warm, payload_bytes, ft_on=True)
+    run_ftlayer(spark, config, warm, payload_bytes, ft_on=False)
+    run_plain(spark, warm, payload_bytes)
     rates: dict[str, list[float]] = {name: [] for name in variants}
     on_off: list[float] = []
     on_plain: list[float] = []

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from ftlayer.errors import FTLayerError
-from runtime import chaos, dlq_cli, status
+from runtime import bench_cli, chaos, dlq_cli, status
 
 
 def _cmd_redis(args: argparse.Namespace) -> int:
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_parser(sub)
     dlq_cli.add_parser(sub)
     chaos.add_parser(sub)
+    bench_cli.add_parser(sub)
     return parser
 
 
