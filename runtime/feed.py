@@ -68,7 +68,6 @@ from typing import Any
 import msgpack
 
 from ftlayer.config import FTConfig
-from serialization.payload import pack_payload
 
 _LEN = struct.Struct(">I")
 MAX_REQUEST_BYTES = 1 << 20  # requests are a few numbers
@@ -355,15 +354,20 @@ class FeedDestination:
         self.batch_size = config.flush_batch_size
         self.max_pending = config.max_pending
         self.label = label
+        self.rejected = 0
 
-    def put(self, values: list[Any], hashes: list[int], channels: list[int]) -> None:
+    def put(self, payloads: list[bytes], hashes: list[int], channels: list[int]) -> None:
         per: dict[int, tuple[list[int], list[bytes]]] = {}
-        for value, h, ch in zip(values, hashes, channels, strict=True):
-            hs, payloads = per.setdefault(ch, ([], []))
+        for payload, h, ch in zip(payloads, hashes, channels, strict=True):
+            hs, out = per.setdefault(ch, ([], []))
             hs.append(h)
-            payloads.append(pack_payload(value))
-        for ch, (hs, payloads) in sorted(per.items()):
-            self.feed.append(ch, hs, payloads)
+            out.append(payload)
+        for ch, (hs, out) in sorted(per.items()):
+            self.feed.append(ch, hs, out)
+
+    def reject(self, value: Any, reason: str) -> None:
+        """FT off has no dead-letter queue: the record is dropped (the ingestor logs and counts it)."""
+        self.rejected += 1
 
     def pending_count(self) -> int:
         return self.feed.pending()

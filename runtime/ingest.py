@@ -18,7 +18,11 @@ records are pending, the thread waits, so a fast source cannot flood Redis.
 Contract on errors: an exception from the user source stops ingest and is kept
 in ``Ingestor.error`` (the query keeps running and drains what was persisted);
 a Redis error is retried with backoff, holding the batch, so nothing read from
-the source is dropped while the process lives.
+the source is dropped while the process lives. A record whose key selector
+raises, or whose value cannot be serialized, is never persisted for
+processing: it is handed to the destination's ``reject`` (FT on: a dead letter
+with the reason, ``ftlayer dlq`` shows it; FT off: dropped, logged and counted)
+and ingest goes on with the next record.
 
 Where batches go is pluggable: an :class:`FTLayer` (FT on) is wrapped in a
 :class:`PersistDestination`; with FT off the topology passes a
@@ -35,18 +39,20 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
-from ftlayer.errors import FTLayerError
-from ftlayer.ids import new_ids
+from ftlayer.errors import FTLayerError, SerializationError
+from ftlayer.ids import RecordId, new_ids
 from ftlayer.keyhash import key_hash
 from ftlayer.layer import FTLayer
 from partitioners.factory import partitioner_for
 from serialization.frames import encode_source_frames
 from serialization.payload import pack_payload
+from serialization.record import SemiDeserializedRecord
 
 log = logging.getLogger(__name__)
 
 KeySelector = Callable[[Any], Any]
 NO_KEY_HASH = key_hash(None)
+MAX_REPR_CHARS = 4096
 
 
 def source_iterator(source: Any, stop: threading.Event) -> Iterator[Any]:
@@ -92,8 +98,12 @@ class BatchDestination(Protocol):
     max_pending: int  # ingest waits while pending_count() is at least this
     label: str  # for logs
 
-    def put(self, values: list[Any], hashes: list[int], channels: list[int]) -> None:
-        """Make a batch visible to the query (may raise FTLayerError: retried with backoff)."""
+    def put(self, payloads: list[bytes], hashes: list[int], channels: list[int]) -> None:
+        """Make a batch of packed values visible to the query (may raise FTLayerError: retried with backoff)."""
+        ...
+
+    def reject(self, value: Any, reason: str) -> None:
+        """Set aside a record that cannot be processed (its key selector raised, or it cannot be packed)."""
         ...
 
     def pending_count(self) -> int:
@@ -111,11 +121,19 @@ class PersistDestination:
         self.max_pending = layer.config.max_pending
         self.label = layer.store.keys.prefix
 
-    def put(self, values: list[Any], hashes: list[int], channels: list[int]) -> None:
+    def put(self, payloads: list[bytes], hashes: list[int], channels: list[int]) -> None:
         # hot path: frames straight from the parts; channels come from the source's partitioner
-        payloads = [pack_payload(v) for v in values]
-        frames = encode_source_frames(self.layer.source_id, new_ids(2 * len(values)), hashes, payloads, channels)
+        frames = encode_source_frames(self.layer.source_id, new_ids(2 * len(payloads)), hashes, payloads, channels)
         self.layer.persistence.persist_frames(frames)
+
+    def reject(self, value: Any, reason: str) -> None:
+        try:
+            payload = pack_payload(value)
+        except SerializationError:  # keep what can be kept: the value's repr
+            payload = pack_payload(repr(value)[:MAX_REPR_CHARS])
+        rid = RecordId(*new_ids(2))
+        record = SemiDeserializedRecord(self.layer.source_id, rid, NO_KEY_HASH, rid.source_record_id, 0, payload, 0)
+        self.layer.dead_letters.add(record, reason)
 
     def pending_count(self) -> int:
         return self.layer.pending_count()
@@ -142,6 +160,7 @@ class Ingestor:
         self.batch_size = dest.batch_size
         self.max_pending = dest.max_pending
         self.ingested = 0
+        self.rejected = 0  # records set aside by reject() (key selector raised, not serializable)
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._done = threading.Event()
@@ -152,22 +171,55 @@ class Ingestor:
         """True once the source ended (or failed) and everything read was persisted."""
         return self._done.is_set()
 
-    def _route(self, values: list[Any]) -> tuple[list[int], list[int]]:
-        """Key hash and channel of every value (fields by key, else round-robin)."""
-        select = self.partitioner.select
-        if self.key is None:
-            hashes = [NO_KEY_HASH] * len(values)
-            return hashes, [select(key_hash=NO_KEY_HASH)[0] for _ in values]
-        key = self.key
-        hashes = [key_hash(key(value)) for value in values]
-        return hashes, [select(key_hash=h)[0] for h in hashes]
+    def _prepare(self, values: list[Any]) -> tuple[list[bytes], list[int], list[int]]:
+        """Packed value, key hash and channel of every value (fields by key, else round-robin).
 
-    def _persist(self, values: list[Any]) -> None:
-        hashes, channels = self._route(values)
+        A value whose key selector raises or that cannot be packed is rejected
+        (see the module contract) and left out.
+        """
+        select, key = self.partitioner.select, self.key
+        try:  # the fast path: no per-value error handling
+            payloads = [pack_payload(v) for v in values]
+            hashes = [NO_KEY_HASH] * len(values) if key is None else [key_hash(key(v)) for v in values]
+        except Exception:  # a key selector or value failed: sort the batch out one by one
+            payloads, hashes = [], []
+            for value in values:
+                try:
+                    packed = pack_payload(value)
+                    h = NO_KEY_HASH if key is None else key_hash(key(value))
+                except Exception as exc:
+                    self._reject(value, exc)
+                    continue
+                payloads.append(packed)
+                hashes.append(h)
+        return payloads, hashes, [select(key_hash=h)[0] for h in hashes]
+
+    def _reject(self, value: Any, exc: BaseException) -> None:
+        what = "cannot be serialized" if isinstance(exc, SerializationError) else "key selector raised"
+        reason = f"ingest: {what}: {type(exc).__name__}: {exc}"
+        self.rejected += 1
+        log.warning("record rejected by ingest of %s (%s)", self.destination.label, reason)
         delay = 0.05
         while True:
             try:
-                self.destination.put(values, hashes, channels)
+                self.destination.reject(value, reason)
+            except FTLayerError:
+                if self._stop.is_set():
+                    raise
+                log.exception("dead-lettering a rejected record failed; retrying in %.2f s", delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+            else:
+                return
+
+    def _persist(self, values: list[Any]) -> None:
+        payloads, hashes, channels = self._prepare(values)
+        if not payloads:
+            return
+        delay = 0.05
+        while True:
+            try:
+                self.destination.put(payloads, hashes, channels)
             except FTLayerError:
                 if self._stop.is_set():
                     raise
@@ -175,7 +227,7 @@ class Ingestor:
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
             else:
-                self.ingested += len(values)
+                self.ingested += len(payloads)
                 return
 
     def _wait_for_room(self) -> None:

@@ -123,3 +123,33 @@ def test_stop_ends_an_endless_source(ft_config: FTConfig) -> None:
     time.sleep(0.2)
     ing.stop()
     assert ing.done and layer.stats()["persisted"] == ing.ingested > 0
+
+
+def test_a_record_whose_key_raises_or_cannot_be_packed_is_dead_lettered(ft_config: FTConfig) -> None:
+    from serialization.payload import unpack_payload
+
+    layer = _layer(ft_config)
+    values: list[Any] = [{"u": f"u{i}", "i": i} for i in range(10)]
+    values[3] = {"i": 3}  # no "u": the key selector raises KeyError
+    values[7] = {"u": "u7", "obj": object()}  # not serializable
+    ing = Ingestor(layer, values, key=lambda e: e["u"])
+    ing.run()
+    assert ing.error is None and ing.ingested == 8 and ing.rejected == 2
+    assert sorted(v["i"] for v in _persisted(layer)) == [0, 1, 2, 4, 5, 6, 8, 9]
+    letters = layer.dead_letters.list()
+    assert len(letters) == 2 and layer.stats()["dead_lettered"] == 2
+    reasons = sorted(d.reason for d in letters)
+    assert "key selector raised: KeyError" in reasons[0] or "key selector raised: KeyError" in reasons[1]
+    assert any("cannot be serialized" in r for r in reasons)
+    payloads = [unpack_payload(d.record.payload) for d in letters]
+    assert {"i": 3} in payloads  # the value itself when it can be packed
+    assert any(isinstance(p, str) and "object object" in p for p in payloads)  # else its repr
+
+
+def test_ft_off_feed_drops_and_counts_a_rejected_record() -> None:
+    from runtime.feed import Feed, FeedDestination
+
+    dest = FeedDestination(Feed(2), FTConfig(status="off"))
+    ing = Ingestor(dest, [{"u": "a"}, {}, {"u": "b"}], key=lambda e: e["u"])
+    ing.run()
+    assert ing.ingested == 2 and ing.rejected == 1 and dest.rejected == 1 and dest.feed.pending() == 2
