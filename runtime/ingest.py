@@ -18,7 +18,10 @@ records are pending, the thread waits, so a fast source cannot flood Redis.
 Contract on errors: an exception from the user source stops ingest and is kept
 in ``Ingestor.error`` (the query keeps running and drains what was persisted);
 a Redis error is retried with backoff, holding the batch, so nothing read from
-the source is dropped while the process lives. A record whose key selector
+the source is dropped while the process lives, unless ``stop()`` is called
+while Redis is unreachable: the batch held then (at most ``flush_batch_size``
+records, never reported as persisted) is abandoned, logged and counted in
+``Ingestor.abandoned``. A record whose key selector
 raises, or whose value cannot be serialized, is never persisted for
 processing: it is handed to the destination's ``reject`` (FT on: a dead letter
 with the reason, ``ftlayer dlq`` shows it; FT off: dropped, logged and counted)
@@ -161,6 +164,7 @@ class Ingestor:
         self.max_pending = dest.max_pending
         self.ingested = 0
         self.rejected = 0  # records set aside by reject() (key selector raised, not serializable)
+        self.abandoned = 0  # records read but never persisted because stop() came during an outage
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._done = threading.Event()
@@ -263,7 +267,12 @@ class Ingestor:
             log.exception("user source of %s failed; ingest stopped", self.destination.label)
         finally:
             if batch:
-                self._persist(batch)
+                try:
+                    self._persist(batch)
+                except FTLayerError:  # stop() during an outage: see the module contract
+                    self.abandoned += len(batch)
+                    log.exception("ingest of %s stopped while Redis was unreachable: %d records read from the "
+                              "source were never persisted", self.destination.label, len(batch))
             self._done.set()
 
     def start(self) -> Ingestor:
