@@ -203,14 +203,18 @@ class Ingestor:
         reason = f"ingest: {what}: {type(exc).__name__}: {exc}"
         self.rejected += 1
         log.warning("record rejected by ingest of %s (%s)", self.destination.label, reason)
+        self._retrying("dead-lettering a rejected record", lambda: self.destination.reject(value, reason))
+
+    def _retrying(self, what: str, call: Callable[[], None]) -> None:
+        """``call()`` until it succeeds: an FTLayerError (Redis down) is retried with backoff until stop()."""
         delay = 0.05
         while True:
             try:
-                self.destination.reject(value, reason)
+                call()
             except FTLayerError:
                 if self._stop.is_set():
                     raise
-                log.exception("dead-lettering a rejected record failed; retrying in %.2f s", delay)
+                log.exception("%s failed; retrying in %.2f s", what, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
             else:
@@ -218,21 +222,9 @@ class Ingestor:
 
     def _persist(self, values: list[Any]) -> None:
         payloads, hashes, channels = self._prepare(values)
-        if not payloads:
-            return
-        delay = 0.05
-        while True:
-            try:
-                self.destination.put(payloads, hashes, channels)
-            except FTLayerError:
-                if self._stop.is_set():
-                    raise
-                log.exception("persist failed; retrying in %.2f s", delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
-            else:
-                self.ingested += len(payloads)
-                return
+        if payloads:
+            self._retrying("persist", lambda: self.destination.put(payloads, hashes, channels))
+            self.ingested += len(payloads)
 
     def _wait_for_room(self) -> None:
         while not self._stop.is_set():
