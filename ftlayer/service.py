@@ -35,7 +35,11 @@ log = logging.getLogger(__name__)
 
 
 class FTService:
-    """Rotator and replayer for a set of FTLayers (one per source)."""
+    """Rotator and replayer for a set of FTLayers (one per source).
+
+    ``trim_every_s``: how often each source's finished head entries are trimmed
+    (``PersistenceLayer.trim_done``; also once more at ``stop()``).
+    """
 
     def __init__(
         self,
@@ -43,6 +47,7 @@ class FTService:
         *,
         clock: Clock | None = None,
         tick_s: float | None = None,
+        trim_every_s: float = 2.0,
         lease_ttl_s: float | None = None,
     ) -> None:
         if not layers:
@@ -59,6 +64,8 @@ class FTService:
         self._thread: threading.Thread | None = None
         self.rotations = 0
         self.errors = 0
+        self.trim_every_s = trim_every_s
+        self._last_trim: dict[int, float] = {}
 
     def tick(self) -> None:
         """One pass: renew leases, rotate the sources that are due, replay due failures."""
@@ -81,7 +88,11 @@ class FTService:
                 self._next_rotation.pop(i, None)
             # one bounded replay pass per tick, so a replay storm cannot starve rotation or the lease
             layer.replayer.replay_due()
-            layer.persistence.trim_done()
+            # trimming finished head entries is clean-up for a drained source (a running query
+            # trims on every batch), and it costs a lookup per record of the head entry: not every tick
+            if now - self._last_trim.get(i, float("-inf")) >= self.trim_every_s:
+                layer.persistence.trim_done()
+                self._last_trim[i] = now
 
     def _run(self) -> None:
         while not self._stop.is_set():
