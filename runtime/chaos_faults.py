@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 import xxhash
@@ -168,18 +168,45 @@ class DelayingSink(CollectingSink):
         super().write(values, ctx)
 
 
-class ConnectionDropper:
+_T = TypeVar("_T", bound="_DriverThread")
+
+
+class _DriverThread:
+    """A daemon thread on the driver running ``_run`` until :meth:`stop`."""
+
+    thread_name = "chaos"
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def start(self: _T) -> _T:
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+
+class ConnectionDropper(_DriverThread):
     """Driver thread: ``CLIENT KILL TYPE normal SKIPME yes`` every ``interval_s`` (every client of
     the server but its own: ingest, FT service, source runner, Python workers)."""
 
+    thread_name = "chaos-drop-connections"
+
     def __init__(self, url: str, interval_s: float = 0.2) -> None:
+        super().__init__()
         self.url = url
         self.interval_s = interval_s
         self.rounds = 0
         self.killed = 0
         self.errors = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def _run(self) -> None:
         client = redis.Redis.from_url(self.url, socket_connect_timeout=2)
@@ -193,26 +220,17 @@ class ConnectionDropper:
         finally:
             client.close()
 
-    def start(self) -> ConnectionDropper:
-        self._thread = threading.Thread(target=self._run, name="chaos-drop-connections", daemon=True)
-        self._thread.start()
-        return self
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
-
-
-class Sampler:
+class Sampler(_DriverThread):
     """Driver thread: every ``interval_s`` records ``(monotonic time, fn())``; errors are skipped."""
 
+    thread_name = "chaos-sampler"
+
     def __init__(self, fn: Callable[[], int], interval_s: float = 0.05) -> None:
+        super().__init__()
         self.fn = fn
         self.interval_s = interval_s
         self.samples: list[tuple[float, int]] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -230,13 +248,3 @@ class Sampler:
                 break
             value = v
         return value
-
-    def start(self) -> Sampler:
-        self._thread = threading.Thread(target=self._run, name="chaos-sampler", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
