@@ -11,7 +11,9 @@ Contract:
 - A temporary data directory (the default) is removed on ``stop()``; a given
   one is kept, so a restart finds its AOF.
 - With ``die_with_parent`` (Linux) the server gets SIGTERM if the process that
-  started it dies, so a killed test run leaves no stray server behind.
+  started it dies, so a killed test run leaves no stray server behind. It is
+  forked from one process-long thread, so a start or restart from a thread that
+  then ends does not take the server with it.
 """
 
 from __future__ import annotations
@@ -19,15 +21,19 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import os
+import queue
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import redis
 
@@ -64,6 +70,57 @@ def free_port() -> int:
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class _Spawner:
+    """Forks child processes from one long-lived daemon thread.
+
+    ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child exits,
+    not the process: a server started (or restarted) from a short-lived
+    thread, such as a fault injector's, would be killed when that thread
+    ended. Forking from this thread, which lives as long as the process, ties
+    the signal to the process's life. Fork-safe: a child process starts its own.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[tuple[list[str], dict[str, Any], dict[str, Any], threading.Event]] = (
+            queue.SimpleQueue()
+        )
+        self._thread: threading.Thread | None = None
+        self._pid = -1
+
+    def popen(self, args: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._jobs = queue.SimpleQueue()
+                self._thread = threading.Thread(target=self._run, args=(self._jobs,), name="ftlayer-spawner",
+                                                daemon=True)
+                self._thread.start()
+                self._pid = os.getpid()
+            jobs = self._jobs
+        box: dict[str, Any] = {}
+        done = threading.Event()
+        jobs.put((args, kw, box, done))
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        proc: subprocess.Popen[bytes] = box["proc"]
+        return proc
+
+    @staticmethod
+    def _run(jobs: queue.SimpleQueue[tuple[list[str], dict[str, Any], dict[str, Any], threading.Event]]) -> None:
+        while True:
+            args, kw, box, done = jobs.get()
+            try:
+                box["proc"] = subprocess.Popen(args, **kw)
+            except BaseException as exc:  # handed to the caller's thread
+                box["error"] = exc
+            finally:
+                done.set()
+
+
+_SPAWNER = _Spawner()
 
 
 class EmbeddedServer:
@@ -128,14 +185,12 @@ class EmbeddedServer:
             return self
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self._proc = subprocess.Popen(
-                self.command_line(),
-                cwd=self.data_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
-            )
+            kw: dict[str, Any] = {"cwd": self.data_dir, "stdin": subprocess.DEVNULL,
+                                  "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+            if self.die_with_parent:  # forked from the spawner thread: see _Spawner
+                self._proc = _SPAWNER.popen(self.command_line(), preexec_fn=_die_with_parent, **kw)
+            else:
+                self._proc = subprocess.Popen(self.command_line(), **kw)
         except OSError as exc:
             msg = f"could not start the embedded valkey-server: {exc}"
             raise EmbeddedServerError(msg) from exc

@@ -53,3 +53,24 @@ def test_no_url_starts_the_embedded_server() -> None:
     cfg = FTConfig()
     assert connect(cfg).ping()
     assert embedded_server(cfg).pid is not None
+
+
+def test_server_restarted_from_a_short_lived_thread_outlives_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # PR_SET_PDEATHSIG is tied to the forking thread: a restart done by a fault injector's
+    # thread must not kill the server when that thread ends
+    import threading
+    import time
+
+    server = EmbeddedServer(data_dir=tmp_path / "d").start()
+    try:
+        def bounce() -> None:
+            server.kill()
+            server.restart()
+
+        worker = threading.Thread(target=bounce)
+        worker.start()
+        worker.join()
+        time.sleep(0.5)  # a SIGTERM from the parent-death signal would have landed by now
+        assert redis.Redis.from_url(server.url).ping()
+    finally:
+        server.stop()
