@@ -376,11 +376,17 @@ class FeedDestination:
 class FeedProgress:
     """The progress of an FT-off query: rows fed vs rows committed by Spark, per source."""
 
-    def __init__(self, servers: Sequence[FeedServer]) -> None:
+    def __init__(self, servers: Sequence[FeedServer], dropped: Sequence[Any] = ()) -> None:
         self.servers = list(servers)
+        self.dropped = list(dropped)  # per source: Spark accumulators of records dropped by FailRecord
 
     def stats(self) -> dict[str, dict[str, int]]:
-        return {s.name: s.feed.stats() for s in self.servers}
+        """Per source: the feed's counters plus ``dropped_fail_record`` (records a ``FailRecord``
+        dropped; FT off cannot replay them), counted when their Spark task completed."""
+        out = {s.name: s.feed.stats() for s in self.servers}
+        for server, acc in zip(self.servers, self.dropped, strict=False):
+            out[server.name]["dropped_fail_record"] = int(acc.value)
+        return out
 
     def settled(self) -> bool:
         """Every fed row was committed: the batches holding them completed (sink written)."""

@@ -220,9 +220,17 @@ class FTHandler:
 
 
 class NonFTHandler(FTHandler):
-    """Non-operating handler (FT status off): same calls, no ids, no XOR, no Redis."""
+    """Non-operating handler (FT status off): same calls, no ids, no XOR, no Redis.
+
+    ``dropped``: records dropped by ``FailRecord`` per source index (reported
+    to the driver through ``TaskEnv.dropped``).
+    """
 
     ft_on = False
+
+    def __init__(self, operator_id: int) -> None:
+        super().__init__(operator_id)
+        self.dropped: dict[int, int] = {}
 
     def process(self, rows: Iterable[Row], chain: Chain) -> Iterator[Row]:
         for src, sid, cid, origin, value, _ in rows:
@@ -230,6 +238,7 @@ class NonFTHandler(FTHandler):
                 outputs = chain(value)
             except FailRecord:  # FT off: nothing can replay it; the record is dropped and counted
                 self.failed += 1
+                self.dropped[src] = self.dropped.get(src, 0) + 1
                 continue
             for out in outputs:
                 yield src, sid, cid, origin, out, 0

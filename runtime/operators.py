@@ -81,6 +81,13 @@ class TaskEnv:
     topology: str
     sources: tuple[str, ...]
     num_channels: int
+    dropped: tuple[Any, ...] = ()  # FT off: one Spark accumulator per source, records FailRecord dropped
+
+    def report(self, handler: FTHandler) -> None:
+        """FT off: add the task's FailRecord drops to the driver's per-source counters."""
+        for src, n in getattr(handler, "dropped", {}).items():
+            if src < len(self.dropped):
+                self.dropped[src].add(n)
 
     def layers(self) -> dict[int, FTLayer]:
         return {
@@ -130,6 +137,7 @@ class Stage:
         for rb in batches:
             rows = decode_rows(rb, handler, self.fanout)
             yield _to_batch(handler.process(rows, chain), key, n)
+        env.report(handler)
         if handler.ft_on and not handler.xors.empty():  # explicit fails only: deltas went downstream
             handler.flush(env.layers(), env.token(f"st{self.stage_id}"))
 
@@ -203,6 +211,7 @@ class StatefulStage:
             store.load(key(row[4]) for row in rows if row[4] is not CARRIER)
             yield _to_batch(handler.process(rows, chain), None, env.num_channels)
         store.save()  # state first: the sink acks a record only after this stage's task ended
+        env.report(handler)
         if handler.ft_on and not handler.xors.empty():
             handler.flush(env.layers(), env.token(f"st{self.stage_id}"))
 

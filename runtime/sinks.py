@@ -179,6 +179,7 @@ class SinkStage:
             else:
                 handler.ack(acks)
                 written += len(values)
+        self.env.report(handler)
         if handler.ft_on:
             handler.flush(self.env.layers(), self.env.token(f"st{self.stage_id}"))
         self.sink.after_flush(ctx)

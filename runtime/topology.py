@@ -204,7 +204,10 @@ class Compiler:
         cfg = resolved(topology.config) if topology.config.ft_on else topology.config
         self.config = cfg
         self.n = cfg.num_channels
-        self.env = TaskEnv(cfg, topology.name, tuple(s.name for s in topology._sources), self.n)
+        names = tuple(s.name for s in topology._sources)
+        # FT off: FailRecord drops happen in executors; accumulators bring the counts back
+        dropped = () if cfg.ft_on else tuple(spark.sparkContext.accumulator(0) for _ in names)
+        self.env = TaskEnv(cfg, topology.name, names, self.n, dropped)
         self._stage_ids = 0
         self._max_records: int | None = None
         self._feeds: list[FeedServer] = []
@@ -302,7 +305,7 @@ class Compiler:
             host = feed_host(self.spark)
             self._feeds = [FeedServer(Feed(self.n), name=s.name, host=host).start() for s in topo._sources]
             dests = [FeedDestination(f.feed, self.config, f"{topo.name}/{f.name}") for f in self._feeds]
-        progress: Progress = FeedProgress(self._feeds)  # FT on: replaced once the service runs
+        progress: Progress = FeedProgress(self._feeds, self.env.dropped)  # FT on: replaced once the service runs
         ingestors: list[Ingestor] = []
         try:
             writer = self._writer(sinks[0])

@@ -125,6 +125,7 @@ def test_fail_record_with_ft_off_drops_the_record_and_the_query_keeps_running(
     # each failing record reached the user function exactly once: nothing was replayed
     assert Counter(int(p.name.split("-")[0]) for p in calls.iterdir()) == dict.fromkeys(failing, 1)
     assert query.stats()["clicks"]["committed"] == n
+    assert query.stats()["clicks"]["dropped_fail_record"] == len(failing)  # counted on the driver
     assert list(redis_client.scan_iter(match=f"{namespace}:*")) == []
 
 
