@@ -83,3 +83,7 @@ def key_hash(key: Any) -> int:
 def pmod(value: int, n: int) -> int:
     """Spark SQL's ``pmod``: the non-negative remainder. Python's ``%`` already is one."""
     return value % n
+
+
+#: The key hash of a record without a key (``key_hash(None)``).
+NO_KEY_HASH = key_hash(None)

@@ -108,7 +108,7 @@ def _selected(args: argparse.Namespace) -> list[str]:
     return [b for b in BENCHES if b in names]
 
 
-def _on_spark(url: str, selected: list[str], args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def _on_spark(url: str, selected: list[str], args: argparse.Namespace) -> dict[str, Any]:
     """latency and e2e share one local SparkSession."""
     from runtime.bench_e2e import bench_e2e
     from runtime.bench_latency import bench_latency
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
             summary["replay_precision"] = round(replay["replay_precision"], 3)
             summary["replay"] = replay
         if "latency" in selected or "e2e" in selected:
-            summary.update(_on_spark(url, selected, args, out))
+            summary.update(_on_spark(url, selected, args))
     finally:
         if server is not None:
             server.stop()

@@ -53,7 +53,6 @@ class Run:
     variant: str
     records: int
     seconds: float
-    batches: int = 0  # micro-batches that read records
 
     @property
     def rate(self) -> float:
@@ -75,10 +74,9 @@ def run_ftlayer(spark: Any, config: FTConfig, records: int, payload_bytes: int, 
             msg = f"bench run ({'ft-on' if ft_on else 'ft-off'}) did not drain"
             raise RuntimeError(msg)
         elapsed = time.perf_counter() - start
-        progress = [p for p in query.query.recentProgress if int(p["numInputRows"]) > 0]
     finally:
         query.stop()
-    return Run("ft-on" if ft_on else "ft-off", records, elapsed, len(progress))
+    return Run("ft-on" if ft_on else "ft-off", records, elapsed)
 
 
 def run_plain(spark: Any, records: int, payload_bytes: int) -> Run:

@@ -161,6 +161,7 @@ class FTHandler:
         self.anchor = AnchorHandler()
         self.xors = XorHandler()
         self.failed = 0
+        self.dropped: dict[int, int] = {}  # FT off only: records dropped by FailRecord, per source index
 
     def process(self, rows: Iterable[Row], chain: Chain) -> Iterator[Row]:
         """Run ``chain`` on each input; yield outputs with child ids and the delta they carry.
@@ -201,6 +202,19 @@ class FTHandler:
             for i, out in enumerate(outputs):
                 yield src, sid, children[i], origin, out, delta if i == 0 else 0
 
+    def receive(self, rows: Iterable[Row]) -> list[Row]:
+        """At the sink: apply the carrier rows' deltas now (they hold no record and stand
+        whatever the write does) and return the record rows, to be written and then acked
+        with ``cid ^ delta``."""
+        xor = self.xors.xor
+        out: list[Row] = []
+        for row in rows:
+            if row[4] is CARRIER:
+                xor(row[0], row[1], row[5])
+            else:
+                out.append(row)
+        return out
+
     def ack(self, rows: Iterable[tuple[int, int, int]]) -> None:
         """A sink acks ``(src, sid, cid ^ carried delta)`` after its write succeeded."""
         xor = self.xors.xor
@@ -222,15 +236,11 @@ class FTHandler:
 class NonFTHandler(FTHandler):
     """Non-operating handler (FT status off): same calls, no ids, no XOR, no Redis.
 
-    ``dropped``: records dropped by ``FailRecord`` per source index (reported
-    to the driver through ``TaskEnv.dropped``).
+    ``dropped`` counts the records ``FailRecord`` dropped, per source index
+    (reported to the driver through ``TaskEnv.dropped``).
     """
 
     ft_on = False
-
-    def __init__(self, operator_id: int) -> None:
-        super().__init__(operator_id)
-        self.dropped: dict[int, int] = {}
 
     def process(self, rows: Iterable[Row], chain: Chain) -> Iterator[Row]:
         for src, sid, cid, origin, value, _ in rows:

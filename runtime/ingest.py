@@ -43,18 +43,16 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from ftlayer.errors import FTLayerError, SerializationError
-from ftlayer.ids import RecordId, new_ids
-from ftlayer.keyhash import key_hash
+from ftlayer.ids import new_ids
+from ftlayer.keyhash import NO_KEY_HASH, key_hash
 from ftlayer.layer import FTLayer
 from partitioners.factory import partitioner_for
 from serialization.frames import encode_source_frames
 from serialization.payload import pack_payload
-from serialization.record import SemiDeserializedRecord
 
 log = logging.getLogger(__name__)
 
 KeySelector = Callable[[Any], Any]
-NO_KEY_HASH = key_hash(None)
 MAX_REPR_CHARS = 4096
 
 
@@ -131,11 +129,9 @@ class PersistDestination:
 
     def reject(self, value: Any, reason: str) -> None:
         try:
-            payload = pack_payload(value)
+            record = self.layer.make_record(value, channel=0)
         except SerializationError:  # keep what can be kept: the value's repr
-            payload = pack_payload(repr(value)[:MAX_REPR_CHARS])
-        rid = RecordId(*new_ids(2))
-        record = SemiDeserializedRecord(self.layer.source_id, rid, NO_KEY_HASH, rid.source_record_id, 0, payload, 0)
+            record = self.layer.make_record(repr(value)[:MAX_REPR_CHARS], channel=0)
         self.layer.dead_letters.add(record, reason)
 
     def pending_count(self) -> int:

@@ -36,14 +36,13 @@ from typing import Any
 
 from ftlayer.config import FTConfig
 from ftlayer.ids import child_id
-from ftlayer.keyhash import key_hash
+from ftlayer.keyhash import NO_KEY_HASH, key_hash
 from ftlayer.layer import FTLayer
 from runtime.handlers import CARRIER, FTHandler, Row, handler_for
 from serialization.payload import pack_payload, unpack_payload
 
 ROW_SCHEMA = "src int, sid long, cid long, origin long, key_hash long, channel int, payload binary, delta long"
 ROW_COLUMNS = ("src", "sid", "cid", "origin", "key_hash", "channel", "payload", "delta")
-NO_KEY_HASH = key_hash(None)
 
 
 @dataclass(frozen=True)
@@ -85,7 +84,7 @@ class TaskEnv:
 
     def report(self, handler: FTHandler) -> None:
         """FT off: add the task's FailRecord drops to the driver's per-source counters."""
-        for src, n in getattr(handler, "dropped", {}).items():
+        for src, n in handler.dropped.items():
             if src < len(self.dropped):
                 self.dropped[src].add(n)
 
@@ -138,7 +137,7 @@ class Stage:
             rows = decode_rows(rb, handler, self.fanout)
             yield _to_batch(handler.process(rows, chain), key, n)
         env.report(handler)
-        if handler.ft_on and not handler.xors.empty():  # explicit fails only: deltas went downstream
+        if not handler.xors.empty():  # explicit fails only: deltas went downstream
             handler.flush(env.layers(), env.token(f"st{self.stage_id}"))
 
 
@@ -212,7 +211,7 @@ class StatefulStage:
             yield _to_batch(handler.process(rows, chain), None, env.num_channels)
         store.save()  # state first: the sink acks a record only after this stage's task ended
         env.report(handler)
-        if handler.ft_on and not handler.xors.empty():
+        if not handler.xors.empty():
             handler.flush(env.layers(), env.token(f"st{self.stage_id}"))
 
 
@@ -228,21 +227,20 @@ def decode_rows(rb: Any, handler: FTHandler, fanout: Fanout | None) -> Iterator[
     src, sid, cid, origin, payload, carried = (
         rb.column(name).to_pylist() for name in ("src", "sid", "cid", "origin", "payload", "delta")
     )
-    copies_of = fanout is not None and handler.ft_on
+    fan = fanout if handler.ft_on else None  # FT off: no copy ids
     for i in range(len(sid)):
         c, d, p = cid[i], carried[i], payload[i]
         if p is None:
-            if not copies_of or fanout is None or fanout.index == 0:
+            if fan is None or fan.index == 0:
                 yield src[i], sid[i], 0, origin[i], CARRIER, d
             continue
-        if copies_of:
-            assert fanout is not None
-            copies = [child_id(c, fanout.op_id, j) for j in range(fanout.copies)]
-            if fanout.index == 0:
+        if fan is not None:
+            copies = [child_id(c, fan.op_id, j) for j in range(fan.copies)]
+            if fan.index == 0:
                 for copy in copies:
                     d ^= copy
                 d ^= c
             else:
                 d = 0
-            c = copies[fanout.index]
+            c = copies[fan.index]
         yield src[i], sid[i], c, origin[i], unpack_payload(p), d

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from ftlayer.layer import FTLayer
 from ftlayer.service import FTService
-from runtime.handlers import FTHandler, handler_for
+from runtime.handlers import CARRIER, FTHandler, handler_for
 from runtime.ingest import Ingestor
 from runtime.observe import TopologyObservers
 from runtime.operators import ROW_COLUMNS, TaskEnv
@@ -31,18 +31,16 @@ class DriverSinkBatch:
 
     def __call__(self, df: Any, batch_id: int) -> None:
         if not self.env.config.ft_on:  # FT off: no acks; a failing sink fails the batch (Spark's rules)
-            self.sink.fn([unpack_payload(r["payload"]) for r in df.select("payload").collect()
-                          if r["payload"] is not None], batch_id)
+            self.sink.fn([unpack_payload(r["payload"]) for r in df.select("payload").collect()], batch_id)
             return
-        rows = df.select(*ROW_COLUMNS).collect()
         handler: FTHandler = handler_for(True, 0)
-        for r in rows:
-            if r["payload"] is None:  # a carrier row: only a delta from upstream operators
-                handler.xors.xor(r["src"], r["sid"], r["delta"])
-        rows = [r for r in rows if r["payload"] is not None]
-        ids = [(r["src"], r["sid"], r["cid"] ^ r["delta"]) for r in rows]
+        rows = handler.receive(
+            (r["src"], r["sid"], r["cid"], r["origin"], CARRIER if r["payload"] is None else r["payload"], r["delta"])
+            for r in df.select(*ROW_COLUMNS).collect()
+        )
+        ids = [(src, sid, cid ^ delta) for src, sid, cid, _, _, delta in rows]
         try:
-            self.sink.fn([unpack_payload(r["payload"]) for r in rows], batch_id)
+            self.sink.fn([unpack_payload(row[4]) for row in rows], batch_id)
         except Exception as exc:  # the batch's records fail and are replayed
             handler.fail_all(ids, exc)
         else:

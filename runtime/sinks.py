@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.handlers import CARRIER, Row, handler_for
+from runtime.handlers import Row, handler_for
 from runtime.operators import Op, TaskEnv, decode_rows, make_chain
 
 
@@ -163,10 +163,7 @@ class SinkStage:
             values: list[Any] = []
             origins: list[int] = []
             sids: list[int] = []
-            for src, sid, cid, origin, value, delta in rows:
-                if value is CARRIER:  # only a delta from upstream: apply it whatever the write does
-                    handler.xors.xor(src, sid, delta)
-                    continue
+            for src, sid, cid, origin, value, delta in handler.receive(rows):
                 acks.append((src, sid, cid ^ delta))
                 values.append(value)
                 origins.append(origin)

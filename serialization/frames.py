@@ -42,7 +42,7 @@ from typing import Any
 
 from ftlayer.errors import FailRecord, FrameError, KeyHashError, SerializationError
 from ftlayer.ids import RecordId
-from ftlayer.keyhash import key_hash
+from ftlayer.keyhash import NO_KEY_HASH, key_hash
 from serialization.payload import MAX_PAYLOAD_BYTES, pack_payload, unpack_payload
 from serialization.record import NO_CHANNEL, SemiDeserializedRecord, is_int_in
 
@@ -287,9 +287,6 @@ class AsRecordSerializer:
         return unpack_payload(data)
 
 
-_NO_KEY_HASH = key_hash(None)
-
-
 class AsSemiDeserializedSerializer:
     """Turns a source's values into :class:`SemiDeserializedRecord` s.
 
@@ -314,7 +311,7 @@ class AsSemiDeserializedSerializer:
     def _hash_key(self, value: Any) -> int:
         selector = self.key_selector
         if selector is None:
-            return _NO_KEY_HASH
+            return NO_KEY_HASH
         try:
             return key_hash(selector(value))
         except FailRecord:

@@ -20,14 +20,8 @@ from runtime.operators import Fanout, Op, make_chain
 
 
 def _sink(rows: list[Row]) -> dict[int, int]:
-    handler = FTHandler(99)
-    data = []
-    for src, sid, cid, _origin, value, delta in rows:
-        if value is CARRIER:
-            handler.xors.xor(src, sid, delta)
-        else:
-            data.append((src, sid, cid ^ delta))
-    handler.ack(data)
+    handler = FTHandler(99)  # what a sink does: carriers now, record rows acked after the write
+    handler.ack([(src, sid, cid ^ delta) for src, sid, cid, _, _, delta in handler.receive(rows)])
     return {sid: v for sid, v in handler.xors.deltas.get(0, {}).items() if v}
 
 
