@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from ftlayer.errors import ConfigError
 
@@ -36,6 +37,22 @@ DEFAULT_CONFIG_FILE = "ftlayer.toml"
 DURABILITY_MODES = ("none", "everysec", "waitaof")
 STATUSES = ("on", "off")
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+def mask_url(url: str) -> str:
+    """The URL with any password replaced by ``***`` (safe for logs and errors)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable redis url>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    netloc = f"{user}:***@{host}{port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
 
 
 def _doc(text: str) -> dict[str, str]:
@@ -84,7 +101,7 @@ class FTConfig:
     embedded_data_dir: str = field(default="", metadata=_doc(
         "Data directory of the embedded server; empty uses a fresh temporary directory."))
     metrics_port: int = field(default=0, metadata=_doc(
-        "Port of the Prometheus metrics endpoint (runtime.metrics.MetricsExporter) on the driver; "
+        "Port of the Prometheus metrics endpoint (runtime.driver.metrics.MetricsExporter) on the driver; "
         "0 turns metrics off, 1-65535 serves http://metrics_host:metrics_port/metrics."))
     metrics_host: str = field(default="127.0.0.1", metadata=_doc(
         "Address the metrics endpoint binds to; '127.0.0.1' keeps it local, '0.0.0.0' exposes it "
@@ -120,7 +137,6 @@ class FTConfig:
 
     def __repr__(self) -> str:
         """Like the dataclass repr, with the password of ``redis_url`` masked (configs end up in logs)."""
-        from ftlayer.connection import mask_url  # connection imports this module
 
         shown = ", ".join(
             f"{f.name}={mask_url(self.redis_url) if f.name == 'redis_url' else getattr(self, f.name)!r}"

@@ -13,34 +13,18 @@ from __future__ import annotations
 
 import os
 import threading
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from ftlayer.config import FTConfig
+from ftlayer.config import FTConfig, mask_url
 from ftlayer.errors import RedisUnavailableError
 from ftlayer.server import EmbeddedServer
 
 _lock = threading.Lock()
 _embedded: EmbeddedServer | None = None
 _clients: dict[tuple[int, str, float], redis.Redis] = {}
-
-
-def mask_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (safe for logs and errors)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable redis url>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    netloc = f"{user}:***@{host}{port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def embedded_server(config: FTConfig) -> EmbeddedServer:

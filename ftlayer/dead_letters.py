@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ftlayer.errors import FrameError, FTLayerError
+from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.ids import RecordId, new_ids
 from ftlayer.keyhash import pmod
 from ftlayer.store import SourceStore
-from serialization.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 
 log = logging.getLogger(__name__)
 _SERIALIZER = SemiDeserializedSerializer()

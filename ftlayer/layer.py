@@ -13,21 +13,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 import redis
 
 from ftlayer.acker_table import AckerTable, FlushResult
 from ftlayer.config import FTConfig
 from ftlayer.dead_letters import DeadLetters
-from ftlayer.ids import new_record_id
-from ftlayer.keyhash import key_hash, pmod
+from ftlayer.frames import SemiDeserializedRecord
 from ftlayer.persistence import PersistenceLayer
 from ftlayer.replayer import Replayer, ReplayResult, ReplayRouter
 from ftlayer.rotating_map import ExpiredCallback, RotateResult, RotatingBucketMap
 from ftlayer.store import Clock, SourceStore
-from serialization.frames import SemiDeserializedRecord
-from serialization.payload import pack_payload
 
 
 class FTLayer:
@@ -63,17 +59,6 @@ class FTLayer:
         return self
 
     # --- the record life cycle -------------------------------------------------
-    def make_record(
-        self, value: Any, *, key: Any = None, channel: int | None = None
-    ) -> SemiDeserializedRecord:
-        """A new source record for ``value``: fresh RecordId, key hash, channel (default by key)."""
-        rid = new_record_id()
-        h = key_hash(key)
-        ch = pmod(h, self.num_channels) if channel is None else channel
-        return SemiDeserializedRecord(
-            self.source_id, rid, h, rid.source_record_id, 0, pack_payload(value), ch
-        )
-
     def persist(self, records: Sequence[SemiDeserializedRecord]) -> int:
         """Persist source records (atomic per batch, durable per mode); returns new count."""
         return self.persistence.persist(records)

@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ftlayer.channels import check_channel_count
 from ftlayer.errors import FrameError
+from ftlayer.frames import NO_CHANNEL, SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.store import SourceStore
-from partitioners.channels import check_channel_count
-from serialization.frames import NO_CHANNEL, SemiDeserializedRecord, SemiDeserializedSerializer
 
 _SERIALIZER = SemiDeserializedSerializer()
 
@@ -38,7 +38,7 @@ class ChannelBatch:
     """Records read from one channel, still serialized, and the last stream id read.
 
     ``values`` are the records' ``pend`` values: each frame starts at byte
-    :data:`PEND_PREFIX` (``runtime.arrow_codec.frames_to_record_batch`` reads
+    :data:`PEND_PREFIX` (``runtime.spark.arrow_codec.frames_to_record_batch`` reads
     them in place with ``prefix=PEND_PREFIX``).
     """
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ftlayer.errors import FrameError, PartitioningError
+from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.ids import RecordId, new_ids
+from ftlayer.keyhash import pmod
 from ftlayer.store import SourceStore
-from partitioners.factory import replay_partitioner_for
-from serialization.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 
 log = logging.getLogger(__name__)
 _SERIALIZER = SemiDeserializedSerializer()
@@ -38,6 +38,23 @@ class ReplayRouter(Protocol):
     """The replay form of a partitioner: channels for a record rebuilt from its frame."""
 
     def select_replay(self, record: SemiDeserializedRecord) -> list[int]: ...
+
+
+class KeyHashRouter:
+    """The default replay routing: ``[pmod(key_hash, n)]``, the channel key routing chose live.
+
+    The compiler injects the replay form of the source's own partitioner
+    (``partitioners``) instead where the source routes otherwise; the core
+    needs no partitioner of its own.
+    """
+
+    __slots__ = ("num_channels",)
+
+    def __init__(self, num_channels: int) -> None:
+        self.num_channels = num_channels
+
+    def select_replay(self, record: SemiDeserializedRecord) -> list[int]:
+        return [pmod(record.key_hash, self.num_channels)]
 
 
 @dataclass(frozen=True)
@@ -79,7 +96,7 @@ class Replayer:
         self.store = store
         self.num_channels = num_channels
         # default: the fields strategy, channel = pmod(key_hash, n), as the original design
-        self.router: ReplayRouter = router or replay_partitioner_for("fields", num_channels)
+        self.router: ReplayRouter = router or KeyHashRouter(num_channels)
 
     def due(self, limit: int) -> list[FailedRecord]:
         """Failed records whose backoff has passed, oldest due first."""

@@ -5,7 +5,7 @@ library is 32-bit, so ids and ack values never become Lua numbers. They travel
 and are stored as 8-byte big-endian strings; XOR is done on the two 32-bit
 halves (``struct.unpack('>I4I4')`` then ``bit.bxor``), which is exact.
 
-The frame offsets used below come from ``serialization.frames`` (1-based in
+The frame offsets used below come from ``ftlayer.frames`` (1-based in
 Lua): source_record_id at 9..16, current_record_id at 17..24, replay count
 (u16) at 41, channel (u16) at 43. A ``pend`` value is
 ``ack (8) | bucket gen (u32) | frame``, so its frame starts at byte 13.

@@ -18,8 +18,8 @@ import redis
 from redis.commands.core import Script
 
 from ftlayer import scripts
-from ftlayer.config import FTConfig
-from ftlayer.connection import client_for, mask_url, redis_url_for
+from ftlayer.config import FTConfig, mask_url
+from ftlayer.connection import client_for, redis_url_for
 from ftlayer.errors import AckerError, DurabilityError, RedisUnavailableError
 from ftlayer.keys import SourceKeys, owner_key, sources_key
 

@@ -25,14 +25,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar, NamedTuple, Protocol
 
+from ftlayer.channels import validate_num_channels
 from ftlayer.errors import PartitioningError
-from partitioners.channels import validate_num_channels
 
 
 class RoutedRecord(Protocol):
     """What a replay partitioner reads from a persisted record.
 
-    ``serialization.frames.SemiDeserializedRecord`` satisfies it. ``key_hash``
+    ``ftlayer.frames.SemiDeserializedRecord`` satisfies it. ``key_hash``
     is the signed 64-bit Spark ``xxhash64`` of the source's key (meaningful only
     if the source has a ``fields`` successor); ``channel`` is the partition the
     record was emitted from, or ``None`` if it was not recorded.

@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from ftlayer.channels import validate_num_channels
 from ftlayer.errors import PartitioningError, TopologyError
 from partitioners.base import Partitioner, RoutedRecord
-from partitioners.channels import validate_num_channels
 from partitioners.factory import partitioner_class
 
 KeySelector = str | Callable[..., object]

@@ -32,8 +32,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from ftlayer.channels import validate_num_channels
 from ftlayer.errors import PartitioningError
-from partitioners.channels import validate_num_channels
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -1,4 +1,4 @@
-"""A running topology (:class:`FTQuery`) and the driver-side foreachBatch sink.
+"""A running topology: :class:`FTQuery`.
 
 FTQuery wraps the Spark StreamingQuery with the ingest threads and either the
 FT service (FT on: counters from Redis, "drained" when nothing is pending or
@@ -14,42 +14,12 @@ from typing import Any, Protocol
 
 from ftlayer.layer import FTLayer
 from ftlayer.service import FTService
-from runtime.handlers import CARRIER, FTHandler, handler_for
-from runtime.ingest import Ingestor
-from runtime.observe import TopologyObservers
-from runtime.operators import ROW_COLUMNS, TaskEnv
-from runtime.sinks import ForeachBatchSink
-from serialization.payload import unpack_payload
-
-
-@dataclass
-class DriverSinkBatch:
-    """foreachBatch function of a :class:`ForeachBatchSink`: collect, call, ack on the driver."""
-
-    env: TaskEnv
-    sink: ForeachBatchSink
-
-    def __call__(self, df: Any, batch_id: int) -> None:
-        if not self.env.config.ft_on:  # FT off: no acks; a failing sink fails the batch (Spark's rules)
-            self.sink.fn([unpack_payload(r["payload"]) for r in df.select("payload").collect()], batch_id)
-            return
-        handler: FTHandler = handler_for(True, 0)
-        rows = handler.receive(
-            (r["src"], r["sid"], r["cid"], r["origin"], CARRIER if r["payload"] is None else r["payload"], r["delta"])
-            for r in df.select(*ROW_COLUMNS).collect()
-        )
-        ids = [(src, sid, cid ^ delta) for src, sid, cid, _, _, delta in rows]
-        try:
-            self.sink.fn([unpack_payload(row[4]) for row in rows], batch_id)
-        except Exception as exc:  # the batch's records fail and are replayed
-            handler.fail_all(ids, exc)
-        else:
-            handler.ack(ids)
-        handler.flush(self.env.layers(), f"{self.env.topology}/{batch_id}/sink/driver")
+from runtime.driver.ingest import Ingestor
+from runtime.driver.observe import TopologyObservers
 
 
 class Progress(Protocol):
-    """What an FTQuery watches: :class:`FTProgress` (FT on) or ``runtime.feed.FeedProgress`` (off)."""
+    """What an FTQuery watches: :class:`FTProgress` (FT on) or ``runtime.driver.feed.FeedProgress`` (off)."""
 
     def stats(self) -> dict[str, dict[str, int]]: ...
     def settled(self) -> bool: ...  # nothing in flight: every ingested record is done with

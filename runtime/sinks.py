@@ -25,13 +25,10 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from runtime.handlers import Row, handler_for
-from runtime.operators import Op, TaskEnv, decode_rows, make_chain
 
 
 @dataclass(frozen=True)
@@ -132,52 +129,3 @@ class ForeachBatchSink:
 
     def __init__(self, fn: Callable[[list[Any], int], Any]) -> None:
         self.fn = fn
-
-
-@dataclass(frozen=True)
-class SinkStage:
-    """The mapInArrow function of an executor sink: decode, write, ack (or fail), flush once."""
-
-    env: TaskEnv
-    stage_id: int
-    sink: ExecutorSink
-    ops: tuple[Op, ...] = ()  # operators fused in front of the write (one Python hop less)
-
-    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-        from pyspark import TaskContext
-
-        tc = TaskContext.get()
-        batch_id = (tc.getLocalProperty("streaming.sql.batchId") if tc else None) or "0"
-        partition = tc.partitionId() if tc else 0
-        attempt = tc.attemptNumber() if tc else 0
-        handler = handler_for(self.env.config.ft_on, self.stage_id)
-        chain = make_chain(self.ops) if self.ops else None
-        written = 0
-        ctx = SinkContext(str(batch_id), partition, attempt)
-        for rb in batches:
-            rows: Iterable[Row] = decode_rows(rb, handler, None)
-            if chain is not None:  # fused operators: their deltas ride on their outputs
-                rows = handler.process(rows, chain)
-            acks: list[tuple[int, int, int]] = []
-            values: list[Any] = []
-            origins: list[int] = []
-            sids: list[int] = []
-            for src, sid, cid, origin, value, delta in handler.receive(rows):
-                acks.append((src, sid, cid ^ delta))
-                values.append(value)
-                origins.append(origin)
-                sids.append(sid)
-            ctx = SinkContext(str(batch_id), partition, attempt, origins, sids)
-            try:
-                self.sink.write(values, ctx)
-            except Exception as exc:  # a failed write fails its records; they are replayed
-                handler.fail_all(acks, exc)
-            else:
-                handler.ack(acks)
-                written += len(values)
-        self.env.report(handler)
-        if handler.ft_on:
-            handler.flush(self.env.layers(), self.env.token(f"st{self.stage_id}"))
-        self.sink.after_flush(ctx)
-        yield pa.RecordBatch.from_arrays([pa.array([written], pa.int64())], names=["written"])

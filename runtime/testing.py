@@ -12,7 +12,7 @@
     report = check(query, sink, source.emitted_ids, faults)   # runtime.checker
     assert report.ok, report.summary()
 
-- :class:`ScriptedSource` is an open/poll/close source (see :mod:`runtime.ingest`)
+- :class:`ScriptedSource` is an open/poll/close source (see :mod:`runtime.driver.ingest`)
   driven by a script of sentinels: :class:`Emit`, :class:`Pause`, :class:`Abort`
   and :data:`EOF`. Every value it emits is a dict carrying a unique integer
   ``"i"`` (0, 1, 2, ... in emission order), so a checker can account for each.

@@ -1,12 +1,12 @@
 """Record serialization: the msgpack payload codec and the 48-byte frame format.
 
 ``serialization.payload`` packs record values (msgpack plus a few ext types);
-``serialization.frames`` wraps a packed payload with the record's ids, key hash,
+``ftlayer.frames`` wraps a packed payload with the record's ids, key hash,
 replay count and channel in a checksummed, self-delimiting frame that Lua
 scripts in Redis can read at fixed offsets.
 """
 
-from serialization.frames import (
+from ftlayer.frames import (
     BODY_FIXED_SIZE,
     FRAME_VERSION,
     HEADER_SIZE,
@@ -24,12 +24,11 @@ from serialization.frames import (
     OFFSET_SOURCE_ID,
     OFFSET_SOURCE_RECORD_ID,
     OFFSET_VERSION,
-    AsRecordSerializer,
-    AsSemiDeserializedSerializer,
     SemiDeserializedRecord,
     SemiDeserializedSerializer,
 )
 from serialization.payload import MAX_INT_DIGITS, MAX_TUPLE_DEPTH, pack_payload, unpack_payload
+from serialization.serializers import AsRecordSerializer, AsSemiDeserializedSerializer, make_record
 
 __all__ = [
     "BODY_FIXED_SIZE",
@@ -55,6 +54,7 @@ __all__ = [
     "AsSemiDeserializedSerializer",
     "SemiDeserializedRecord",
     "SemiDeserializedSerializer",
+    "make_record",
     "pack_payload",
     "unpack_payload",
 ]

@@ -58,6 +58,7 @@ from typing import Any
 import msgpack
 
 from ftlayer.errors import SerializationError, UnsupportedTypeError
+from ftlayer.record import MAX_PAYLOAD_BYTES
 
 __all__ = [
     "EXT_AWARE_DATETIME",
@@ -86,7 +87,6 @@ EXT_TIMEDELTA = 7
 EXT_DECIMAL = 8
 EXT_UUID = 9
 
-MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 # CPython's default int<->str digit limit: decimal conversion is superlinear, so
 # a fixed bound keeps decoding cheap and makes every process agree on it.
 MAX_INT_DIGITS = 4300

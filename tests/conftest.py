@@ -66,7 +66,7 @@ def fake_redis() -> Any:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     from ftlayer.errors import FTLayerError
-    from runtime.spark import local_session
+    from runtime.spark.session import local_session
 
     try:
         session = local_session("ftlayer-tests")

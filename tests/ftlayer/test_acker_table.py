@@ -5,11 +5,12 @@ from __future__ import annotations
 from ftlayer.acker_table import combine_deltas
 from ftlayer.ids import child_id, new_id
 from ftlayer.layer import FTLayer
+from serialization.serializers import make_record
 from tests.ftlayer.conftest import commit_all
 
 
 def test_fixed_sequence_of_xors_acks_exactly_on_the_last_one(layer: FTLayer) -> None:
-    rec = layer.make_record({"n": 1}, key="u1")
+    rec = make_record(layer, {"n": 1}, key="u1")
     layer.persist([rec])
     sid, root = rec.record_id
     a, b = child_id(root, 1, 0), child_id(root, 1, 1)
@@ -28,7 +29,7 @@ def test_fixed_sequence_of_xors_acks_exactly_on_the_last_one(layer: FTLayer) -> 
 
 
 def test_values_are_exact_64_bit(layer: FTLayer) -> None:
-    rec = layer.make_record("x")
+    rec = make_record(layer, "x")
     layer.persist([rec])
     sid = rec.record_id.source_record_id
     for delta in (-1, 2**63 - 1, -(2**63), 0x0123456789ABCDEF, 1):
@@ -41,7 +42,7 @@ def test_values_are_exact_64_bit(layer: FTLayer) -> None:
 
 
 def test_late_delta_for_acked_or_unknown_id_is_ignored(layer: FTLayer) -> None:
-    rec = layer.make_record("x")
+    rec = make_record(layer, "x")
     layer.persist([rec])
     sid, root = rec.record_id
     assert layer.ack({sid: root}).acked == [sid]
@@ -52,7 +53,7 @@ def test_late_delta_for_acked_or_unknown_id_is_ignored(layer: FTLayer) -> None:
 
 
 def test_duplicate_token_is_skipped(layer: FTLayer) -> None:
-    recs = [layer.make_record(i) for i in range(3)]
+    recs = [make_record(layer, i) for i in range(3)]
     layer.persist(recs)
     a = child_id(recs[0].record_id.current_record_id, 1, 0)
     delta = {recs[0].record_id.source_record_id: recs[0].record_id.current_record_id ^ a}
@@ -69,7 +70,7 @@ def test_combine_deltas_cancels_and_drops_zero() -> None:
 
 def test_chunked_flush_applies_everything_once(make_layer) -> None:  # type: ignore[no-untyped-def]
     layer = make_layer(flush_batch_size=7)
-    recs = [layer.make_record(i) for i in range(50)]
+    recs = [make_record(layer, i) for i in range(50)]
     assert layer.persist(recs) == 50
     acks = {r.record_id.source_record_id: r.record_id.current_record_id for r in recs}
     result = layer.ack(acks, token="t")

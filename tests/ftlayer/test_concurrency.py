@@ -9,6 +9,7 @@ from collections.abc import Callable
 from ftlayer.config import FTConfig
 from ftlayer.ids import child_id
 from ftlayer.layer import FTLayer
+from serialization.serializers import make_record
 from tests.ftlayer.conftest import commit_all
 
 
@@ -31,7 +32,7 @@ def _flush_share(cfg: FTConfig, events: list[tuple[int, int]], worker: int, out:
 
 def test_concurrent_flushes_from_four_processes(make_layer: Callable[..., FTLayer]) -> None:
     layer = make_layer(source="conc")
-    records = [layer.make_record(i, key=i) for i in range(4000)]
+    records = [make_record(layer, i, key=i) for i in range(4000)]
     layer.persist(records)
     events: list[tuple[int, int]] = []
     for r in records:

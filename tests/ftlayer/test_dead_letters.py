@@ -10,9 +10,10 @@ import pytest
 from ftlayer.config import FTConfig
 from ftlayer.dead_letters import DeadLetterError
 from ftlayer.errors import AckerError
+from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.keyhash import pmod
 from ftlayer.layer import FTLayer
-from serialization.frames import SemiDeserializedRecord, SemiDeserializedSerializer
+from serialization.serializers import make_record
 from tests.ftlayer.conftest import commit_all
 
 _SER = SemiDeserializedSerializer()
@@ -20,7 +21,7 @@ _SER = SemiDeserializedSerializer()
 
 def _dead_letter(layer: FTLayer, values: list[object]) -> list[SemiDeserializedRecord]:
     """Persist records and fail them until the layer's max_replays dead-letters them."""
-    recs = [layer.make_record(v, key=f"key-{v}") for v in values]
+    recs = [make_record(layer, v, key=f"key-{v}") for v in values]
     layer.persist(recs)
     origins = {r.origin_id for r in recs}
     for _ in range(layer.config.max_replays + 1):
@@ -81,7 +82,7 @@ def test_requeued_record_can_fail_and_dead_letter_again(make_layer: Callable[...
 
 def test_channel_falls_back_to_the_key_when_it_no_longer_exists(make_layer: Callable[..., FTLayer]) -> None:
     layer = make_layer(max_replays=0)
-    rec = layer.make_record("x", key="k", channel=3)
+    rec = make_record(layer, "x", key="k", channel=3)
     layer.persist([rec])
     layer.fail([rec.record_id.source_record_id], "poison")
     layer.replay_due()
@@ -114,7 +115,7 @@ def test_requeue_script_skips_entries_already_gone_and_is_all_or_nothing(
     (rec,) = _dead_letter(layer, ["a"])
     store, k = layer.store, layer.store.keys
     (entry,) = layer.dead_letters.list()
-    new = SemiDeserializedRecord(rec.source_id, layer.make_record("z").record_id, rec.key_hash, rec.origin_id, 0,
+    new = SemiDeserializedRecord(rec.source_id, make_record(layer, "z").record_id, rec.key_hash, rec.origin_id, 0,
                                  rec.payload, rec.channel)
     blob = struct.pack(">H", len(entry.entry_id)) + entry.entry_id.encode() + _SER.encode(new)
     with pytest.raises(AckerError, match="out of range"):
@@ -131,7 +132,7 @@ def test_requeue_script_skips_entries_already_gone_and_is_all_or_nothing(
 def test_requeue_never_drops_an_entry_whose_new_id_is_taken(make_layer: Callable[..., FTLayer]) -> None:
     layer = make_layer(max_replays=0)
     (rec,) = _dead_letter(layer, ["a"])
-    live = layer.make_record("live")
+    live = make_record(layer, "live")
     layer.persist([live])
     store, k = layer.store, layer.store.keys
     (entry,) = layer.dead_letters.list()
@@ -153,7 +154,7 @@ def test_purge_deletes_exactly_the_given_ids(make_layer: Callable[..., FTLayer])
 
 def test_add_sets_aside_an_unprocessable_record(ft_config: FTConfig) -> None:
     layer = FTLayer(ft_config, "topo", "add", num_channels=2).open()
-    rec = layer.make_record({"bad": "key"}, channel=0)
+    rec = make_record(layer, {"bad": "key"}, channel=0)
     entry = layer.dead_letters.add(rec, "KeyError: 'user' in key selector")
     got = layer.dead_letters.get(entry)
     assert got is not None and got.record == rec and got.reason.startswith("KeyError")

@@ -9,13 +9,14 @@ import redis
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import ChannelCountMismatchError, DurabilityError, FrameError
+from ftlayer.frames import SemiDeserializedSerializer
 from ftlayer.layer import FTLayer
 from ftlayer.server import EmbeddedServer
-from serialization.frames import SemiDeserializedSerializer
+from serialization.serializers import make_record
 
 
 def test_persist_is_idempotent_under_retry(layer: FTLayer) -> None:
-    recs = [layer.make_record(i, key=f"k{i}") for i in range(100)]
+    recs = [make_record(layer, i, key=f"k{i}") for i in range(100)]
     assert layer.persist(recs) == 100
     assert layer.persist(recs) == 0
     assert layer.pending_count() == 100
@@ -25,7 +26,7 @@ def test_persist_is_idempotent_under_retry(layer: FTLayer) -> None:
 
 
 def test_persist_stores_frame_ack_value_and_bucket(layer: FTLayer) -> None:
-    rec = layer.make_record({"a": [1, 2]}, key="u")
+    rec = make_record(layer, {"a": [1, 2]}, key="u")
     layer.persist([rec])
     assert layer.acker.value(rec.record_id.source_record_id) == rec.record_id.current_record_id
     batch = layer.persistence.read_channel(rec.channel or 0)
@@ -34,7 +35,7 @@ def test_persist_stores_frame_ack_value_and_bucket(layer: FTLayer) -> None:
 
 
 def test_reread_of_a_range_skips_completed_records(layer: FTLayer) -> None:
-    recs = [layer.make_record(i, channel=1) for i in range(10)]
+    recs = [make_record(layer, i, channel=1) for i in range(10)]
     layer.persist(recs[:5])
     first = layer.persistence.read_channel(1)
     layer.persist(recs[5:])
@@ -49,10 +50,10 @@ def test_reread_of_a_range_skips_completed_records(layer: FTLayer) -> None:
 
 
 def test_bad_channel_is_refused_before_anything_is_written(layer: FTLayer) -> None:
-    good = layer.make_record("ok", channel=0)
+    good = make_record(layer, "ok", channel=0)
     with pytest.raises(FrameError, match="channel 9"):
-        layer.persist([good, layer.make_record("bad", channel=9)])
-    frame = SemiDeserializedSerializer().encode(layer.make_record("bad", channel=0).__class__(
+        layer.persist([good, make_record(layer, "bad", channel=9)])
+    frame = SemiDeserializedSerializer().encode(make_record(layer, "bad", channel=0).__class__(
         0, good.record_id.__class__(5, 6), 1, 5, 0, b"\xc0", 7))
     from ftlayer.errors import AckerError
 
@@ -72,7 +73,7 @@ def test_waitaof_mode_persist_survives_kill_9(tmp_path) -> None:  # type: ignore
     try:
         cfg = FTConfig(redis_url=server.url, namespace="dur", durability="waitaof")
         layer = FTLayer(cfg, "topo", "src", num_channels=2).open()
-        recs = [layer.make_record(i) for i in range(500)]
+        recs = [make_record(layer, i) for i in range(500)]
         assert layer.persist(recs) == 500  # returned: WAITAOF confirmed the local fsync
         server.kill()
         server.restart()
@@ -88,14 +89,14 @@ def test_waitaof_refused_without_aof(tmp_path) -> None:  # type: ignore[no-untyp
         cfg = FTConfig(redis_url=server.url, namespace="dur", durability="waitaof")
         layer = FTLayer(cfg, "topo", "src", num_channels=2).open()
         with pytest.raises(DurabilityError, match="appendonly"):
-            layer.persist([layer.make_record(1)])
+            layer.persist([make_record(layer, 1)])
     finally:
         server.stop()
 
 
 def test_trim_done_drops_only_the_completed_head(layer: FTLayer) -> None:
-    first = [layer.make_record(i, channel=0) for i in range(3)]
-    second = [layer.make_record(i, channel=0) for i in range(3)]
+    first = [make_record(layer, i, channel=0) for i in range(3)]
+    second = [make_record(layer, i, channel=0) for i in range(3)]
     layer.persist(first)
     layer.persist(second)
     client, ch = layer.store.client, layer.store.keys.channel(0)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
+from ftlayer.frames import SemiDeserializedRecord
 from ftlayer.keyhash import key_hash, pmod
 from ftlayer.layer import FTLayer
-from serialization.frames import SemiDeserializedRecord
+from serialization.serializers import make_record
 from tests.ftlayer.conftest import FakeClock, commit_all
 
 
@@ -16,7 +17,7 @@ def _frames_in_channel(layer: FTLayer, ch: int) -> list[SemiDeserializedRecord]:
 
 
 def test_explicit_fail_replays_same_bytes_and_key_hash_under_new_id(layer: FTLayer) -> None:
-    rec = layer.make_record({"user": "ann", "n": 7}, key="ann")
+    rec = make_record(layer, {"user": "ann", "n": 7}, key="ann")
     layer.persist([rec])
     sid = rec.record_id.source_record_id
     assert layer.fail([sid], "FailRecord: bad") == 1
@@ -35,7 +36,7 @@ def test_explicit_fail_replays_same_bytes_and_key_hash_under_new_id(layer: FTLay
 
 
 def test_fail_inside_flush_wins_over_deltas_of_the_same_flush(layer: FTLayer) -> None:
-    rec = layer.make_record("x")
+    rec = make_record(layer, "x")
     layer.persist([rec])
     sid, cur = rec.record_id
     result = layer.xor({sid: cur}, fails={sid: "explicit"})
@@ -44,7 +45,7 @@ def test_fail_inside_flush_wins_over_deltas_of_the_same_flush(layer: FTLayer) ->
 
 def test_backoff_delays_replay(make_layer: Callable[..., FTLayer], clock: FakeClock) -> None:
     layer = make_layer(replay_backoff_initial_s=2.0, replay_backoff_multiplier=3.0, replay_backoff_max_s=60)
-    rec = layer.make_record("x")
+    rec = make_record(layer, "x")
     layer.persist([rec])
     layer.fail([rec.record_id.source_record_id])
     clock.advance(1.9)
@@ -61,7 +62,7 @@ def test_backoff_delays_replay(make_layer: Callable[..., FTLayer], clock: FakeCl
 
 def test_poison_record_is_dead_lettered_after_max_replays(make_layer: Callable[..., FTLayer]) -> None:
     layer = make_layer(max_replays=3)
-    rec = layer.make_record({"poison": True}, key="p")
+    rec = make_record(layer, {"poison": True}, key="p")
     layer.persist([rec])
     current = rec
     for attempt in range(4):
@@ -88,7 +89,7 @@ def test_poison_record_is_dead_lettered_after_max_replays(make_layer: Callable[.
 
 def test_two_replayers_replay_each_failure_once(make_layer: Callable[..., FTLayer]) -> None:
     a, b = make_layer(), make_layer()
-    recs = [a.make_record(i, key=f"k{i}") for i in range(200)]
+    recs = [make_record(a, i, key=f"k{i}") for i in range(200)]
     a.persist(recs)
     a.fail([r.record_id.source_record_id for r in recs])
     due_a, due_b = a.replayer.due(1000), b.replayer.due(1000)
@@ -104,7 +105,7 @@ def test_replay_routing_uses_the_router(make_layer: Callable[..., FTLayer]) -> N
             return [3]
 
     layer = make_layer(replay_router=ToLast())
-    rec = layer.make_record("x", channel=0)
+    rec = make_record(layer, "x", channel=0)
     layer.persist([rec])
     layer.fail([rec.record_id.source_record_id])
     layer.replay_due()
@@ -112,7 +113,7 @@ def test_replay_routing_uses_the_router(make_layer: Callable[..., FTLayer]) -> N
 
 
 def test_failed_entry_layout(layer: FTLayer, clock: FakeClock) -> None:
-    rec = layer.make_record("x")
+    rec = make_record(layer, "x")
     layer.persist([rec])
     layer.fail([rec.record_id.source_record_id], "why")
     raw = layer.store.client.hget(layer.store.keys.failed, struct.pack(">q", rec.record_id.source_record_id))

@@ -9,6 +9,7 @@ import pytest
 from ftlayer.errors import LeaseLostError
 from ftlayer.layer import FTLayer
 from ftlayer.service import FTService
+from serialization.serializers import make_record
 from tests.ftlayer.conftest import FakeClock, commit_all
 
 
@@ -17,7 +18,7 @@ def test_k_buckets_expire_a_key_exactly_on_the_kth_rotation(make_layer: Callable
     layer = make_layer(num_buckets=k)
     expired: list[int] = []
     layer.buckets.on_expired = expired.extend
-    rec = layer.make_record("x")
+    rec = make_record(layer, "x")
     layer.persist([rec])
     for _ in range(k - 1):
         assert layer.on_timeout().expired == []
@@ -27,8 +28,8 @@ def test_k_buckets_expire_a_key_exactly_on_the_kth_rotation(make_layer: Callable
 
 
 def test_removed_key_never_expires(layer: FTLayer) -> None:
-    acked, failed = layer.make_record("acked"), layer.make_record("failed")
-    kept = layer.make_record("kept")
+    acked, failed = make_record(layer, "acked"), make_record(layer, "failed")
+    kept = make_record(layer, "kept")
     layer.persist([acked, failed, kept])
     layer.ack({acked.record_id.source_record_id: acked.record_id.current_record_id})
     layer.fail([failed.record_id.source_record_id], "boom")
@@ -37,10 +38,10 @@ def test_removed_key_never_expires(layer: FTLayer) -> None:
 
 
 def test_buckets_are_deleted_with_their_last_record(layer: FTLayer) -> None:
-    recs = [layer.make_record(i) for i in range(20)]
+    recs = [make_record(layer, i) for i in range(20)]
     layer.persist(recs)
     layer.on_timeout()
-    more = [layer.make_record(i) for i in range(5)]
+    more = [make_record(layer, i) for i in range(5)]
     layer.persist(more)
     layer.ack({r.record_id.source_record_id: r.record_id.current_record_id for r in recs + more})
     commit_all(layer)
@@ -60,7 +61,7 @@ def test_expiry_bound_in_time(make_layer: Callable[..., FTLayer], clock: FakeClo
     step = 0.25
     while clock.now < start + 40:
         if clock.now < start + 15:
-            rec = layer.make_record(clock.now)
+            rec = make_record(layer, clock.now)
             layer.persist([rec])
             persisted_at[rec.record_id.source_record_id] = clock.now
         clock.advance(step)
@@ -75,7 +76,7 @@ def test_expiry_bound_in_time(make_layer: Callable[..., FTLayer], clock: FakeClo
 def test_two_rotators_do_not_double_fail(make_layer: Callable[..., FTLayer], clock: FakeClock) -> None:
     a = make_layer(owner="driver-a", max_replays=0)
     b = make_layer(owner="driver-b", max_replays=0)
-    recs = [a.make_record(i) for i in range(100)]
+    recs = [make_record(a, i) for i in range(100)]
     a.persist(recs)
     sa, sb = FTService([a], clock=clock), FTService([b], clock=clock)
     expired: list[int] = []

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from ftlayer.config import FTConfig
-from ftlayer.connection import client_for, mask_url
+from ftlayer.config import FTConfig, mask_url
+from ftlayer.connection import client_for
 from ftlayer.errors import RedisUnavailableError
 from ftlayer.server import EmbeddedServer, free_port
 

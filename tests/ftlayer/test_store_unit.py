@@ -15,9 +15,9 @@ import redis
 
 from ftlayer.config import FTConfig
 from ftlayer.dead_letters import DeadLetters
+from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.ids import RecordId
 from ftlayer.store import SourceStore, pack_ids, unpack_ids
-from serialization.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 
 
 @pytest.fixture(params=["real", "fake"])

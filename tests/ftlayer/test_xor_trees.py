@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from ftlayer.ids import child_id
 from ftlayer.layer import FTLayer
+from serialization.serializers import make_record
 
 
 @dataclass
@@ -58,7 +59,7 @@ def test_trees_complete_exactly_when_all_events_applied(
     shapes, depth, seed, flush_sizes, dups = case
     run = uuid.uuid4().hex[:12]  # examples share the namespace: fresh source and tokens
     layer = make_layer(source=f"s{run}")
-    records = [layer.make_record(i) for i in range(len(shapes))]
+    records = [make_record(layer, i) for i in range(len(shapes))]
     layer.persist(records)
     trees = [
         build_tree(r.record_id.source_record_id, r.record_id.current_record_id, shape, depth)

@@ -108,7 +108,7 @@ def test_forward_replay_without_channel_names_the_record() -> None:
 
 
 def test_forward_replay_with_a_semi_deserialized_record() -> None:
-    frames = pytest.importorskip("serialization.frames")
+    frames = pytest.importorskip("ftlayer.frames")
     rec = frames.SemiDeserializedRecord(
         source_id=1, record_id=RecordId(11, 12), key_hash=-3, origin_id=99,
         replay_count=0, payload=b"x", channel=None,

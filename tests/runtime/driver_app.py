@@ -15,7 +15,7 @@ from typing import Any
 
 from ftlayer.config import FTConfig
 from runtime.sinks import JsonLinesSink
-from runtime.spark import local_session
+from runtime.spark.session import local_session
 from runtime.topology import Topology
 
 

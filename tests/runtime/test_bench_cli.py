@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ftlayer.errors import ConfigError
-from runtime.cli import main
+from runtime.cli.main import main
 
 
 def test_bench_acker_and_scaling_write_results_and_plots(
@@ -30,7 +30,7 @@ def test_bench_acker_and_scaling_write_results_and_plots(
 
 
 def test_bench_refuses_unknown_names_and_bad_sizes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from runtime.bench_cli import _sizes
+    from runtime.cli.bench import _sizes
 
     with pytest.raises(ConfigError, match="scaling-sizes"):
         _sizes("10k")

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from ftlayer.config import FTConfig
-from runtime.bench_latency import (
+from runtime.bench.latency import (
     SETTLE_ROUNDS,
     Collector,
     LatencyBenchError,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.bench_replay import ReplayBenchError, bench_replay, failed_batch_records
-from runtime.bench_replay_app import read_passes
+from runtime.bench.replay import ReplayBenchError, bench_replay, failed_batch_records
+from runtime.bench.replay_app import read_passes
 
 
 def _offset_file(checkpoint: Path, batch: int, offset: dict[str, str]) -> None:

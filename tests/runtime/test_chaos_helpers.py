@@ -17,10 +17,11 @@ import pytest
 from ftlayer.config import FTConfig
 from ftlayer.layer import FTLayer
 from runtime.checker import check
-from runtime.cli import build_parser
-from runtime.ingest import Ingestor
+from runtime.cli.main import build_parser
+from runtime.driver.ingest import Ingestor
 from runtime.sinks import SinkContext
 from runtime.testing import EOF, Abort, CollectingSink, Emit, FaultLog, Pause, ScriptedSource
+from serialization.serializers import make_record
 
 
 def test_scripted_source_plays_its_script() -> None:
@@ -90,7 +91,7 @@ def _deliver(sink: CollectingSink, values: list[dict[str, Any]], replay: bool = 
 def scenario(ft_config: FTConfig, tmp_path: Path) -> tuple[FTLayer, CollectingSink, list[Any]]:
     """Five persisted records: 0-2 acked, 3 dead-lettered with a reason, 4 still pending."""
     layer = FTLayer(ft_config.replace(max_replays=0), "helpers", "events").open()
-    records = [layer.make_record({"i": i}, key=i) for i in range(5)]
+    records = [make_record(layer, {"i": i}, key=i) for i in range(5)]
     layer.persist(records)
     layer.ack({r.record_id.source_record_id: r.record_id.current_record_id for r in records[:3]})
     layer.fail([records[3].record_id.source_record_id], "FailRecord: bad record")

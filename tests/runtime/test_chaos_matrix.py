@@ -1,6 +1,6 @@
 """The fault-injection matrix on real local Spark and a real Redis server (issue 6).
 
-Each scenario of ``runtime.chaos`` except the soak, at a CI size (thousands of records),
+Each scenario of ``runtime.chaos.runner`` except the soak, at a CI size (thousands of records),
 asserting 0 lost and 0 leaked plus what the scenario itself promises. The Redis kill runs
 once per durability mode against a dedicated server (``appendfsync always`` for waitaof,
 ``everysec`` otherwise, as ftlayer configures its embedded server).
@@ -16,7 +16,7 @@ import pytest
 
 from ftlayer.config import FTConfig
 from ftlayer.server import EmbeddedServer
-from runtime.chaos import run_scenario
+from runtime.chaos.runner import run_scenario
 from runtime.checker import Report
 
 pytestmark = pytest.mark.spark

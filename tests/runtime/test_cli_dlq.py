@@ -8,13 +8,14 @@ from typing import Any
 import pytest
 import redis
 
-import runtime.dlq_cli
+import runtime.cli.dlq
 from ftlayer.config import FTConfig
+from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.keys import owner_key
 from ftlayer.layer import FTLayer
-from runtime.cli import main
-from serialization.frames import SemiDeserializedRecord, SemiDeserializedSerializer
+from runtime.cli.main import main
 from serialization.payload import unpack_payload
+from serialization.serializers import make_record
 
 TRACE = "Traceback (most recent call last):\n  File \"job.py\", line 3, in parse\nValueError: bad user"
 
@@ -28,7 +29,7 @@ def _dlq(capsys: Any, cfg: FTConfig, *args: str) -> tuple[int, str, str]:
 def _dead(cfg: FTConfig, source: str = "src", n: int = 3) -> tuple[FTLayer, list[SemiDeserializedRecord]]:
     """A source whose first n records were dead-lettered on their first failure."""
     layer = FTLayer(cfg.replace(max_replays=0), "topo", source, num_channels=2).open()
-    recs = [layer.make_record({"user": f"u{i}", "n": i}, key=f"u{i}") for i in range(n)]
+    recs = [make_record(layer, {"user": f"u{i}", "n": i}, key=f"u{i}") for i in range(n)]
     layer.persist(recs)
     layer.fail([recs[0].record_id.source_record_id], TRACE)
     layer.fail([r.record_id.source_record_id for r in recs[1:]], "FailRecord: empty")
@@ -150,7 +151,7 @@ def test_purge_interactive_confirmation(
 ) -> None:
     layer, _ = _dead(ft_config)
     ids = _entry_ids(layer)
-    monkeypatch.setattr(runtime.dlq_cli, "_interactive", lambda: True)
+    monkeypatch.setattr(runtime.cli.dlq, "_interactive", lambda: True)
     monkeypatch.setattr("builtins.input", lambda _prompt: "y")
     assert _dlq(capsys, ft_config, "purge", "--all")[0] == 1 and _entry_ids(layer) == ids
     monkeypatch.setattr("builtins.input", lambda _prompt: "yes")
@@ -193,7 +194,7 @@ def test_register_writes_the_owner_record_once(ft_config: FTConfig, redis_client
 
 def test_empty_dlq(ft_config: FTConfig, redis_client: redis.Redis, capsys: Any) -> None:
     layer = FTLayer(ft_config, "topo", "src", num_channels=2).open()
-    layer.persist([layer.make_record(1)])
+    layer.persist([make_record(layer, 1)])
     code, out, _ = _dlq(capsys, ft_config, "list")
     assert code == 0 and "no dead letters" in out
     assert _dlq(capsys, ft_config, "purge", "--all")[0] == 0

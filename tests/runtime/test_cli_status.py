@@ -17,8 +17,10 @@ import ftlayer.connection
 from ftlayer.config import FTConfig
 from ftlayer.layer import FTLayer
 from ftlayer.server import EmbeddedServer
-from runtime.cli import main
-from runtime.status import Snapshot, SourceStatus, oldest_pending_age_ms, rates
+from ftlayer.status import Snapshot, SourceStatus, oldest_pending_age_ms
+from runtime.cli.main import main
+from runtime.cli.status import rates
+from serialization.serializers import make_record
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +34,7 @@ def _status(capsys: Any, url: str, ns: str, *extra: str) -> tuple[int, str, str]
 def _busy_source(cfg: FTConfig) -> FTLayer:
     """A source with acked, explicitly failed, replayed, dead-lettered, waiting and pending records."""
     layer = FTLayer(cfg.replace(max_replays=1), "topo", "src", num_channels=2).open()
-    recs = [layer.make_record({"n": i}, key=f"k{i}") for i in range(8)]
+    recs = [make_record(layer, {"n": i}, key=f"k{i}") for i in range(8)]
     layer.persist(recs)
     sids = [r.record_id.source_record_id for r in recs]
     layer.ack({r.record_id.source_record_id: r.record_id.current_record_id for r in recs[:3]})
@@ -94,7 +96,7 @@ def test_oldest_pending_age_follows_the_bucket_start_written_by_rotate(
     FTLayer(ft_config, "topo", "src", num_channels=2).open()  # registers gen 0 at the real time
     past = FTLayer(ft_config, "topo", "src", num_channels=2, clock=lambda: time.time() - 100)
     assert past.on_timeout().gen == 1  # gen 1 opened "100 s ago"
-    past.persist([past.make_record("x", key="a")])
+    past.persist([make_record(past, "x", key="a")])
     code, out, _ = _status(capsys, ft_config.redis_url, ft_config.namespace, "--json")
     age = json.loads(out)["sources"][0]["oldest_pending_age_s"]
     assert code == 0 and 99 <= age < 130
@@ -186,7 +188,7 @@ def test_status_json_as_a_subprocess_reads_env(ft_config: FTConfig, redis_client
     env = {**os.environ, "FTLAYER_REDIS_URL": ft_config.redis_url, "FTLAYER_NAMESPACE": ft_config.namespace}
     env.pop("FTLAYER_CONFIG", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "status", "--json", "--interval", "0.2"],
+        [sys.executable, "-m", "runtime.cli.main", "status", "--json", "--interval", "0.2"],
         capture_output=True, text=True, timeout=60, env=env, cwd=ROOT, check=False,
     )
     assert proc.returncode == 0, proc.stderr
@@ -201,7 +203,7 @@ def test_password_never_printed(capsys: Any) -> None:
     try:
         cfg = FTConfig(redis_url=server.url, namespace="pwtest")
         layer = FTLayer(cfg, "topo", "src", num_channels=2).open()
-        layer.persist([layer.make_record("x", key="a")])
+        layer.persist([make_record(layer, "x", key="a")])
         for extra in ((), ("--json",)):
             code, out, err = _status(capsys, server.url, "pwtest", *extra)
             assert code == 0 and secret not in out + err and "***" in out and "src" in out

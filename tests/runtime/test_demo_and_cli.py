@@ -16,7 +16,7 @@ def test_demo_reports_nothing_lost_and_nothing_left(tmp_path) -> None:  # type: 
     env = {**os.environ, "FTLAYER_NAMESPACE": "demotest", "FTLAYER_EMBEDDED_DATA_DIR": str(tmp_path)}
     env.pop("FTLAYER_REDIS_URL", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "runtime.demo", "--records", "3000", "--fail-every", "25"],
+        [sys.executable, "-m", "runtime.cli.demo", "--records", "3000", "--fail-every", "25"],
         capture_output=True, text=True, timeout=600, env=env, check=False,
     )
     out = proc.stdout
@@ -33,7 +33,7 @@ def test_demo_reports_nothing_lost_and_nothing_left(tmp_path) -> None:  # type: 
 
 def test_ftlayer_redis_runs_in_the_foreground_until_ctrl_c(tmp_path) -> None:  # type: ignore[no-untyped-def]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runtime.cli", "redis", "--data-dir", str(tmp_path)],
+        [sys.executable, "-m", "runtime.cli.main", "redis", "--data-dir", str(tmp_path)],
         stdout=subprocess.PIPE, text=True,
     )
     try:

@@ -16,11 +16,11 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from ftlayer.config import FTConfig
 from ftlayer.errors import FailRecord
 from ftlayer.keyhash import key_hash
-from runtime.feed import Feed, FeedDestination, FeedServer
-from runtime.feed_source import FeedSource, FeedStreamReader, feed_schema
-from runtime.handlers import handler_for
-from runtime.ingest import Ingestor
+from runtime.driver.feed import Feed, FeedDestination, FeedServer
+from runtime.driver.ingest import Ingestor
 from runtime.sinks import ForeachBatchSink, JsonLinesSink
+from runtime.spark.feed_source import FeedSource, FeedStreamReader, feed_schema
+from runtime.spark.handlers import handler_for
 from runtime.topology import Topology
 from serialization.payload import unpack_payload
 from tests.runtime.test_topology_e2e import clicks, run_to_drain

@@ -1,4 +1,4 @@
-"""The FT source (runtime.ft_source) on real local Spark and the real Redis server."""
+"""The FT source (runtime.spark.ft_source) on real local Spark and the real Redis server."""
 
 from __future__ import annotations
 
@@ -13,18 +13,19 @@ import redis
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError, FrameError
+from ftlayer.frames import SemiDeserializedSerializer
 from ftlayer.keyhash import key_hash, pmod
 from ftlayer.layer import FTLayer
-from runtime.arrow_codec import arrow_schema, frames_to_record_batch
-from runtime.ft_source import (
+from runtime.spark.arrow_codec import arrow_schema, frames_to_record_batch
+from runtime.spark.ft_source import (
     FTSource,
     FTStreamReader,
     compare_ids,
     read_stream,
     source_schema,
 )
-from serialization.frames import SemiDeserializedSerializer
 from serialization.payload import unpack_payload
+from serialization.serializers import make_record
 
 TOPO, SRC, CHANNELS = "topo", "src", 2
 
@@ -40,7 +41,7 @@ def persist(layer: FTLayer, n: int, *, start: int = 0, chunk: int = 50) -> dict[
     out: dict[int, int] = {}
     for lo in range(start, start + n, chunk):
         values = range(lo, min(lo + chunk, start + n))
-        recs = [layer.make_record({"i": i}, key=f"k{i}") for i in values]
+        recs = [make_record(layer, {"i": i}, key=f"k{i}") for i in values]
         assert layer.persist(recs) == len(recs)
         out.update({r.record_id.source_record_id: i for r, i in zip(recs, values, strict=True)})
     return out
@@ -256,7 +257,7 @@ def test_latest_offset_caps_and_respects_read_all_available(layer: FTLayer, ft_c
 
 
 def test_empty_channels_still_get_their_partition(layer: FTLayer, ft_config: FTConfig) -> None:
-    recs = [layer.make_record({"i": i}, channel=1) for i in range(5)]
+    recs = [make_record(layer, {"i": i}, channel=1) for i in range(5)]
     layer.persist(recs)
     reader = reader_for(ft_config)
     start = reader.initialOffset()
@@ -324,7 +325,7 @@ def test_arrow_schema_is_sparks_own_conversion() -> None:
 
 def test_codec_matches_the_serializer_and_refuses_corrupt_frames(layer: FTLayer) -> None:
     ser = SemiDeserializedSerializer()
-    recs = [layer.make_record({"i": i, "s": "x" * i}, key=i) for i in range(50)]
+    recs = [make_record(layer, {"i": i, "s": "x" * i}, key=i) for i in range(50)]
     frames = [ser.encode(r) for r in recs]
     rows = frames_to_record_batch(frames).to_pylist()
     for rec, row in zip(recs, rows, strict=True):
@@ -349,7 +350,7 @@ def test_codec_matches_the_serializer_and_refuses_corrupt_frames(layer: FTLayer)
 
 def test_codec_reads_frames_behind_a_prefix(layer: FTLayer) -> None:
     ser = SemiDeserializedSerializer()
-    recs = [layer.make_record({"i": i, "s": "y" * (i % 5)}, key=i) for i in range(20)]
+    recs = [make_record(layer, {"i": i, "s": "y" * (i % 5)}, key=i) for i in range(20)]
     frames = [ser.encode(r) for r in recs]
     plain = frames_to_record_batch(frames)
     assert frames_to_record_batch([b"ABCDEFGHIJKL" + f for f in frames], prefix=12).equals(plain)

@@ -15,8 +15,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.handlers import CARRIER, FTHandler, Row
-from runtime.operators import Fanout, Op, make_chain
+from runtime.spark.handlers import CARRIER, FTHandler, Row
+from runtime.spark.stages import Fanout, Op, make_chain
 
 
 def _sink(rows: list[Row]) -> dict[int, int]:
@@ -77,7 +77,7 @@ def test_a_lost_row_leaves_its_record_pending(seed: int) -> None:
 def test_fanout_copies_apply_the_carried_delta_once() -> None:
     import pyarrow as pa
 
-    from runtime.operators import decode_rows
+    from runtime.spark.stages import decode_rows
     from serialization.payload import pack_payload
 
     roots = _roots(10, 7)

@@ -9,7 +9,7 @@ from typing import Any
 from ftlayer.config import FTConfig
 from ftlayer.keyhash import key_hash
 from ftlayer.layer import FTLayer
-from runtime.ingest import Ingestor
+from runtime.driver.ingest import Ingestor
 
 
 def _layer(cfg: FTConfig, **kw: Any) -> FTLayer:
@@ -147,7 +147,7 @@ def test_a_record_whose_key_raises_or_cannot_be_packed_is_dead_lettered(ft_confi
 
 
 def test_ft_off_feed_drops_and_counts_a_rejected_record() -> None:
-    from runtime.feed import Feed, FeedDestination
+    from runtime.driver.feed import Feed, FeedDestination
 
     dest = FeedDestination(Feed(2), FTConfig(status="off"))
     ing = Ingestor(dest, [{"u": "a"}, {}, {"u": "b"}], key=lambda e: e["u"])

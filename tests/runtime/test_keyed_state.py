@@ -9,8 +9,8 @@ import pytest
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import TopologyError
-from runtime.keyed_state import KeyedStateStore
 from runtime.sinks import JsonLinesSink
+from runtime.spark.keyed_state import KeyedStateStore
 from runtime.topology import Topology
 from tests.runtime.test_topology_e2e import clicks, run_to_drain
 

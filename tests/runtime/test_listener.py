@@ -14,16 +14,17 @@ import redis
 from ftlayer.config import FTConfig
 from ftlayer.layer import FTLayer
 from ftlayer.server import free_port
-from runtime.listener import LOGGER_NAME, FTProgressListener, attach, detach
-from runtime.metrics import MetricsError
-from runtime.observe import TopologyObservers
+from runtime.driver.listener import LOGGER_NAME, FTProgressListener, attach, detach
+from runtime.driver.metrics import MetricsError
+from runtime.driver.observe import TopologyObservers
+from serialization.serializers import make_record
 
 pytestmark = pytest.mark.spark
 
 
 def _busy_layer(cfg: FTConfig) -> FTLayer:
     layer = FTLayer(cfg, "topo", "src", num_channels=2).open()
-    recs = [layer.make_record({"n": i}, key=f"k{i}") for i in range(5)]
+    recs = [make_record(layer, {"n": i}, key=f"k{i}") for i in range(5)]
     layer.persist(recs)
     layer.ack({r.record_id.source_record_id: r.record_id.current_record_id for r in recs[:2]})
     layer.fail([recs[2].record_id.source_record_id], "boom")

@@ -15,13 +15,14 @@ from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
 from ftlayer.layer import FTLayer
 from ftlayer.server import free_port
-from runtime.metrics import (
+from runtime.driver.metrics import (
     LATENCY_METRIC,
     MetricsError,
     MetricsExporter,
     metric_names,
     observe_complete_latency,
 )
+from serialization.serializers import make_record
 from tests.runtime.test_cli_status import _busy_source
 
 
@@ -95,7 +96,7 @@ def test_http_endpoint_shared_by_two_exporters(ft_config: FTConfig, redis_client
     cfg = ft_config.replace(metrics_port=free_port())
     a = FTLayer(cfg, "topo", "a", num_channels=2).open()
     b = FTLayer(cfg, "other", "b", num_channels=2).open()
-    a.persist([a.make_record("x", key="k")])
+    a.persist([make_record(a, "x", key="k")])
     first = MetricsExporter([a], cfg).start()
     second = MetricsExporter([b, a], cfg).start()
     try:
@@ -135,7 +136,7 @@ def test_unreachable_redis_reports_down_without_failing_the_scrape(
     up = FTLayer(ft_config, "topo", "src", num_channels=2).open()
     dead_cfg = ft_config.replace(redis_url=f"redis://:pw-x1@127.0.0.1:{free_port()}/0", connect_timeout_s=0.5)
     down = FTLayer(dead_cfg, "topo", "gone", num_channels=2)
-    with caplog.at_level(logging.WARNING, logger="runtime.metrics"):
+    with caplog.at_level(logging.WARNING, logger="runtime.driver.metrics"):
         samples = _samples(MetricsExporter([up, down]).render())
     ns = ft_config.namespace
     assert _value(samples, "ftlayer_redis_up", ns, "src") == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from runtime.progress import TaskProgress
+from runtime.driver.progress import TaskProgress
 
 
 def test_plain_lines_are_rate_limited_and_the_final_state_is_printed_once() -> None:

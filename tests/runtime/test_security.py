@@ -38,9 +38,10 @@ from ftlayer.errors import RedisUnavailableError
 from ftlayer.layer import FTLayer
 from ftlayer.server import EmbeddedServer, find_server_binary, free_port
 from ftlayer.service import FTService
-from runtime.cli import main
-from runtime.listener import FTProgressListener
-from runtime.metrics import MetricsExporter
+from runtime.cli.main import main
+from runtime.driver.listener import FTProgressListener
+from runtime.driver.metrics import MetricsExporter
+from serialization.serializers import make_record
 
 SECRET = "s3cret-ACL-7731"
 ADMIN = "admin-PW-5512"
@@ -74,7 +75,7 @@ def _url(port: int, password: str = SECRET, scheme: str = "redis", query: str = 
 def _record_life(cfg: FTConfig, source: str) -> FTLayer:
     """persist, ack, explicit fail, rotate (timeout), replay, dead-letter: as the configured user."""
     layer = FTLayer(cfg.replace(max_replays=1), "topo", source, num_channels=2).open()
-    recs = [layer.make_record({"n": i}, key=f"k{i}") for i in range(6)]
+    recs = [make_record(layer, {"n": i}, key=f"k{i}") for i in range(6)]
     assert layer.persist(recs) == 6
     assert len(layer.ack({r.record_id.source_record_id: r.record_id.current_record_id for r in recs[:2]}).acked) == 2
     assert layer.fail([recs[2].record_id.source_record_id], "boom") == 1

@@ -423,8 +423,8 @@ def test_serializers_are_picklable() -> None:
 
 
 def test_encode_source_frames_matches_the_record_encoder() -> None:
+    from ftlayer.frames import encode_source_frames
     from ftlayer.ids import new_ids
-    from serialization.frames import encode_source_frames
 
     values = [{"i": i, "user": f"u{i % 7}"} for i in range(50)] + ["", b"\x00", None]
     ids = new_ids(2 * len(values))
@@ -441,7 +441,7 @@ def test_encode_source_frames_matches_the_record_encoder() -> None:
 
 
 def test_encode_source_frames_names_the_record_that_does_not_fit() -> None:
-    from serialization.frames import encode_source_frames
+    from ftlayer.frames import encode_source_frames
 
     with pytest.raises(SerializationError, match="source record 1 of a batch of 2"):
         encode_source_frames(0, [1, 2, 3, 2**63], [0, 0], [b"\x01", b"\x02"], [0, 0])

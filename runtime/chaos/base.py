@@ -1,0 +1,178 @@
+"""What every chaos scenario shares: its context, the chaos topology, the run loop that restarts a
+dead query on its checkpoint, and the final check.
+
+The chaos topology is ``source "events" (ScriptedSource, keyed by "user") -> map(ChaosMap)
+[-> key_by(user) -> map] -> sink`` under the topology name ``chaos`` in the scenario's
+namespace. The run loop (:func:`run_query`) starts it, waits until it drained (ingest ended,
+nothing pending or waiting for replay), lets the last batch commit, and stops it. If the query
+dies (a micro-batch failed for good), it is stopped and a new topology with the same name,
+config, checkpoint and *the same source object* is started: the ScriptedSource continues
+where it stopped, and records already persisted are read again from Redis, as a restarted
+driver would. Each restart is noted in the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ftlayer.config import FTConfig
+from ftlayer.errors import FTLayerError
+from ftlayer.layer import FTLayer
+from runtime.checker import Report, check
+from runtime.spark.handlers import DUPLICATE_FLUSH_PROPERTY
+from runtime.testing import FaultLog, ScriptedSource
+from runtime.topology import FTQuery, Topology
+
+TOPOLOGY = "chaos"
+SOURCE = "events"
+TRIGGER_S = 0.2
+
+
+class ChaosError(FTLayerError):
+    """A chaos scenario could not run (unknown scenario, bad parameter, a query that keeps dying)."""
+
+
+def user_key(value: Any) -> Any:
+    """The key of chaos records (routing and key_by)."""
+    return value["user"]
+
+
+def same(value: Any) -> Any:
+    return value
+
+
+@dataclass
+class ScenarioContext:
+    """Everything a scenario needs; ``say`` prints progress (a no-op in tests)."""
+
+    name: str
+    spark: Any
+    config: FTConfig
+    workdir: Path
+    strict: bool = False
+    say: Callable[[str], None] = lambda _msg: None
+    notes: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def faults(self) -> FaultLog:
+        return FaultLog(self.workdir / "faults")
+
+    @property
+    def out_dir(self) -> Path:
+        return self.workdir / "out"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.workdir / "checkpoint"
+
+    def layer(self, config: FTConfig | None = None) -> FTLayer:
+        """A handle on the chaos source's FT state (for monitoring and the check)."""
+        cfg = config or self.config
+        return FTLayer(cfg, TOPOLOGY, SOURCE, num_channels=cfg.num_channels)
+
+
+def new_workdir(name: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=f"ftlayer-chaos-{name}-"))
+
+
+def build(config: FTConfig, source: Any, mapper: Callable[[Any], Any], sink: Any, *, keyed: bool) -> Topology:
+    """The chaos topology (see the module notes)."""
+    topo = Topology(TOPOLOGY, config)
+    stream = topo.source(SOURCE, source, key=user_key).map(mapper)
+    if keyed:
+        stream = stream.key_by(user_key).map(same)
+    stream.sink(sink)
+    return topo
+
+
+@contextlib.contextmanager
+def duplicate_flushes(spark: Any, on: bool) -> Iterator[None]:
+    """Switch the duplicated-flush fault on for queries started inside (Spark local property)."""
+    if not on:
+        yield
+        return
+    sc = spark.sparkContext
+    sc.setLocalProperty(DUPLICATE_FLUSH_PROPERTY, "1")
+    try:
+        yield
+    finally:
+        sc.setLocalProperty(DUPLICATE_FLUSH_PROPERTY, None)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The most telling line of an error: the last ``Name: message`` line of a Python traceback
+    inside a Spark error, else the first line."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    named = [line for line in lines if re.match(r"^[A-Za-z_][\w.]*: ", line) and not line.startswith("File ")]
+    return (named[-1] if named else lines[0])[:200]
+
+
+def run_query(
+    ctx: ScenarioContext,
+    make: Callable[[], Topology],
+    *,
+    timeout_s: float = 300.0,
+    max_records_per_batch: int | None = 500,
+    max_restarts: int = 3,
+    on_tick: Callable[[FTQuery], None] | None = None,
+    dup_flushes: bool = False,
+) -> int:
+    """Start the topology ``make()`` builds, wait until drained, stop it; restart it on its
+    checkpoint when the query dies (at most ``max_restarts`` times). Returns the restarts.
+    A run that does not drain in ``timeout_s`` is stopped and noted (the check then shows
+    what is still pending)."""
+    deadline = time.monotonic() + timeout_s
+    restarts = 0
+    while True:
+        with duplicate_flushes(ctx.spark, dup_flushes):
+            query = make().start(ctx.spark, checkpoint_location=str(ctx.checkpoint),
+                                 trigger_interval_s=TRIGGER_S, max_records_per_batch=max_records_per_batch)
+        died: BaseException | None = None
+        drained = False
+        try:
+            while time.monotonic() < deadline:
+                died = query.query.exception()
+                if died is not None:
+                    break
+                if query.drained():
+                    drained = True
+                    break
+                if on_tick is not None:
+                    on_tick(query)
+                time.sleep(0.25)
+            if drained:
+                query.query.processAllAvailable()  # the last commit trims the channel streams
+        except Exception as exc:  # the query died while finishing
+            died = exc
+        finally:
+            query.stop()
+        if died is not None:
+            if restarts >= max_restarts:
+                msg = f"chaos {ctx.name}: the query died {restarts + 1} times; last: {_first_line(died)}"
+                raise ChaosError(msg) from died
+            restarts += 1
+            ctx.notes.append(f"query died ({_first_line(died)}); restarted on its checkpoint (#{restarts})")
+            ctx.say(f"query died; restarting on its checkpoint (#{restarts})")
+            continue
+        if not drained:
+            ctx.notes.append(f"not drained within {timeout_s:.0f} s")
+        return restarts
+
+
+def finish(ctx: ScenarioContext, layers: list[FTLayer], sink: Any, source: ScriptedSource | range) -> Report:
+    """Run the checker and attach the scenario's notes and elapsed time."""
+    emitted = source.emitted_ids if isinstance(source, ScriptedSource) else source
+    report = check(layers, sink, emitted, ctx.faults, strict=ctx.strict, scenario=ctx.name)
+    report.notes.extend(ctx.notes)
+    report.elapsed_s = time.monotonic() - ctx.started
+    return report

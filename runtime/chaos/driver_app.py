@@ -1,0 +1,72 @@
+"""The driver program that the kill-driver scenario SIGKILLs: ``python -m runtime.chaos.driver_app``.
+
+Phase 1 ingests ``--records`` chaos records (ids 0..N-1, in steps of 100) and processes them
+slowly (``--sleep-ms`` per record), so the harness can kill it mid-run. Phase 2 is the
+restarted driver: the same chaos topology, namespace and checkpoint (``<workdir>/checkpoint``),
+and a source with nothing new (a generator cannot rewind); it runs until everything phase 1
+persisted is done, prints ``drained`` and the counters, and exits 0 (1 if it did not drain in
+time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from ftlayer.config import FTConfig
+from ftlayer.layer import FTLayer
+from runtime.chaos.base import SOURCE, TOPOLOGY, TRIGGER_S, build
+from runtime.chaos.faults import ChaosMap
+from runtime.chaos.scenarios import paced
+from runtime.spark.session import local_session
+from runtime.testing import EOF, CollectingSink, ScriptedSource
+
+
+def _identity_batches(batches: Iterator[Any]) -> Iterator[Any]:
+    yield from batches
+
+
+def warm_python_workers(spark: Any) -> None:
+    """Run a tiny mapInArrow job, so Python workers are up before the query's first batch.
+
+    A restarted driver's FT service replays the records that timed out at once; if the first
+    micro-batch then spends many seconds starting workers, the replays time out again.
+    """
+    spark.range(0, 64, numPartitions=2).mapInArrow(_identity_batches, "id long").collect()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one phase; the exit code says whether it drained."""
+    p = argparse.ArgumentParser(prog="python -m runtime.chaos.driver_app")
+    p.add_argument("--phase", type=int, choices=(1, 2), required=True)
+    p.add_argument("--redis-url", required=True)
+    p.add_argument("--namespace", required=True)
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--records", type=int, default=1500)
+    p.add_argument("--timeout-s", type=float, default=8.0, help="the topology's record timeout")
+    p.add_argument("--sleep-ms", type=float, default=5.0, help="processing time per record")
+    args = p.parse_args(argv)
+    cfg = FTConfig(redis_url=args.redis_url, namespace=args.namespace, timeout_s=args.timeout_s, num_buckets=3)
+    workdir = Path(args.workdir)
+    # phase 1: persist calls of 100 records (stream entries small enough for 400-record batches)
+    layer = FTLayer(cfg, TOPOLOGY, SOURCE)
+    source = ScriptedSource(paced(args.records, 100, 0.02, warm=layer) if args.phase == 1 else [EOF])
+    topo = build(cfg, source, ChaosMap([], sleep_s=args.sleep_ms / 1000), CollectingSink(workdir / "out"), keyed=False)
+    spark = local_session("ftlayer-chaos-driver")
+    warm_python_workers(spark)
+    query = topo.start(spark, checkpoint_location=str(workdir / "checkpoint"), trigger_interval_s=TRIGGER_S,
+                       max_records_per_batch=400)
+    print("started", flush=True)
+    ok = query.await_drained(300 if args.phase == 2 else 600)
+    if ok:
+        query.query.processAllAvailable()
+    query.stop()
+    print("drained" if ok else "not drained", query.stats(), flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""Chaos scenarios that kill whole processes: the driver (SIGKILL, then a restarted driver) and the
+Redis server (SIGKILL, then a restart from its AOF).
+
+What each asserts is in docs/fault-injection.md. The Redis kill runs against a server the scenario
+owns (an :class:`~ftlayer.server.EmbeddedServer` with a data directory), configured the way ftlayer
+configures its embedded server for the durability mode: ``appendfsync always`` for ``waitaof``,
+``everysec`` otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from ftlayer.config import DURABILITY_MODES
+from ftlayer.frames import SemiDeserializedSerializer
+from ftlayer.layer import FTLayer
+from ftlayer.server import EmbeddedServer
+from runtime.chaos.base import ChaosError, ScenarioContext, build, finish, run_query
+from runtime.chaos.faults import ChaosMap, Sampler
+from runtime.chaos.scenarios import paced
+from runtime.checker import Report
+from runtime.testing import CollectingSink, ScriptedSource
+from runtime.topology import FTQuery
+from serialization.payload import unpack_payload
+
+WINDOW_S = 2.0  # everysec: up to ~1 s of acknowledged persists, ~2 s under fsync stalls
+
+
+def pending_ids(layer: FTLayer) -> list[int]:
+    """The ``"i"`` of every record pending in ``layer`` right now (decoded from ``pend``)."""
+    serializer = SemiDeserializedSerializer()
+    out: list[int] = []
+    for _sid, raw in layer.store.client.hscan_iter(layer.store.keys.pend, count=1000):
+        record = serializer.decode(raw[12:])  # ack value (8) | bucket gen (4) | frame
+        out.append(int(unpack_payload(record.payload)["i"]))
+    return out
+
+
+def _driver(ctx: ScenarioContext, phase: int, records: int) -> subprocess.Popen[str]:
+    cfg = ctx.config
+    return subprocess.Popen(
+        [sys.executable, "-m", "runtime.chaos.driver_app", "--phase", str(phase), "--redis-url", cfg.redis_url,
+         "--namespace", cfg.namespace, "--workdir", str(ctx.workdir), "--records", str(records)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+    )
+
+
+def kill_driver(ctx: ScenarioContext, records: int, kill_timeout_s: float = 240.0) -> Report:
+    """SIGKILL the driver (and its Spark JVM) while records are pending; a restarted driver (same
+    topology, namespace and checkpoint, a source with nothing new) finishes everything."""
+    layer = ctx.layer()
+    first = _driver(ctx, 1, records)
+    ctx.say("phase 1 driver started")
+    at_kill: dict[str, int] = {}
+    try:
+        deadline = time.monotonic() + kill_timeout_s
+        while time.monotonic() < deadline:
+            st = layer.stats()
+            if st["persisted"] >= records and records // 10 < st["acked"] < records:
+                break
+            if first.poll() is not None:
+                msg = f"chaos kill-driver: phase 1 ended (exit {first.returncode}) before it could be killed"
+                raise ChaosError(msg)
+            time.sleep(0.1)
+        else:
+            msg = f"chaos kill-driver: phase 1 never reached the kill point: {layer.stats()}"
+            raise ChaosError(msg)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)  # the driver and its Spark JVM, no clean shutdown
+        first.wait(30)
+    at_kill = layer.stats()
+    pending = pending_ids(layer)
+    ctx.faults.record("kill-driver", pending)
+    ctx.notes.append(f"driver killed with {at_kill['pending']} pending, {at_kill['acked']} acked")
+    ctx.say(f"driver killed ({at_kill['pending']} pending); starting phase 2")
+    second = _driver(ctx, 2, records)
+    out, _ = second.communicate(timeout=600)
+    ctx.say(f"phase 2 driver exited {second.returncode}")
+    ctx.notes.append(f"restarted driver: exit {second.returncode}: {out.strip().splitlines()[-1:] or ''}")
+    report = finish(ctx, [layer], CollectingSink(ctx.out_dir), range(records))
+    report.expect(f"killed while records were pending ({at_kill['pending']})", at_kill["pending"] > 0)
+    report.expect("the restarted driver drained and exited 0", second.returncode == 0)
+    return report
+
+
+def kill_redis(ctx: ScenarioContext, records: int, durability: str = "everysec", down_s: float = 0.3,
+               server: EmbeddedServer | None = None) -> Report:
+    """SIGKILL the Redis server mid-run (half the records ingested) and restart it from its AOF
+    after ``down_s``; assert what ``durability`` promises (see the module notes)."""
+    if durability not in DURABILITY_MODES:
+        msg = f"chaos kill-redis: durability must be one of {DURABILITY_MODES}, got {durability!r}"
+        raise ChaosError(msg)
+    own = server is None
+    if server is None:
+        fsync = "always" if durability == "waitaof" else "everysec"
+        server = EmbeddedServer(data_dir=ctx.workdir / "redis", appendfsync=fsync).start()
+    try:
+        return _kill_redis(ctx, records, durability, down_s, server)
+    finally:
+        if own:
+            server.stop()
+
+
+def _kill_redis(ctx: ScenarioContext, records: int, durability: str, down_s: float,
+                server: EmbeddedServer) -> Report:
+    ctx.config = ctx.config.replace(redis_url=server.url, durability=durability, timeout_s=20.0)
+    step = max(records // 60, 1)
+    source = ScriptedSource(paced(records, step, 0.1, warm=ctx.layer()))  # ingest spans ~8 s
+    queries: list[FTQuery] = []
+
+    def acknowledged() -> int:  # records whose persist returned, over every query incarnation
+        return sum(ing.ingested for q in queries for ing in q.ingestors)
+
+    sampler = Sampler(acknowledged).start()
+    kill: dict[str, float] = {}
+
+    def tick(query: FTQuery) -> None:
+        # runs on the thread that started the server: its parent-death signal (PR_SET_PDEATHSIG)
+        # is tied to that thread, so a restart from a short-lived thread would be SIGTERMed
+        if not queries or queries[-1] is not query:
+            queries.append(query)
+        if "t" in kill or (acknowledged() < records // 2 and not source.ended):
+            return
+        kill["acked"] = acknowledged()
+        kill["t"] = time.monotonic()
+        server.kill()
+        time.sleep(down_s)
+        server.start()
+        kill["back"] = time.monotonic()
+
+    sink = CollectingSink(ctx.out_dir)
+    mapper = ChaosMap([])
+    try:
+        restarts = run_query(ctx, lambda: build(ctx.config, source, mapper, sink, keyed=False),
+                             on_tick=tick, max_records_per_batch=500)
+    finally:
+        sampler.stop()
+    report = finish(ctx, [ctx.layer()], sink, source)
+    if "t" not in kill:
+        report.expect("the Redis server was killed", False)
+        return report
+    t_kill = kill["t"]
+    window = kill["acked"] - sampler.at(t_kill - WINDOW_S)
+    ctx_note = (f"{durability}: server SIGKILLed at {kill['acked']} acknowledged persists, back after "
+                f"{kill['back'] - t_kill:.2f} s; {window} persists acknowledged in the {WINDOW_S:.0f} s "
+                f"before the kill; query restarts {restarts}")
+    report.notes.append(ctx_note)
+    lost = report.lost
+    # records handed to ingest but never acknowledged by persist: only a query stopped during the
+    # outage drops them (the ingest thread gives up its held batch on stop), never acknowledged ones
+    unacknowledged = source.emitted - acknowledged()
+    if unacknowledged:
+        report.notes.append(f"{unacknowledged} records were read from the source but never persisted "
+                            "(ingest stopped during the outage)")
+    if durability == "waitaof":
+        report.expect(f"waitaof: nothing that persist acknowledged was lost ({len(lost)} lost, "
+                      f"{unacknowledged} never acknowledged)", len(lost) <= unacknowledged)
+    else:
+        early = [i for i in lost if (source.emitted_at(i) or 0.0) < t_kill - WINDOW_S - 0.5]
+        report.lost_in_window = [i for i in lost if i not in set(early)]
+        report.lost = early
+        report.notes.append(f"{durability}: {len(report.lost_in_window)} acknowledged records lost in the "
+                            f"window (bound {window})")
+        report.expect(f"{durability}: loss bounded by the last {WINDOW_S:.0f} s of persists "
+                      f"({len(lost)} <= {window})", len(lost) <= window)
+    return report

@@ -1,0 +1,92 @@
+"""The fault-injection harness: run a chaos scenario from pytest or from ``ftlayer chaos <scenario>``.
+
+::
+
+    report = run_scenario("fail-rate", spark, config, records=3000)
+    assert report.ok, report.summary()
+
+Every scenario runs the chaos topology (:mod:`runtime.chaos.base`) on real Spark and a real
+Redis server under real faults, then the checker (:mod:`runtime.checker`): nothing lost,
+nothing leaked, duplicates and replays counted and explained, plus the scenario's own
+expectations. docs/fault-injection.md lists the scenarios and what each asserts.
+
+Contract of :func:`run_scenario`: ``config`` gives the Redis server and namespace (its
+timeouts are replaced by the scenario's); use a fresh namespace per run. ``records``
+defaults to the scenario's CI size. Extra keyword ``params`` go to the scenario (e.g.
+``rate=0.1`` for fail-rate, ``durability="waitaof"`` for kill-redis). It raises
+:class:`~runtime.chaos.base.ChaosError` for an unknown scenario or parameter, or a query that
+keeps dying; otherwise it returns the report, whatever it found.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ftlayer.config import FTConfig
+from ftlayer.connection import resolved
+from runtime.chaos import procs as chaos_procs
+from runtime.chaos import scenarios as chaos_scenarios
+from runtime.chaos.base import ChaosError, ScenarioContext, new_workdir
+from runtime.checker import Report
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A registered scenario: its function, CI size, and whether it needs a SparkSession here."""
+
+    run: Callable[..., Report]
+    records: int
+    summary: str
+    needs_spark: bool = True
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "fail-rate": Scenario(chaos_scenarios.fail_rate, 3000, "FailRecord in a user function at a rate"),
+    "kill-worker": Scenario(chaos_scenarios.kill_worker, 2000, "a Python worker killed mid-partition"),
+    "batch-fails": Scenario(chaos_scenarios.batch_fails, 3000, "a whole micro-batch fails; the query restarts"),
+    "kill-driver": Scenario(chaos_procs.kill_driver, 1500, "the driver SIGKILLed and restarted",
+                            needs_spark=False),
+    "kill-redis": Scenario(chaos_procs.kill_redis, 3000, "the Redis server SIGKILLed, restarted from its AOF"),
+    "drop-connections": Scenario(chaos_scenarios.drop_connections, 3000, "CLIENT KILL every 200 ms"),
+    "duplicate-flushes": Scenario(chaos_scenarios.duplicate_flushes, 2000, "every flush sent twice"),
+    "delayed-acks": Scenario(chaos_scenarios.delayed_acks, 2000, "acks delayed past the timeout"),
+    "poison": Scenario(chaos_scenarios.poison, 2000, "a record that always fails"),
+    "mixed": Scenario(chaos_scenarios.mixed, 3000, "fail-rate + kill-worker + drop-connections + poison "
+                                                   "+ duplicate-flushes"),
+    "soak": Scenario(chaos_scenarios.soak, 1_000_000, "the mixed faults for a long run (not for CI)"),
+}
+
+
+def run_scenario(
+    name: str,
+    spark: Any,
+    config: FTConfig,
+    records: int | None = None,
+    *,
+    workdir: str | Path | None = None,
+    say: Callable[[str], None] | None = None,
+    **params: Any,
+) -> Report:
+    """Run scenario ``name`` and return the checker's report (see the module contract)."""
+    scenario = SCENARIOS.get(name)
+    if scenario is None:
+        msg = f"unknown chaos scenario {name!r}; choose one of {sorted(SCENARIOS)}"
+        raise ChaosError(msg)
+    accepted = inspect.signature(scenario.run).parameters
+    has_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+    unknown = sorted(set(params) - set(accepted) - {"strict"}) if not has_kwargs else []
+    if unknown:
+        msg = f"chaos scenario {name!r} takes no parameter {unknown[0]!r}"
+        raise ChaosError(msg)
+    strict = bool(params.pop("strict", False))
+    cfg = config if name == "kill-redis" else resolved(config)
+    path = Path(workdir) if workdir is not None else new_workdir(name)
+    path.mkdir(parents=True, exist_ok=True)
+    ctx = ScenarioContext(name, spark, cfg, path, strict=strict, say=say or (lambda _m: None))
+    report = scenario.run(ctx, records or scenario.records, **params)
+    report.strict = ctx.strict
+    return report

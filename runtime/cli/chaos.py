@@ -1,0 +1,122 @@
+"""``ftlayer chaos <scenario>``: run a fault-injection scenario and print the checker's report.
+
+The scenarios themselves are the library :mod:`runtime.chaos`; this module is only the
+command: options (each naming its env var), the generated namespace, the work directory,
+and the exit status (0 when every report is OK).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ftlayer.config import DURABILITY_MODES, FTConfig
+from ftlayer.connection import client_for, resolved
+from runtime.chaos.base import new_workdir
+from runtime.chaos.runner import SCENARIOS, run_scenario
+from runtime.cli.common import connection_options, load_config
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(name, default)
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``ftlayer chaos`` to the CLI's subparsers."""
+    p = sub.add_parser(
+        "chaos", parents=[connection_options()],
+        help="run a fault-injection scenario on local Spark and report what was lost, leaked, replayed",
+        description="Run a chaos scenario on a local SparkSession (local[2,4]) and print the checker's "
+                    "report. Exit status 0 if nothing was lost or leaked and the scenario's expectations "
+                    "held, 1 otherwise. Scenarios: " + "; ".join(f"{k}: {v.summary}" for k, v in SCENARIOS.items()),
+    )
+    p.add_argument("scenario", choices=sorted(SCENARIOS), help="the scenario to run")
+    p.add_argument("--records", type=int, default=_env("FTLAYER_CHAOS_RECORDS"),
+                   help="records to emit; default the scenario's CI size (soak: 1000000) [env FTLAYER_CHAOS_RECORDS]")
+    p.add_argument("--durability", choices=(*DURABILITY_MODES, "all"), default=_env("FTLAYER_CHAOS_DURABILITY", "all"),
+                   help="kill-redis only: the durability mode to test, or 'all' for each in turn; default all "
+                        "[env FTLAYER_CHAOS_DURABILITY]")
+    p.add_argument("--workdir", default=_env("FTLAYER_CHAOS_WORKDIR"), metavar="DIR",
+                   help="directory for the sink output, fault marks and checkpoint; default a new temporary "
+                        "directory [env FTLAYER_CHAOS_WORKDIR]")
+    p.add_argument("--strict", action="store_true", default=_env("FTLAYER_CHAOS_STRICT") == "1",
+                   help="also fail on replays no injected fault explains [env FTLAYER_CHAOS_STRICT=1]")
+    p.add_argument("--keep", action="store_true", default=_env("FTLAYER_CHAOS_KEEP") == "1",
+                   help="keep the temporary work directory and the generated namespace's Redis keys "
+                        "(default: remove them; a --namespace you name is never deleted) [env FTLAYER_CHAOS_KEEP=1]")
+    p.set_defaults(func=_cmd_chaos)
+
+
+def _cmd_chaos(args: argparse.Namespace) -> int:
+    generated = args.namespace is None and not os.environ.get("FTLAYER_NAMESPACE")
+    if generated:
+        args.namespace = "chaos" + uuid.uuid4().hex[:8]  # never mix chaos records with real ones
+    config = load_config(args)
+    name: str = args.scenario
+    records = int(args.records) if args.records else None
+    spark = None
+    if SCENARIOS[name].needs_spark:
+        from runtime.spark.session import local_session
+
+        spark = local_session(f"ftlayer-chaos-{name}")
+    runs: list[dict[str, Any]] = [{}]
+    if name == "kill-redis":
+        modes = DURABILITY_MODES if args.durability == "all" else (args.durability,)
+        runs = [{"durability": m} for m in modes]
+        if config.redis_url:
+            print("ftlayer chaos: kill-redis kills a server it starts itself; --redis-url is not used")
+    elif not config.redis_url:
+        config = resolved(config)  # the embedded server (not killed by any other scenario)
+    try:
+        return _run_cli(args, name=name, config=config, records=records, spark=spark, runs=runs,
+                        generated=generated)
+    finally:
+        if spark is not None:
+            spark.stop()  # before exit, so the JVM does not outlive us and report to a closed gateway
+
+
+def _run_cli(args: argparse.Namespace, *, name: str, config: FTConfig, records: int | None, spark: Any,
+             runs: list[dict[str, Any]], generated: bool) -> int:
+    """Run each of ``runs`` (parameter sets), print the reports; 0 if all are OK."""
+    ok = True
+    for params in runs:
+        temp = not args.workdir
+        workdir = new_workdir(name) if temp else Path(args.workdir) / "-".join([name, *params.values()])
+        try:
+            report = run_scenario(name, spark, config, records, workdir=workdir, strict=args.strict,
+                                  say=lambda m: print(f"[chaos {name}] {m}", flush=True), **params)
+        finally:
+            if temp and not args.keep:
+                shutil.rmtree(workdir, ignore_errors=True)
+        if args.keep or not temp:
+            report.notes.append(f"work directory {workdir}")
+        print(report.summary(), flush=True)
+        ok = ok and report.ok
+    if generated and not args.keep and name != "kill-redis" and config.redis_url:
+        _delete_namespace(config)  # only a namespace this command made up
+    return 0 if ok else 1
+
+
+def _delete_namespace(config: FTConfig) -> None:
+    """Delete the chaos namespace's keys (kill-redis's own server is gone already)."""
+    client = client_for(config.redis_url, config.connect_timeout_s)
+    keys = list(client.scan_iter(match=f"{config.namespace}:*", count=1000))
+    for i in range(0, len(keys), 500):
+        client.delete(*keys[i : i + 500])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m runtime.cli.chaos <scenario> ...`` (the same as ``ftlayer chaos``)."""
+    from runtime.cli.main import main as cli_main
+
+    return cli_main(["chaos", *(argv if argv is not None else sys.argv[1:])])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

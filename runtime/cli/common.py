@@ -1,0 +1,162 @@
+"""Shared pieces of the operator commands (``ftlayer status``, ``ftlayer dlq``).
+
+Contract:
+
+- Configuration comes from :meth:`ftlayer.config.FTConfig.load`: defaults, the
+  TOML file (``--config`` / ``$FTLAYER_CONFIG`` / ``./ftlayer.toml``),
+  ``FTLAYER_*`` environment variables, then the command-line options, which win.
+- Operator commands only talk to a server that is configured. They never start
+  an embedded server: a fresh one would show an empty namespace and mislead.
+- Nothing here prints or raises a password: URLs pass through
+  :func:`ftlayer.connection.mask_url`, and Redis errors are re-raised as
+  :class:`CLIError` naming the masked URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+
+from ftlayer.config import FTConfig, mask_url
+from ftlayer.connection import client_for
+from ftlayer.errors import FTLayerError
+from ftlayer.keys import check_name
+from ftlayer.status import SourceName, registered_sources
+
+
+class CLIError(FTLayerError):
+    """An operator command cannot do what it was asked; the message says what to do instead."""
+
+
+def connection_options() -> argparse.ArgumentParser:
+    """A parent parser with --redis-url, --namespace and --config (each help names its env var)."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("connection")
+    g.add_argument(
+        "--redis-url", default=None, metavar="URL",
+        help="redis:// or rediss:// URL of the server the topology uses; user and password are "
+             "allowed and never printed [env FTLAYER_REDIS_URL]",
+    )
+    g.add_argument(
+        "--namespace", default=None,
+        help="key prefix the topology was started with; default 'ftlayer' [env FTLAYER_NAMESPACE]",
+    )
+    g.add_argument(
+        "--config", default=None, metavar="PATH",
+        help="ftlayer TOML config file; default ./ftlayer.toml if it exists [env FTLAYER_CONFIG]",
+    )
+    return p
+
+
+def source_options(parser: argparse.ArgumentParser) -> None:
+    """Add --topology and --source filters to ``parser``."""
+    parser.add_argument("--topology", default=None, help="only this topology (default: all)")
+    parser.add_argument("--source", default=None, help="only this source (default: all)")
+
+
+def load_config(args: argparse.Namespace) -> FTConfig:
+    """The effective config: file, env, then the --redis-url / --namespace options."""
+    overrides: dict[str, Any] = {}
+    if getattr(args, "redis_url", None) is not None:
+        overrides["redis_url"] = args.redis_url
+    if getattr(args, "namespace", None) is not None:
+        overrides["namespace"] = args.namespace
+    return FTConfig.load(getattr(args, "config", None), env=os.environ, **overrides)
+
+
+def connect_configured(config: FTConfig, command: str) -> redis.Redis:
+    """A client for the configured server; :class:`CLIError` if no URL is configured."""
+    if not config.redis_url:
+        msg = (
+            f"no Redis URL configured: pass --redis-url or set FTLAYER_REDIS_URL (or redis_url in the "
+            f"config file). 'ftlayer {command}' does not start an embedded server, because a new "
+            f"one would be empty and show nothing of a running topology"
+        )
+        raise CLIError(msg)
+    return client_for(config.redis_url, config.connect_timeout_s)
+
+
+@contextmanager
+def redis_errors(config: FTConfig) -> Iterator[None]:
+    """Turn Redis client errors into :class:`CLIError` naming the masked URL."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        msg = f"Redis at {mask_url(config.redis_url)} failed: {exc}"
+        raise CLIError(msg) from exc
+
+
+def select_sources(
+    client: redis.Redis, namespace: str, topology: str | None, source: str | None
+) -> list[SourceName]:
+    """Registered sources matching the optional filters (each filter must be a valid name)."""
+    if topology is not None:
+        check_name("topology", topology)
+    if source is not None:
+        check_name("source", source)
+    return [
+        (t, s) for t, s in registered_sources(client, namespace)
+        if (topology is None or t == topology) and (source is None or s == source)
+    ]
+
+
+def one_source(
+    client: redis.Redis, config: FTConfig, topology: str | None, source: str | None
+) -> SourceName:
+    """The single registered source the filters pick; :class:`CLIError` if none or several."""
+    found = select_sources(client, config.namespace, topology, source)
+    if len(found) == 1:
+        return found[0]
+    where = f"namespace {config.namespace!r} at {mask_url(config.redis_url)}"
+    if not found:
+        wanted = "/".join(x or "*" for x in (topology, source))
+        msg = f"no registered source matches {wanted} in {where}"
+        raise CLIError(msg)
+    names = ", ".join(f"{t}/{s}" for t, s in found)
+    msg = f"several sources in {where} ({names}): pass --topology and --source"
+    raise CLIError(msg)
+
+
+def format_ms(ms: float | None) -> str:
+    """A wall-clock time in ms as ``YYYY-MM-DD HH:MM:SS UTC`` ('-' for None or 0)."""
+    if not ms:
+        return "-"
+    return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def format_duration(seconds: float | None) -> str:
+    """A duration as ``12.3s``, ``1m40s``, ``2h03m`` or ``3d04h`` ('-' for None)."""
+    if seconds is None:
+        return "-"
+    s = max(0.0, seconds)
+    if s < 60:
+        return f"{s:.1f}s"
+    whole = int(s)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def render_table(header: list[str], rows: list[list[str]], align: str = "") -> str:
+    """Plain-text columns two spaces apart; ``align`` has one 'l' or 'r' per column.
+
+    The default aligns the first column left and the others right.
+    """
+    align = align or "l" + "r" * (len(header) - 1)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        parts = [
+            c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(cells, widths, align, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join(line(r) for r in [header, *rows])

@@ -1,0 +1,173 @@
+"""A StreamingQueryListener that logs the FT figures of each micro-batch next to Spark's progress.
+
+::
+
+    listener = attach(spark, query.layers, query_name="ftlayer-clicks")
+    ...
+    detach(spark, listener)
+
+On every ``onQueryProgress`` (one per micro-batch; Spark calls it
+asynchronously on the driver after the batch) it logs one INFO line on the
+logger ``ftlayer.progress``::
+
+    query=ftlayer-clicks batch=12 inputRows=500 inputRowsPerSecond=49.8 processedRowsPerSecond=512.3
+    batchDurationMs=976 | clicks/events pending=3 acked=480 failed=2 replayed=2 deadLettered=0
+
+(one line; a ``| topology/source ...`` group per source). The FT figures are
+the source's counters at the time of the event (``failed`` = explicit +
+timeout), read with the same read-only pipeline as ``ftlayer status``
+(:func:`runtime.cli.status.sample`). The record also carries them as
+``record.spark_progress`` and ``record.ft_sources`` (dicts) for structured
+log handlers. If Redis cannot be read, the line says ``ft=unavailable`` with
+the (password-free) reason at WARNING; the listener never raises into Spark.
+
+A listener sees every query of the session: with ``query_name`` it logs
+only the progress of that query (``Topology.start`` names its query
+``ftlayer-<topology>``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+from pyspark.sql.streaming.listener import (
+    QueryProgressEvent,
+    QueryStartedEvent,
+    QueryTerminatedEvent,
+    StreamingQueryListener,
+)
+
+from ftlayer.errors import FTLayerError
+from ftlayer.layer import FTLayer
+from ftlayer.status import sample
+from ftlayer.store import SourceStore
+
+LOGGER_NAME = "ftlayer.progress"
+FT_FIGURES = ("pending", "acked", "failed", "replayed", "dead_lettered")
+_SHOWN = {"dead_lettered": "deadLettered"}
+
+
+def _rate(value: Any) -> str:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return "-"
+    return "-" if math.isnan(number) else f"{number:.1f}"
+
+
+class FTProgressListener(StreamingQueryListener):
+    """Logs Spark's progress and the FT figures of ``stores`` for each micro-batch (see the module doc)."""
+
+    def __init__(
+        self,
+        stores: Sequence[FTLayer | SourceStore],
+        *,
+        query_name: str | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.stores = [s.store if isinstance(s, FTLayer) else s for s in stores]
+        self.query_name = query_name
+        self.log = logger or logging.getLogger(LOGGER_NAME)
+        self.batches_logged = 0
+        self._query_ids: set[str] = set()  # ids of the queries this listener reports on
+        self.closed = False  # set before detaching: Spark's listener bus may still deliver late events
+
+    def close(self) -> None:
+        """Ignore every event from now on (Spark delivers events asynchronously, even after removal)."""
+        self.closed = True
+
+    def ft_figures(self) -> dict[str, dict[str, int]]:
+        """``{"topology/source": {pending, acked, failed, replayed, dead_lettered}}`` read now."""
+        out: dict[str, dict[str, int]] = {}
+        by_namespace: dict[tuple[int, str], tuple[redis.Redis, list[SourceStore]]] = {}
+        for store in self.stores:
+            client = store.client
+            by_namespace.setdefault((id(client), store.keys.namespace), (client, []))[1].append(store)
+        for (_, namespace), (client, stores) in by_namespace.items():
+            snap = sample(client, namespace, [(s.keys.topology, s.keys.source) for s in stores])
+            for s in snap.sources:
+                figures = {"pending": s.pending}
+                figures.update({k: s.counters[k] for k in FT_FIGURES if k != "pending"})
+                out[s.name] = figures
+        return out
+
+    def progress_line(self, progress: Any) -> tuple[str, dict[str, Any], dict[str, dict[str, int]] | None, str]:
+        """(line, Spark figures, FT figures or None, error) for one ``StreamingQueryProgress``."""
+        spark = {
+            "query": progress.name or str(progress.id),
+            "batchId": progress.batchId,
+            "numInputRows": progress.numInputRows,
+            "inputRowsPerSecond": progress.inputRowsPerSecond,
+            "processedRowsPerSecond": progress.processedRowsPerSecond,
+            "batchDurationMs": progress.batchDuration,
+        }
+        line = (
+            f"query={spark['query']} batch={spark['batchId']} inputRows={spark['numInputRows']} "
+            f"inputRowsPerSecond={_rate(spark['inputRowsPerSecond'])} "
+            f"processedRowsPerSecond={_rate(spark['processedRowsPerSecond'])} "
+            f"batchDurationMs={spark['batchDurationMs']}"
+        )
+        try:
+            ft: dict[str, dict[str, int]] | None = self.ft_figures()
+        except (FTLayerError, redis.RedisError) as exc:
+            return f"{line} | ft=unavailable ({exc})", spark, None, str(exc)
+        assert ft is not None
+        for name, figures in ft.items():
+            line += f" | {name} " + " ".join(f"{_SHOWN.get(k, k)}={v}" for k, v in figures.items())
+        return line, spark, ft, ""
+
+    def _mine(self, name: str | None, query_id: Any) -> bool:
+        if self.query_name is not None and name != self.query_name:
+            return False
+        self._query_ids.add(str(query_id))
+        return True
+
+    def onQueryStarted(self, event: QueryStartedEvent) -> None:
+        if self._mine(event.name, event.id):
+            self.log.debug("query=%s started (id %s, run %s)", event.name, event.id, event.runId)
+
+    def onQueryProgress(self, event: QueryProgressEvent) -> None:
+        progress = event.progress
+        if self.closed or not self._mine(progress.name, progress.id):
+            return
+        try:
+            line, spark, ft, error = self.progress_line(progress)
+        except Exception:  # never raise into Spark's listener bus
+            self.log.exception("ftlayer progress listener failed on a progress event")
+            return
+        level = logging.WARNING if error else logging.INFO
+        self.log.log(level, "%s", line, extra={"spark_progress": spark, "ft_sources": ft})
+        self.batches_logged += 1
+
+    def onQueryIdle(self, event: Any) -> None:
+        return None
+
+    def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:
+        if self.query_name is not None and str(event.id) not in self._query_ids:
+            return
+        if event.exception:
+            self.log.warning("query %s terminated with an exception: %s", event.id, event.exception)
+        else:
+            self.log.debug("query %s terminated", event.id)
+
+
+def attach(
+    spark: Any,
+    stores: Sequence[FTLayer | SourceStore],
+    *,
+    query_name: str | None = None,
+    logger: logging.Logger | None = None,
+) -> FTProgressListener:
+    """Register an :class:`FTProgressListener` for ``stores`` on ``spark``'s streams and return it."""
+    listener = FTProgressListener(stores, query_name=query_name, logger=logger)
+    spark.streams.addListener(listener)
+    return listener
+
+
+def detach(spark: Any, listener: FTProgressListener) -> None:
+    """Unregister a listener returned by :func:`attach` (events already queued may still arrive)."""
+    spark.streams.removeListener(listener)

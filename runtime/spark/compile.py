@@ -1,0 +1,190 @@
+"""Compile a topology's graph to one Spark streaming query, and start what runs beside it.
+
+Each source becomes an ingest thread on the driver (persist before visible)
+and an FT source DataFrame (partition i reads channel i). Runs of
+``map``/``flat_map``/``filter`` fuse into one ``mapInArrow`` stage. ``key_by``
+ends a stage: the stage computes the key hash and channel, and the exchange
+puts channel c in Spark partition c exactly. A stream consumed by several
+operators fans out: each consumer reads its own copy with its own child id.
+The sink is the last stage. A driver-side FT service rotates timeout buckets
+and replays failures; it stops with the query. With FT off the sources feed
+in-driver feeds instead (:mod:`runtime.driver.feed`) and no FT service runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+from ftlayer.connection import resolved
+from ftlayer.errors import TopologyError
+from ftlayer.layer import FTLayer
+from ftlayer.service import FTService
+from runtime.driver.feed import Feed, FeedDestination, FeedProgress, FeedServer
+from runtime.driver.ingest import BatchDestination, Ingestor
+from runtime.driver.observe import TopologyObservers
+from runtime.graph import Graph, KeyByNode, Node, Op, OpNode, SinkNode, SourceNode, StateNode, UnionNode
+from runtime.query import FTProgress, FTQuery, Progress
+from runtime.sinks import ForeachBatchSink, RedisHashSink
+from runtime.spark.feed_source import feed_host
+from runtime.spark.sink_stage import DriverSinkBatch, SinkStage
+from runtime.spark.stages import ROW_SCHEMA, Fanout, Stage, StatefulStage, TaskEnv
+
+__all__ = ["FANOUT_OP_BASE", "Compiler"]
+
+FANOUT_OP_BASE = 1 << 20
+
+
+class Compiler:
+    """Turns the logical graph into DataFrames (see the module docstring)."""
+
+    def __init__(self, topology: Graph, spark: Any) -> None:
+        self.topology = topology
+        self.spark = spark
+        # FT off: no Redis URL is resolved, so no embedded server is started either
+        cfg = resolved(topology.config) if topology.config.ft_on else topology.config
+        self.config = cfg
+        self.n = cfg.num_channels
+        names = tuple(s.name for s in topology.sources)
+        # FT off: FailRecord drops happen in executors; accumulators bring the counts back
+        dropped = () if cfg.ft_on else tuple(spark.sparkContext.accumulator(0) for _ in names)
+        self.env = TaskEnv(cfg, topology.name, names, self.n, dropped)
+        self._stage_ids = 0
+        self._max_records: int | None = None
+        self._feeds: list[FeedServer] = []
+
+    def _next_stage(self) -> int:
+        self._stage_ids += 1
+        return self._stage_ids
+
+    @functools.cache  # noqa: B019 - one compiler per start(); memoises shared sub-plans
+    def df_for(self, node: Node) -> Any:
+        from pyspark.sql import functions as F
+
+        from partitioners.spark_exact import exact_repartition
+        from runtime.spark.feed_source import read_feed_stream
+        from runtime.spark.ft_source import read_stream
+
+        if isinstance(node, SourceNode):
+            if self.config.ft_on:
+                df = read_stream(self.spark, self.config, self.topology.name, node.name, self.n,
+                                 max_records_per_batch=self._max_records)
+            else:
+                df = read_feed_stream(self.spark, self._feeds[node.index], max_records_per_batch=self._max_records)
+            return df.select(F.lit(node.index).cast("int").alias("src"), "sid", "cid", "origin",
+                             "key_hash", "channel", "payload", F.lit(0).cast("long").alias("delta"))
+        if isinstance(node, OpNode):
+            return self.stage_df(node, key=None)
+        if isinstance(node, KeyByNode):
+            parent = node.parents[0]
+            if isinstance(parent, OpNode) and len(parent.consumers) == 1:
+                keyed = self.stage_df(parent, key=node.key)
+            else:
+                keyed = self.pass_through(parent, node, key=node.key)
+            return exact_repartition(keyed, "channel", self.n)
+        if isinstance(node, StateNode):
+            keyed = node.parents[0]
+            assert isinstance(keyed, KeyByNode) and keyed.key is not None and node.fn is not None
+            stage = StatefulStage(self.env, self._next_stage(), keyed.key, node.fn, node.name)
+            return self.input_df(keyed, node).mapInArrow(stage, ROW_SCHEMA)
+        if isinstance(node, UnionNode):
+            dfs = [self.input_df(p, node) for p in node.parents]
+            return functools.reduce(lambda a, b: a.unionByName(b), dfs)
+        msg = f"cannot compile node {node!r}"
+        raise TopologyError(msg)
+
+    def fanout(self, parent: Node, consumer: Node) -> Fanout | None:
+        if len(parent.consumers) <= 1:
+            return None
+        return Fanout(FANOUT_OP_BASE + parent.node_id, parent.consumers.index(consumer), len(parent.consumers))
+
+    def pass_through(self, parent: Node, consumer: Node, key: Callable[[Any], Any] | None) -> Any:
+        stage = Stage(self.env, self._next_stage(), (), key=key, fanout=self.fanout(parent, consumer))
+        return self.df_for(parent).mapInArrow(stage, ROW_SCHEMA)
+
+    def input_df(self, parent: Node, consumer: Node) -> Any:
+        """The rows ``consumer`` reads from ``parent`` (its own copy if ``parent`` fans out)."""
+        if len(parent.consumers) > 1:
+            return self.pass_through(parent, consumer, key=None)
+        return self.df_for(parent)
+
+    def chain(self, tail: OpNode) -> tuple[list[Op], Node, Node]:
+        """The run of single-consumer operators ending at ``tail``: (ops, the node they read, the top op)."""
+        ops: list[Op] = []
+        node: Node = tail
+        while True:
+            assert isinstance(node, OpNode) and node.op is not None
+            ops.insert(0, node.op)
+            parent = node.parents[0]
+            if isinstance(parent, OpNode) and len(parent.consumers) == 1:
+                node = parent
+                continue
+            return ops, parent, node
+
+    def stage_df(self, tail: OpNode, key: Callable[[Any], Any] | None) -> Any:
+        """Fuse the run of single-consumer operators ending at ``tail`` into one stage."""
+        ops, parent, node = self.chain(tail)
+        stage = Stage(self.env, self._next_stage(), tuple(ops), key=key, fanout=self.fanout(parent, node))
+        return self.df_for(parent).mapInArrow(stage, ROW_SCHEMA)
+
+    def start(self, checkpoint: str | None, trigger_s: float, max_records: int | None) -> FTQuery:
+        topo = self.topology
+        self._max_records = max_records
+        sinks = [n for n in topo.nodes if isinstance(n, SinkNode)]
+        if len(sinks) != 1:
+            msg = f"topology {topo.name!r} needs exactly one sink, has {len(sinks)} (union streams first)"
+            raise TopologyError(msg)
+        if not topo.sources:
+            msg = f"topology {topo.name!r} has no source"
+            raise TopologyError(msg)
+        dests: list[FTLayer | BatchDestination]
+        if self.config.ft_on:
+            layers = [FTLayer(self.config, topo.name, s.name, source_id=s.index, num_channels=self.n).open()
+                      for s in topo.sources]
+            dests = list(layers)
+        else:  # FT off: an in-memory feed per source, served to the feed source over TCP
+            host = feed_host(self.spark)
+            self._feeds = [FeedServer(Feed(self.n), name=s.name, host=host).start() for s in topo.sources]
+            dests = [FeedDestination(f.feed, self.config, f"{topo.name}/{f.name}") for f in self._feeds]
+        progress: Progress = FeedProgress(self._feeds, self.env.dropped)  # FT on: replaced once the service runs
+        ingestors: list[Ingestor] = []
+        try:
+            writer = self._writer(sinks[0])
+            checkpoint = checkpoint or tempfile.mkdtemp(prefix=f"ftlayer-{topo.name}-ckpt-")
+            if self.config.ft_on:
+                progress = FTProgress(layers, FTService(layers).start())
+                progress.observers = TopologyObservers.start(
+                    self.spark, layers, self.config, query_name=f"ftlayer-{topo.name}"
+                )
+            ingestors = [Ingestor(d, s.source, key=s.key).start() for d, s in zip(dests, topo.sources, strict=True)]
+            query = (
+                writer.queryName(f"ftlayer-{topo.name}")
+                .option("checkpointLocation", checkpoint)
+                .trigger(processingTime=f"{int(trigger_s * 1000)} milliseconds")
+                .start()
+            )
+        except BaseException:
+            for ing in ingestors:
+                ing.stop()
+            progress.stop()
+            raise
+        return FTQuery(query, ingestors, progress, checkpoint)
+
+    def _writer(self, sink_node: SinkNode) -> Any:
+        sink = sink_node.sink
+        if isinstance(sink, RedisHashSink) and sink.url is None:
+            sink.url = resolved(self.config).redis_url  # the user's output server (FT off too)
+        parent = sink_node.parents[0]
+        if isinstance(sink, ForeachBatchSink):
+            df = self.input_df(parent, sink_node)
+            return df.writeStream.foreachBatch(DriverSinkBatch(self.env, sink))
+        ops: tuple[Op, ...] = ()
+        if isinstance(parent, OpNode) and len(parent.consumers) == 1:
+            chain, base, top = self.chain(parent)
+            if self.fanout(base, top) is None:  # fuse the last operators into the sink stage
+                ops, parent = tuple(chain), base
+        df = self.df_for(parent) if ops else self.input_df(parent, sink_node)
+        out = df.mapInArrow(SinkStage(self.env, self._next_stage(), sink, ops), "written long")
+        return out.writeStream.format("noop")

@@ -1,0 +1,477 @@
+"""The FT source: a PySpark streaming data source over one ftlayer source's channel streams.
+
+``spark.readStream.format("ftlayer")`` (after :func:`register`) or
+:func:`read_stream` gives one row per persisted source record, with the columns
+of :data:`runtime.spark.arrow_codec.SOURCE_SCHEMA_DDL`::
+
+    sid long, cid long, key_hash long, origin long, replay int, channel int, payload binary
+
+Offsets, partitions, commit
+===========================
+
+- An offset is ``{"ch0": "<stream id>", "ch1": ..., }``: one Redis stream id
+  per channel (``"0-0"`` = nothing read yet). ``initialOffset`` puts every
+  channel at ``"0-0"``. ``latestOffset`` reads every channel's last generated
+  id in one pipelined round trip; it never moves a channel backwards.
+- ``partitions(start, end)`` returns exactly ``num_channels`` partitions, always,
+  and partition ``i`` reads channel ``i``: inside ``read()`` and anywhere
+  downstream before a shuffle, ``TaskContext.get().partitionId()`` (and
+  ``spark_partition_id()``) equals the channel. Channels with nothing new get an
+  empty partition so the numbering never shifts.
+- ``read()`` reads the channel's stream ids in ``(start, end]`` (start
+  exclusive, end inclusive) in pages, skipping records no longer pending, and
+  yields ``pyarrow.RecordBatch`` es (one per page). A re-run batch (same start
+  and end) therefore reads the same records minus those completed or failed in
+  the meantime. The source never acks or XORs anything.
+- ``commit(end)`` trims every channel stream up to ``end`` (one pipelined round
+  trip). Trimming removes only the stream index: records still pending stay in
+  ``pend`` and time out or get acked as usual. Spark (4.3) calls ``commit`` for
+  batch N only when it plans batch N+1, so the last batch's entries would stay
+  until more data came. ``latestOffset(start, ...)`` therefore also trims up to
+  ``start`` in its round trip: Spark asks for data after ``start`` only once the
+  batches up to ``start`` have completed (a batch re-run after a restart is
+  planned from the offset log without ``latestOffset``). A trim that came too
+  early could not lose a record anyway: a pending record stays in ``pend`` and
+  is replayed when it times out.
+
+Admission control (Spark >= 4.2): with option ``max_records_per_batch`` the
+default read limit is ``ReadMaxRows(n)``. ``latestOffset`` then takes whole
+stream entries from each channel until that channel's share (``ceil(n /
+num_channels)`` records, counting every record id filed in an entry, completed
+ones included) is reached, at least one entry per channel with data, so the cap
+is approximate. Spark's ``ReadAllAvailable`` (e.g. ``Trigger.Once``) always wins
+over the option. ``Trigger.AvailableNow`` is supported natively: the tails at
+start become the target and batches honour the read limit until they reach it.
+
+Which process runs what
+=======================
+
+PySpark runs each method in a Python process that the JVM starts, never in the
+user's driver process:
+
+- ``initialOffset``, ``latestOffset``, ``getDefaultReadLimit``,
+  ``prepareForTriggerAvailableNow``, ``reportLatestOffset``, ``partitions``
+  and ``commit`` run on the driver machine in one long-lived
+  ``python_streaming_source_runner`` process per query (one reader instance for
+  the query's life, so it can keep state such as the AvailableNow target).
+- ``read`` runs in executor Python workers on a reader that was pickled during
+  planning. Every Redis client is therefore created lazily in the process that
+  uses it (``ftlayer.connection.client_for`` caches one per process and URL) and
+  is never pickled.
+
+Options (all strings, as Spark passes them): ``redis_url`` (required; executors
+never start an embedded server), ``namespace``, ``topology``, ``source``,
+``num_channels``, and optionally ``max_records_per_batch``, ``read_page_entries``
+(stream entries of the first server-side read call of a partition, default 8;
+later calls double or halve it, up to 4096, aiming at about 10,000 records per
+call, since one entry holds the ids of one persist call, 1 to
+``flush_batch_size`` of them) and ``connect_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
+
+from ftlayer.config import FTConfig
+from ftlayer.connection import resolved
+from ftlayer.errors import ConfigError
+from ftlayer.keys import check_name
+from ftlayer.persistence import PEND_PREFIX, PersistenceLayer
+from ftlayer.store import SourceStore
+from runtime.spark.arrow_codec import SOURCE_COLUMNS, SOURCE_SCHEMA_DDL, frames_to_record_batch
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = [
+    "FORMAT",
+    "SOURCE_SCHEMA_DDL",
+    "ChannelPartition",
+    "FTSource",
+    "FTSourceOptions",
+    "FTStreamReader",
+    "Offset",
+    "channel_key",
+    "compare_ids",
+    "read_stream",
+    "register",
+    "source_schema",
+]
+
+FORMAT = "ftlayer"
+START_ID = "0-0"  # "nothing read yet": no real stream entry has id 0-0
+DEFAULT_READ_PAGE_ENTRIES = 8  # first page of a read; later pages adapt (see read())
+MAX_READ_PAGE_ENTRIES = 4096
+READ_TARGET_RECORDS = 10_000  # records per server-side read call that paging aims at
+# An offset: channel key ("ch<c>") -> Redis stream id ("<ms>-<seq>"). JSON-serializable.
+Offset = dict[str, str]
+
+_SPARK_TYPES = {"long": LongType, "int": IntegerType, "binary": BinaryType}
+
+
+def source_schema() -> StructType:
+    """The Spark schema of the FT source (same as :data:`SOURCE_SCHEMA_DDL`)."""
+    return StructType([StructField(name, _SPARK_TYPES[sql]()) for name, sql, _ in SOURCE_COLUMNS])
+
+
+def channel_key(channel: int) -> str:
+    """The offset key of a channel: ``"ch<c>"``."""
+    return f"ch{channel}"
+
+
+def parse_id(stream_id: str) -> tuple[int, int]:
+    """A Redis stream id ``"<ms>-<seq>"`` as a comparable pair; ConfigError if malformed."""
+    ms, sep, seq = stream_id.partition("-")
+    try:
+        return int(ms), int(seq) if sep else 0
+    except ValueError as exc:
+        msg = f"invalid stream id {stream_id!r} in an FT source offset: expected '<ms>-<seq>'"
+        raise ConfigError(msg) from exc
+
+
+def compare_ids(a: str, b: str) -> int:
+    """-1, 0 or 1 as stream id ``a`` sorts before, equal to or after ``b``."""
+    pa, pb = parse_id(a), parse_id(b)
+    return (pa > pb) - (pa < pb)
+
+
+def _max_id(a: str, b: str) -> str:
+    return a if compare_ids(a, b) >= 0 else b
+
+
+def _min_id(a: str, b: str) -> str:
+    return a if compare_ids(a, b) <= 0 else b
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+@dataclass(frozen=True)
+class FTSourceOptions:
+    """The FT source's options, parsed and validated. Picklable."""
+
+    redis_url: str
+    namespace: str
+    topology: str
+    source: str
+    num_channels: int
+    max_records_per_batch: int | None = None
+    read_page_entries: int = DEFAULT_READ_PAGE_ENTRIES
+    connect_timeout_s: float = 5.0
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> FTSourceOptions:
+        """Parse Spark's (case-insensitive, string-valued) options; ConfigError names a bad one."""
+        opts = {str(k).lower(): str(v) for k, v in options.items()}
+
+        def required(name: str) -> str:
+            value = opts.get(name, "").strip()
+            if not value:
+                msg = f"FT source option {name!r} is required (format {FORMAT!r})"
+                raise ConfigError(msg)
+            return value
+
+        def integer(name: str, value: str, low: int, high: int) -> int:
+            try:
+                parsed = int(value.strip().replace("_", ""))
+            except ValueError:
+                parsed = low - 1
+            if not low <= parsed <= high:
+                msg = f"invalid FT source option {name}={value!r}: expected an integer from {low} to {high}"
+                raise ConfigError(msg)
+            return parsed
+
+        url = required("redis_url")
+        topology = check_name("topology", required("topology"))
+        source = check_name("source", required("source"))
+        num_channels = integer("num_channels", required("num_channels"), 1, 4096)
+        raw_max = opts.get("max_records_per_batch", "").strip()
+        max_records = integer("max_records_per_batch", raw_max, 1, 2**62) if raw_max else None
+        raw_page = opts.get("read_page_entries", "").strip()
+        page = DEFAULT_READ_PAGE_ENTRIES
+        if raw_page:
+            page = integer("read_page_entries", raw_page, 1, MAX_READ_PAGE_ENTRIES)
+        timeout = 5.0
+        if opts.get("connect_timeout_s", "").strip():
+            try:
+                timeout = float(opts["connect_timeout_s"])
+            except ValueError as exc:
+                msg = f"invalid FT source option connect_timeout_s={opts['connect_timeout_s']!r}: expected seconds"
+                raise ConfigError(msg) from exc
+        parsed = cls(url, required("namespace"), topology, source, num_channels, max_records, page, timeout)
+        parsed.config()  # validates redis_url, namespace and the timeout
+        return parsed
+
+    def config(self) -> FTConfig:
+        """The FTConfig the source's Redis handle is built from."""
+        return FTConfig(
+            redis_url=self.redis_url, namespace=self.namespace, connect_timeout_s=self.connect_timeout_s
+        )
+
+
+class ChannelPartition(InputPartition):
+    """Input partition ``channel`` of a micro-batch: stream ids in ``(start, end]`` of that channel."""
+
+    def __init__(self, channel: int, start: str, end: str) -> None:
+        super().__init__(channel)
+        self.channel = channel
+        self.start = start
+        self.end = end
+
+
+class FTStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Stream reader of one ftlayer source (see the module notes for offsets and processes)."""
+
+    def __init__(self, options: FTSourceOptions) -> None:
+        self.opts = options
+        self._persistence: PersistenceLayer | None = None
+        self._checked = False
+        self._target: Offset | None = None  # Trigger.AvailableNow: tails when the query started
+        self._last_tails: Offset | None = None  # seen by the last latestOffset, for progress reports
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_persistence"] = None  # rebuilt (and reconnected) in the process that unpickles
+        state["_checked"] = False
+        return state
+
+    # --- Redis access ------------------------------------------------------------
+    @property
+    def persistence(self) -> PersistenceLayer:
+        """This process's persistence layer of the source (client created on first use)."""
+        if self._persistence is None:
+            o = self.opts
+            store = SourceStore(o.config(), o.topology, o.source)
+            self._persistence = PersistenceLayer(store, o.num_channels)
+        return self._persistence
+
+    @property
+    def channels(self) -> range:
+        return range(self.opts.num_channels)
+
+    def _check_once(self) -> None:
+        if not self._checked:
+            self.persistence.check_channels()
+            self._checked = True
+
+    def tails(self, *, trim_upto: Mapping[str, str] | None = None) -> Offset:
+        """Every channel's last generated stream id (``"0-0"`` if none), in one round trip.
+
+        With ``trim_upto`` (an offset), the same round trip first trims every
+        channel stream up to it (see :meth:`commit`).
+        """
+        store = self.persistence.store
+        pipe = store.client.pipeline(transaction=False)
+        if trim_upto is not None:
+            self._queue_trims(pipe, trim_upto)
+        for c in self.channels:
+            pipe.xinfo_stream(store.keys.channel(c))
+        replies = pipe.execute(raise_on_error=False)
+        out: Offset = {}
+        for reply in replies[: len(replies) - self.opts.num_channels]:
+            if isinstance(reply, Exception):
+                raise reply
+        for c, reply in zip(self.channels, replies[-self.opts.num_channels :], strict=True):
+            if isinstance(reply, Exception):
+                if "no such key" not in str(reply).lower():
+                    raise reply
+                out[channel_key(c)] = START_ID
+            else:
+                out[channel_key(c)] = _text(reply.get("last-generated-id", START_ID))
+        return out
+
+    def _queue_trims(self, pipe: Any, upto: Mapping[str, str]) -> None:
+        """Queue on ``pipe`` an exact ``XTRIM MINID`` of every channel to just after ``upto``."""
+        keys = self.persistence.store.keys
+        for c in self.channels:
+            last = upto[channel_key(c)]
+            if last != START_ID:
+                ms, seq = parse_id(last)
+                pipe.xtrim(keys.channel(c), minid=f"{ms}-{seq + 1}", approximate=False)
+
+    def _check_offset(self, offset: Mapping[str, Any], what: str) -> None:
+        expected = {channel_key(c) for c in self.channels}
+        if set(offset) != expected:
+            o = self.opts
+            msg = (
+                f"the {what} offset of FT source '{o.topology}/{o.source}' has channels "
+                f"{sorted(offset)} but the source is read with num_channels={o.num_channels}; "
+                "a checkpoint cannot change the channel count"
+            )
+            raise ConfigError(msg)
+
+    # --- DataSourceStreamReader -------------------------------------------------
+    def initialOffset(self) -> Offset:
+        """Every channel at ``"0-0"``: read each stream from its beginning."""
+        return {channel_key(c): START_ID for c in self.channels}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """``ReadMaxRows(max_records_per_batch)`` if that option is set, else read all available."""
+        n = self.opts.max_records_per_batch
+        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Trigger.AvailableNow: remember the current tails; no batch reads past them."""
+        self._check_once()
+        self._target = self.tails()
+
+    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
+        """The end offset of the next batch: the tails, capped by the AvailableNow target and ``limit``.
+
+        Spark asks for the batch after ``start`` only once every batch up to
+        ``start`` has completed, so the same round trip trims the streams up to
+        ``start`` (Spark itself calls :meth:`commit` for a batch only when it
+        plans the next one, which would leave the last batch's entries behind).
+        """
+        self._check_once()
+        self._check_offset(start, "start")
+        tails = self._last_tails = self.tails(trim_upto=start)
+        end: Offset = {}
+        for c in self.channels:
+            k = channel_key(c)
+            tail = tails[k] if self._target is None else _min_id(tails[k], self._target[k])
+            end[k] = _max_id(start[k], tail)
+        if isinstance(limit, ReadMaxRows):
+            end = self._capped(start, end, limit.max_rows)
+        return end
+
+    def reportLatestOffset(self) -> Offset:
+        """The tails, for the query's progress report (those the last ``latestOffset`` saw)."""
+        return dict(self._last_tails) if self._last_tails is not None else self.tails()
+
+    def _capped(self, start: Offset, end: Offset, max_rows: int) -> Offset:
+        """Per channel, whole entries of ``(start, end]`` up to ``ceil(max_rows / channels)`` record ids."""
+        share = max(1, math.ceil(max_rows / self.opts.num_channels))
+        page = min(share, 1024)  # every entry holds at least one record id
+        store = self.persistence.store
+        capped = dict(end)
+        pos = {k: start[k] for k in capped}
+        counted = dict.fromkeys(capped, 0)
+        open_ = [c for c in self.channels if compare_ids(end[channel_key(c)], start[channel_key(c)]) > 0]
+        while open_:
+            pipe = store.client.pipeline(transaction=False)
+            for c in open_:
+                k = channel_key(c)
+                after = "-" if pos[k] == START_ID else "(" + pos[k]
+                pipe.xrange(store.keys.channel(c), after, end[k], count=page)
+            still_open: list[int] = []
+            for c, entries in zip(open_, pipe.execute(), strict=True):
+                k = channel_key(c)
+                done = len(entries) < page
+                for entry_id, fields in entries:
+                    pos[k] = _text(entry_id)
+                    counted[k] += len(fields.get(b"i", b"")) // 8
+                    if counted[k] >= share:
+                        done = True
+                        break
+                if done or compare_ids(pos[k], end[k]) >= 0:
+                    # trimmed ranges may yield fewer ids; an untouched channel keeps its start
+                    capped[k] = pos[k] if counted[k] >= share else end[k]
+                else:
+                    still_open.append(c)
+            open_ = still_open
+        return capped
+
+    def partitions(self, start: Offset, end: Offset) -> Sequence[ChannelPartition]:
+        """One partition per channel, partition ``i`` = channel ``i`` (empty ranges included)."""
+        self._check_offset(start, "start")
+        self._check_offset(end, "end")
+        return [ChannelPartition(c, start[channel_key(c)], end[channel_key(c)]) for c in self.channels]
+
+    def read(self, partition: ChannelPartition) -> Iterator[Any]:  # type: ignore[override]
+        """Arrow record batches of the still-pending records of ``(start, end]`` of one channel."""
+        c, after, until = partition.channel, partition.start, partition.end
+        if compare_ids(until, after) <= 0:
+            return
+        persistence = self.persistence
+        page = self.opts.read_page_entries
+        while True:
+            batch = persistence.read_channel(c, after="-" if after == START_ID else after, until=until,
+                                             max_entries=page)
+            if batch.values:
+                yield frames_to_record_batch(batch.values, prefix=PEND_PREFIX)
+            if not batch.last_id or compare_ids(batch.last_id, until) >= 0:
+                return
+            after = batch.last_id
+            # an entry holds one persist call's ids for this channel (1 to flush_batch_size):
+            # steer the page so that one server-side call returns about READ_TARGET_RECORDS
+            got = len(batch.values)
+            if got < READ_TARGET_RECORDS // 2:
+                page = min(page * 2, MAX_READ_PAGE_ENTRIES)
+            elif got > READ_TARGET_RECORDS * 2:
+                page = max(page // 2, 1)
+
+    def commit(self, end: Offset) -> None:
+        """Spark committed everything up to ``end``: trim each channel stream there (one round trip)."""
+        self._check_offset(end, "committed")
+        pipe = self.persistence.store.client.pipeline(transaction=False)
+        self._queue_trims(pipe, end)
+        pipe.execute()
+
+
+class FTSource(DataSource):
+    """``format("ftlayer")``: the persisted records of one ftlayer source as a stream."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> StructType:
+        return source_schema()
+
+    def streamReader(self, schema: StructType) -> FTStreamReader:
+        if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in source_schema()]:
+            msg = f"the FT source has the fixed schema {SOURCE_SCHEMA_DDL!r}; got {schema.simpleString()!r}"
+            raise ConfigError(msg)
+        return FTStreamReader(FTSourceOptions.parse(self.options))
+
+
+def register(spark: SparkSession) -> None:
+    """Register :class:`FTSource` with the session (``format("ftlayer")``); safe to repeat."""
+    spark.dataSource.register(FTSource)
+
+
+def read_stream(
+    spark: SparkSession,
+    config: FTConfig,
+    topology: str,
+    source: str,
+    num_channels: int,
+    *,
+    max_records_per_batch: int | None = None,
+    read_page_entries: int | None = None,
+) -> DataFrame:
+    """A streaming DataFrame of the source's persisted records (registers the format first).
+
+    ``config`` is resolved on the driver (an embedded server is started here if it
+    has no URL), so executors connect to the same server by URL.
+    """
+    cfg = resolved(config)
+    register(spark)
+    options = {
+        "redis_url": cfg.redis_url,
+        "namespace": cfg.namespace,
+        "topology": topology,
+        "source": source,
+        "num_channels": str(num_channels),
+        "connect_timeout_s": repr(cfg.connect_timeout_s),
+    }
+    if max_records_per_batch is not None:
+        options["max_records_per_batch"] = str(max_records_per_batch)
+    if read_page_entries is not None:
+        options["read_page_entries"] = str(read_page_entries)
+    FTSourceOptions.parse(options)  # refuse bad values here, not in a Spark worker
+    return spark.readStream.format(FORMAT).options(**options).load()

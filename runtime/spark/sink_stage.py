@@ -1,0 +1,98 @@
+"""The last stage of a query: write, then ack (executor sinks) or collect, call, ack (foreachBatch).
+
+:class:`SinkStage` is the ``mapInArrow`` function of an executor sink: for each
+Arrow batch it decodes the values once, calls the sink's ``write``, and on
+success acks every record of the batch (current id XOR the carried delta); a
+write that raises fails the batch's records, which are replayed. The task
+flushes once, with an idempotent token. :class:`DriverSinkBatch` does the same
+on the driver for a :class:`~runtime.sinks.ForeachBatchSink`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.graph import Op
+from runtime.sinks import ExecutorSink, ForeachBatchSink, SinkContext
+from runtime.spark.handlers import CARRIER, FTHandler, Row, handler_for
+from runtime.spark.stages import ROW_COLUMNS, TaskEnv, decode_rows, make_chain
+from serialization.payload import unpack_payload
+
+__all__ = ["DriverSinkBatch", "SinkStage"]
+
+
+@dataclass(frozen=True)
+class SinkStage:
+    """The mapInArrow function of an executor sink: decode, write, ack (or fail), flush once."""
+
+    env: TaskEnv
+    stage_id: int
+    sink: ExecutorSink
+    ops: tuple[Op, ...] = ()  # operators fused in front of the write (one Python hop less)
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        batch_id = (tc.getLocalProperty("streaming.sql.batchId") if tc else None) or "0"
+        partition = tc.partitionId() if tc else 0
+        attempt = tc.attemptNumber() if tc else 0
+        handler = handler_for(self.env.config.ft_on, self.stage_id)
+        chain = make_chain(self.ops) if self.ops else None
+        written = 0
+        ctx = SinkContext(str(batch_id), partition, attempt)
+        for rb in batches:
+            rows: Iterable[Row] = decode_rows(rb, handler, None)
+            if chain is not None:  # fused operators: their deltas ride on their outputs
+                rows = handler.process(rows, chain)
+            acks: list[tuple[int, int, int]] = []
+            values: list[Any] = []
+            origins: list[int] = []
+            sids: list[int] = []
+            for src, sid, cid, origin, value, delta in handler.receive(rows):
+                acks.append((src, sid, cid ^ delta))
+                values.append(value)
+                origins.append(origin)
+                sids.append(sid)
+            ctx = SinkContext(str(batch_id), partition, attempt, origins, sids)
+            try:
+                self.sink.write(values, ctx)
+            except Exception as exc:  # a failed write fails its records; they are replayed
+                handler.fail_all(acks, exc)
+            else:
+                handler.ack(acks)
+                written += len(values)
+        self.env.report(handler)
+        if handler.ft_on:
+            handler.flush(self.env.layers(), self.env.token(f"st{self.stage_id}"))
+        self.sink.after_flush(ctx)
+        yield pa.RecordBatch.from_arrays([pa.array([written], pa.int64())], names=["written"])
+
+
+@dataclass
+class DriverSinkBatch:
+    """foreachBatch function of a :class:`ForeachBatchSink`: collect, call, ack on the driver."""
+
+    env: TaskEnv
+    sink: ForeachBatchSink
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        if not self.env.config.ft_on:  # FT off: no acks; a failing sink fails the batch (Spark's rules)
+            self.sink.fn([unpack_payload(r["payload"]) for r in df.select("payload").collect()], batch_id)
+            return
+        handler: FTHandler = handler_for(True, 0)
+        rows = handler.receive(
+            (r["src"], r["sid"], r["cid"], r["origin"], CARRIER if r["payload"] is None else r["payload"], r["delta"])
+            for r in df.select(*ROW_COLUMNS).collect()
+        )
+        ids = [(src, sid, cid ^ delta) for src, sid, cid, _, _, delta in rows]
+        try:
+            self.sink.fn([unpack_payload(row[4]) for row in rows], batch_id)
+        except Exception as exc:  # the batch's records fail and are replayed
+            handler.fail_all(ids, exc)
+        else:
+            handler.ack(ids)
+        handler.flush(self.env.layers(), f"{self.env.topology}/{batch_id}/sink/driver")

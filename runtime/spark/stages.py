@@ -1,0 +1,238 @@
+"""Operator stages: fused chains of map / flat_map / filter, run in executors over Arrow.
+
+A *stage* is the run of operators between two Spark exchanges (a keyed edge,
+a fan-out or the sink). It compiles to one ``mapInArrow`` function. Per Arrow
+batch it decodes each payload once (msgpack), runs the fused chain through the
+task's handler (which anchors, derives child ids, XORs and catches failures),
+and re-encodes the outputs once. Records created and consumed inside the
+chain never leave the task, so their XORs cancel and are not sent at all:
+a stage XORs its inputs out and its final outputs in.
+
+Deltas travel in-band, not through Redis: each output row carries, in its
+``delta`` column, the XOR its input contributes (input id out, children in,
+plus whatever the input itself carried); an input with no output emits a
+*carrier row* (null payload) holding it. Only the sink flushes, once per
+task, so a record costs one acker update per sink task instead of one per
+stage, and a recomputed stage carries the same deltas again (they depend
+on each row alone). A stage flushes only the explicit fails it saw, with
+the token ``<topology>/<micro-batch>/st<stage>/p<partition>``, so a retried
+task never applies them twice.
+
+Rows between stages: ``src int, sid long, cid long, origin long, key_hash
+long, channel int, payload binary, delta long`` (the origin id rides along so
+sinks can deduplicate replays; carrier rows have a null payload). A stage before a keyed edge fills ``key_hash`` and
+``channel = pmod(key_hash, n)`` from the key selector; the exchange then puts
+channel c in Spark partition c exactly (``partitioners.spark_exact``).
+
+Everything here is shipped to executors and must be picklable: user functions
+too (plain functions and lambdas are, through cloudpickle).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ftlayer.config import FTConfig
+from ftlayer.ids import child_id
+from ftlayer.keyhash import NO_KEY_HASH, key_hash
+from ftlayer.layer import FTLayer
+from runtime.graph import Op
+from runtime.spark.handlers import CARRIER, FTHandler, Row, handler_for
+from serialization.payload import pack_payload, unpack_payload
+
+ROW_SCHEMA = "src int, sid long, cid long, origin long, key_hash long, channel int, payload binary, delta long"
+ROW_COLUMNS = ("src", "sid", "cid", "origin", "key_hash", "channel", "payload", "delta")
+
+
+def make_chain(ops: Sequence[Op]) -> Callable[[Any], list[Any]]:
+    """Fuse operators into one function from an input value to its list of outputs."""
+    steps = [(op.kind, op.fn) for op in ops]
+
+    def run(value: Any) -> list[Any]:
+        values = [value]
+        for kind, fn in steps:
+            if kind == "map":
+                values = [fn(v) for v in values]
+            elif kind == "filter":
+                values = [v for v in values if fn(v)]
+            else:
+                values = [o for v in values for o in fn(v)]
+        return values
+
+    return run
+
+
+@dataclass(frozen=True)
+class TaskEnv:
+    """What a task needs to reach the FT layer: picklable config and source names."""
+
+    config: FTConfig
+    topology: str
+    sources: tuple[str, ...]
+    num_channels: int
+    dropped: tuple[Any, ...] = ()  # FT off: one Spark accumulator per source, records FailRecord dropped
+
+    def report(self, handler: FTHandler) -> None:
+        """FT off: add the task's FailRecord drops to the driver's per-source counters."""
+        for src, n in handler.dropped.items():
+            if src < len(self.dropped):
+                self.dropped[src].add(n)
+
+    def layers(self) -> dict[int, FTLayer]:
+        return {
+            i: FTLayer(self.config, self.topology, name, source_id=i, num_channels=self.num_channels)
+            for i, name in enumerate(self.sources)
+        }
+
+    def token(self, stage: str) -> str:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
+        part = ctx.partitionId() if ctx else -1
+        return f"{self.topology}/{batch}/{stage}/p{part}"
+
+
+@dataclass(frozen=True)
+class Fanout:
+    """This stage reads copy ``index`` of a stream consumed by ``copies`` stages.
+
+    Copy j of a record has current id ``child_id(cid, op_id, j)``. The stage
+    reading copy 0 emits all copies (XORs them in and the original out); every
+    stage acks its own copy, so each copy id is XORed exactly twice.
+    """
+
+    op_id: int
+    index: int
+    copies: int
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A compiled stage; ``__call__`` is the mapInArrow function."""
+
+    env: TaskEnv
+    stage_id: int
+    ops: tuple[Op, ...]
+    key: Callable[[Any], Any] | None = None  # set when a keyed edge follows
+    fanout: Fanout | None = None
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        env = self.env
+        handler = handler_for(env.config.ft_on, self.stage_id)
+        chain = make_chain(self.ops)
+        n = env.num_channels
+        key = self.key
+        for rb in batches:
+            rows = decode_rows(rb, handler, self.fanout)
+            yield _to_batch(handler.process(rows, chain), key, n)
+        env.report(handler)
+        if not handler.xors.empty():  # explicit fails only: deltas went downstream
+            handler.flush(env.layers(), env.token(f"st{self.stage_id}"))
+
+
+def _to_batch(outputs: Iterable[Row], key: Callable[[Any], Any] | None, n: int) -> Any:
+    """Encode a stage's outputs as an Arrow batch of rows; fill key hash and channel for a keyed edge.
+
+    A carrier row goes to channel ``sid mod n``: any partition may apply a
+    delta, and this choice is deterministic.
+    """
+    import pyarrow as pa
+
+    src_o: list[int] = []
+    sid_o: list[int] = []
+    cid_o: list[int] = []
+    org_o: list[int] = []
+    kh_o: list[int] = []
+    ch_o: list[int] = []
+    pl_o: list[bytes | None] = []
+    dl_o: list[int] = []
+    for src, sid, cid, origin, value, delta in outputs:
+        src_o.append(src)
+        sid_o.append(sid)
+        cid_o.append(cid)
+        org_o.append(origin)
+        dl_o.append(delta)
+        if value is CARRIER:
+            kh_o.append(NO_KEY_HASH)
+            ch_o.append(sid % n)
+            pl_o.append(None)
+            continue
+        h = key_hash(key(value)) if key is not None else NO_KEY_HASH
+        kh_o.append(h)
+        ch_o.append(h % n)
+        pl_o.append(pack_payload(value))
+    return pa.RecordBatch.from_arrays(
+        [pa.array(src_o, pa.int32()), pa.array(sid_o, pa.int64()), pa.array(cid_o, pa.int64()),
+         pa.array(org_o, pa.int64()), pa.array(kh_o, pa.int64()), pa.array(ch_o, pa.int32()),
+         pa.array(pl_o, pa.binary()), pa.array(dl_o, pa.int64())],
+        names=list(ROW_COLUMNS),
+    )
+
+
+@dataclass(frozen=True)
+class StatefulStage:
+    """``key_by(key).map_with_state(fn)``: ``fn(state, value)`` returns outputs; see runtime.spark.keyed_state.
+
+    Runs right after the keyed exchange, so every record of a key is in this
+    partition. States are saved before the acks are flushed.
+    """
+
+    env: TaskEnv
+    stage_id: int
+    key: Callable[[Any], Any]
+    fn: Callable[[dict[str, Any], Any], Iterable[Any]]
+    state_name: str
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        from runtime.spark.keyed_state import KeyedStateStore
+
+        env = self.env
+        handler = handler_for(env.config.ft_on, self.stage_id)
+        store = KeyedStateStore(env.config, env.topology, self.state_name)
+        key, fn = self.key, self.fn
+
+        def chain(value: Any) -> list[Any]:
+            return list(fn(store.state_for(key(value)), value))
+
+        for rb in batches:
+            rows = list(decode_rows(rb, handler, None))
+            store.load(key(row[4]) for row in rows if row[4] is not CARRIER)
+            yield _to_batch(handler.process(rows, chain), None, env.num_channels)
+        store.save()  # state first: the sink acks a record only after this stage's task ended
+        env.report(handler)
+        if not handler.xors.empty():
+            handler.flush(env.layers(), env.token(f"st{self.stage_id}"))
+
+
+def decode_rows(rb: Any, handler: FTHandler, fanout: Fanout | None) -> Iterator[Row]:
+    """Decode a batch into rows ``(src, sid, cid, origin, value, carried delta)``.
+
+    A null payload decodes to :data:`~runtime.spark.handlers.CARRIER`. With a
+    fan-out, copy ``index`` gets its own current id; only the reader of copy 0
+    keeps the carried deltas and carrier rows (every copy reads the same
+    upstream rows, and each delta must be applied exactly once) and adds the
+    fan-out's own delta (the original out, every copy in).
+    """
+    src, sid, cid, origin, payload, carried = (
+        rb.column(name).to_pylist() for name in ("src", "sid", "cid", "origin", "payload", "delta")
+    )
+    fan = fanout if handler.ft_on else None  # FT off: no copy ids
+    for i in range(len(sid)):
+        c, d, p = cid[i], carried[i], payload[i]
+        if p is None:
+            if fan is None or fan.index == 0:
+                yield src[i], sid[i], 0, origin[i], CARRIER, d
+            continue
+        if fan is not None:
+            copies = [child_id(c, fan.op_id, j) for j in range(fan.copies)]
+            if fan.index == 0:
+                for copy in copies:
+                    d ^= copy
+                d ^= c
+            else:
+                d = 0
+            c = copies[fan.index]
+        yield src[i], sid[i], c, origin[i], unpack_payload(p), d
