@@ -1,12 +1,70 @@
 """ftlayer: record-level at-least-once processing for PySpark Structured Streaming.
 
-The core package holds ids and key hashing, config, the Redis-backed acker,
-persistence, timeouts and replay. ``serialization``, ``partitioners`` and
-``runtime`` are sibling packages of the same distribution.
+The public face, all importable from here::
+
+    from ftlayer import Topology, FTConfig, FailRecord, JsonLinesSink, local_session
+
+The core package (``ftlayer.*``) holds ids and key hashing, config, the frame
+format, the Redis-backed acker, persistence, timeouts and replay; it imports no
+other package of the distribution. The names that live higher up (the topology
+API, the query handle, sinks, the testing helpers, the Spark session helper)
+are resolved by name on first use (PEP 562), so importing the core never loads
+the runtime or Spark.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ftlayer.config import FTConfig
 from ftlayer.errors import FailRecord, FTLayerError
 from ftlayer.ids import RecordId
 
-__all__ = ["FTLayerError", "FailRecord", "RecordId"]
 __version__ = "0.1.0"
+
+# name -> the module that defines it (imported on first access)
+_LAZY: dict[str, str] = {
+    "Topology": "runtime.topology",
+    "Stream": "runtime.topology",
+    "FTQuery": "runtime.query",
+    "ExecutorSink": "runtime.sinks",
+    "CallableSink": "runtime.sinks",
+    "JsonLinesSink": "runtime.sinks",
+    "RedisHashSink": "runtime.sinks",
+    "ForeachBatchSink": "runtime.sinks",
+    "SinkContext": "runtime.sinks",
+    "local_session": "runtime.spark.session",
+}
+
+__all__ = [
+    "CallableSink",
+    "ExecutorSink",
+    "FTConfig",
+    "FTLayerError",
+    "FTQuery",
+    "FailRecord",
+    "ForeachBatchSink",
+    "JsonLinesSink",
+    "RecordId",
+    "RedisHashSink",
+    "SinkContext",
+    "Stream",
+    "Topology",
+    "__version__",
+    "local_session",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        msg = f"module 'ftlayer' has no attribute {name!r}"
+        raise AttributeError(msg)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -24,6 +24,17 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ftlayer.errors import ConfigError
 
+__all__ = [
+    "CONFIG_FILE_ENV",
+    "DEFAULT_CONFIG_FILE",
+    "DURABILITY_MODES",
+    "ENV_PREFIX",
+    "SPARK_PREFIX",
+    "STATUSES",
+    "FTConfig",
+    "mask_url",
+]
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only

@@ -11,6 +11,24 @@ design's FailException).
 
 from __future__ import annotations
 
+__all__ = [
+    "AckerError",
+    "ChannelCountMismatchError",
+    "ConfigError",
+    "DurabilityError",
+    "EmbeddedServerError",
+    "FTLayerError",
+    "FailRecord",
+    "FrameError",
+    "KeyHashError",
+    "LeaseLostError",
+    "PartitioningError",
+    "RedisUnavailableError",
+    "SerializationError",
+    "TopologyError",
+    "UnsupportedTypeError",
+]
+
 
 class FTLayerError(Exception):
     """Root of every error raised by ftlayer."""

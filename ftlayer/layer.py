@@ -25,6 +25,8 @@ from ftlayer.replayer import Replayer, ReplayResult, ReplayRouter
 from ftlayer.rotating_map import ExpiredCallback, RotateResult, RotatingBucketMap
 from ftlayer.store import Clock, SourceStore
 
+__all__ = ["FTLayer"]
+
 
 class FTLayer:
     """Fault-tolerance state of one source of one topology."""

@@ -37,6 +37,8 @@ from ftlayer.layer import FTLayer
 from runtime.testing import FaultLog
 from serialization.payload import unpack_payload
 
+__all__ = ["Report", "check", "dead_letters_of", "default_id"]
+
 IdOf = Callable[[Any], int]
 
 

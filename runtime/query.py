@@ -17,6 +17,8 @@ from ftlayer.service import FTService
 from runtime.driver.ingest import Ingestor
 from runtime.driver.observe import TopologyObservers
 
+__all__ = ["FTProgress", "FTQuery", "Progress"]
+
 
 class Progress(Protocol):
     """What an FTQuery watches: :class:`FTProgress` (FT on) or ``runtime.driver.feed.FeedProgress`` (off)."""

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+__all__ = ["CallableSink", "ExecutorSink", "ForeachBatchSink", "JsonLinesSink", "RedisHashSink", "SinkContext"]
+
 
 @dataclass(frozen=True)
 class SinkContext:

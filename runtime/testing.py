@@ -40,6 +40,8 @@ from typing import Any
 
 from runtime.sinks import JsonLinesSink
 
+__all__ = ["EOF", "Abort", "CollectingSink", "Emit", "FaultLog", "Pause", "ScriptedSource", "default_value", "once"]
+
 
 @dataclass(frozen=True)
 class Emit:

@@ -9,6 +9,8 @@ from typing import Any
 
 from ftlayer.errors import FTLayerError
 
+__all__ = ["local_session"]
+
 
 def local_session(app_name: str, master: str = "local[2,4]") -> Any:
     """A local SparkSession (2 cores, up to 4 attempts per task), quiet logs, Arrow on.

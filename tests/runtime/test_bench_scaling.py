@@ -19,7 +19,7 @@ import redis
 
 from ftlayer.errors import ConfigError, FTLayerError
 from ftlayer.layer import FTLayer
-from runtime import bench_scaling as bs
+from runtime.bench import scaling as bs
 from runtime.bench.plot import MEMORY_PNG, THROUGHPUT_PNG, PlotDependencyError, plot_scaling
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
