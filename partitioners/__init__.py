@@ -2,9 +2,8 @@
 
 - :mod:`partitioners.base`: the interfaces (:class:`Partitioner`,
   :class:`ReplayPartitioner`, :class:`RoutedRecord`).
-- :mod:`partitioners.strategies`: fields, rebalance, shuffle, broadcast, global, forward.
+- :mod:`partitioners.strategies`: fields, rebalance, shuffle, global (a source's ``partitioning=``).
 - :mod:`partitioners.factory`: build one from a strategy name.
-- :mod:`partitioners.plan`: one source with several successors; what is persisted.
 - :mod:`ftlayer.channels`: channel-count validation and the no-rescale policy.
 - :mod:`partitioners.spark_exact`: make channel ``c`` be Spark partition ``c``.
 
@@ -14,12 +13,9 @@
 from ftlayer.channels import check_channel_count
 from partitioners.base import Partitioner, PersistedRoute, ReplayPartitioner, RoutedRecord
 from partitioners.factory import STRATEGIES, partitioner_for, replay_partitioner_for
-from partitioners.plan import SourceRoutingPlan, SuccessorSpec
 from partitioners.spark_exact import exact_repartition, landing_values
 from partitioners.strategies import (
-    BroadcastPartitioner,
     FieldsPartitioner,
-    ForwardPartitioner,
     GlobalPartitioner,
     RebalancePartitioner,
     ShufflePartitioner,
@@ -27,9 +23,7 @@ from partitioners.strategies import (
 
 __all__ = [
     "STRATEGIES",
-    "BroadcastPartitioner",
     "FieldsPartitioner",
-    "ForwardPartitioner",
     "GlobalPartitioner",
     "Partitioner",
     "PersistedRoute",
@@ -37,8 +31,6 @@ __all__ = [
     "ReplayPartitioner",
     "RoutedRecord",
     "ShufflePartitioner",
-    "SourceRoutingPlan",
-    "SuccessorSpec",
     "check_channel_count",
     "exact_repartition",
     "landing_values",

@@ -5,9 +5,7 @@ from __future__ import annotations
 from ftlayer.errors import PartitioningError
 from partitioners.base import Partitioner, ReplayPartitioner
 from partitioners.strategies import (
-    BroadcastPartitioner,
     FieldsPartitioner,
-    ForwardPartitioner,
     GlobalPartitioner,
     RebalancePartitioner,
     ShufflePartitioner,
@@ -19,10 +17,8 @@ _CLASSES: dict[str, type[Partitioner]] = {
         FieldsPartitioner,
         RebalancePartitioner,
         ShufflePartitioner,
-        BroadcastPartitioner,
-        GlobalPartitioner,
-        ForwardPartitioner,
-    )
+            GlobalPartitioner,
+        )
 }
 
 STRATEGIES: tuple[str, ...] = tuple(_CLASSES)

@@ -1,4 +1,4 @@
-"""The six partitioning strategies, each with a live and a replay form.
+"""The partitioning strategies of a source, each with a live and a replay form.
 
 ========== ==================================== ===================================
 strategy   live (:meth:`select`)                replay (:meth:`select_replay`)
@@ -6,9 +6,7 @@ strategy   live (:meth:`select`)                replay (:meth:`select_replay`)
 fields     ``pmod(key_hash, n)``                ``pmod(record.key_hash, n)``: same
 rebalance  round robin from an offset           round robin: any channel, balanced
 shuffle    uniform random                       uniform random
-broadcast  every channel ``0 .. n-1``           every channel
 global     channel 0                            channel 0
-forward    the upstream channel                 ``record.channel``: same
 ========== ==================================== ===================================
 
 ``pmod(key_hash, n)`` is Python's ``%`` on the signed hash, which equals Spark
@@ -24,10 +22,9 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from ftlayer.errors import ChannelCountMismatchError, PartitioningError
-from ftlayer.ids import RecordId, child_id
+from ftlayer.errors import PartitioningError
 from ftlayer.keyhash import key_hash as spark_key_hash
-from partitioners.base import Partitioner, RoutedRecord, describe_record
+from partitioners.base import Partitioner, RoutedRecord
 
 
 def _random_below(n: int) -> int:
@@ -163,38 +160,6 @@ class ShufflePartitioner(Partitioner):
         return [self._draw()]
 
 
-class BroadcastPartitioner(Partitioner):
-    """Every channel. Each copy is its own child record with its own current id.
-
-    The copy sent to channel ``c`` has current id
-    ``child_id(parent_current_id, operator_id, c)`` (see :meth:`child_ids`):
-    deterministic, so a retried task produces (and XORs) the same ids.
-    """
-
-    strategy = "broadcast"
-
-    def select(
-        self, key_hash: int | None = None, upstream_channel: int | None = None
-    ) -> list[int]:
-        """``[0, 1, ..., n - 1]``."""
-        return list(range(self._num_channels))
-
-    def select_replay(self, record: RoutedRecord) -> list[int]:
-        """``[0, 1, ..., n - 1]``."""
-        return list(range(self._num_channels))
-
-    def child_ids(self, parent_current_id: int, operator_id: int) -> list[int]:
-        """Current ids of the ``n`` copies; ``result[c]`` is the copy for channel ``c``."""
-        return [child_id(parent_current_id, operator_id, c) for c in range(self._num_channels)]
-
-    def copies(self, parent: RecordId, operator_id: int) -> list[tuple[int, RecordId]]:
-        """``(channel, RecordId)`` of each copy: same source record id, child current id."""
-        return [
-            (c, RecordId(parent.source_record_id, cid))
-            for c, cid in enumerate(self.child_ids(parent.current_record_id, operator_id))
-        ]
-
-
 class GlobalPartitioner(Partitioner):
     """Everything to channel 0."""
 
@@ -209,51 +174,3 @@ class GlobalPartitioner(Partitioner):
     def select_replay(self, record: RoutedRecord) -> list[int]:
         """``[0]``."""
         return [0]
-
-
-class ForwardPartitioner(Partitioner):
-    """The same channel as the upstream partition (needs equal partition counts).
-
-    Live reads the upstream channel; replay reads ``record.channel``, which the
-    FT layer persists with the record.
-    """
-
-    strategy = "forward"
-
-    def select(
-        self, key_hash: int | None = None, upstream_channel: int | None = None
-    ) -> list[int]:
-        """``[upstream_channel]``; required, and must be in ``[0, n)``."""
-        if upstream_channel is None:
-            msg = "forward partitioner: select() needs the upstream channel (upstream_channel=...)"
-            raise PartitioningError(msg)
-        if not 0 <= upstream_channel < self._num_channels:
-            msg = (
-                f"forward partitioner: upstream channel {upstream_channel} is outside "
-                f"[0, {self._num_channels}); forward needs the successor to have as many "
-                "partitions as its upstream"
-            )
-            raise PartitioningError(msg)
-        return [upstream_channel]
-
-    def select_replay(self, record: RoutedRecord) -> list[int]:
-        """``[record.channel]``.
-
-        Raises :class:`PartitioningError` if the channel was not persisted
-        (``None``) and :class:`ChannelCountMismatchError` if it is outside
-        ``[0, n)`` (the data was written with more channels).
-        """
-        channel = record.channel
-        if channel is None:
-            msg = (
-                f"forward partitioner: cannot replay {describe_record(record)}: its channel "
-                "was not persisted (None), so the original partition is unknown"
-            )
-            raise PartitioningError(msg)
-        if not 0 <= channel < self._num_channels:
-            msg = (
-                f"forward partitioner: {describe_record(record)} was persisted with channel "
-                f"{channel}, outside [0, {self._num_channels}) of this run"
-            )
-            raise ChannelCountMismatchError(msg)
-        return [channel]

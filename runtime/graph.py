@@ -42,6 +42,7 @@ class SourceNode(Node):
     source: Any = None
     key: Callable[[Any], Any] | None = None
     index: int = 0
+    partitioning: str = "rebalance"  # a partitioners.STRATEGIES name: live routing and replay routing
 
 
 @dataclass(eq=False)

@@ -38,6 +38,7 @@ from typing import Any
 from ftlayer.config import FTConfig
 from ftlayer.errors import TopologyError
 from ftlayer.keys import check_name
+from partitioners.factory import STRATEGIES as SOURCE_STRATEGIES
 from runtime.graph import Graph, KeyByNode, Node, OpNode, SinkNode, SourceNode, StateNode, UnionNode
 from runtime.query import FTQuery
 from runtime.sinks import CallableSink, ExecutorSink, ForeachBatchSink
@@ -104,13 +105,43 @@ class Topology:
     def _add(self, cls: type[Node], parents: list[Node], **kw: Any) -> Node:
         return self._graph.add(cls, parents, **kw)
 
-    def source(self, name: str, source: Any, *, key: Callable[[Any], Any] | None = None) -> Stream:
-        """Wrap a user source (iterable, callable, or open/poll/close object); ``key`` routes it."""
+    def source(
+        self,
+        name: str,
+        source: Any,
+        *,
+        key: Callable[[Any], Any] | None = None,
+        partitioning: str | None = None,
+    ) -> Stream:
+        """Wrap a user source (iterable, callable, or open/poll/close object).
+
+        ``partitioning`` picks the channel of each record, live and on replay:
+        ``"fields"`` (``pmod(xxhash64(key(value)), n)``; the default when ``key`` is given),
+        ``"rebalance"`` (round robin; the default without a key), ``"shuffle"`` (uniform random)
+        or ``"global"`` (everything in channel 0). A replay goes where the strategy's replay
+        form sends it: the same channel for ``fields`` and ``global``. Raises
+        :class:`~ftlayer.errors.TopologyError` naming the source for an unknown strategy, for
+        ``"fields"`` without a key, and for a key with another strategy (it would be ignored).
+        """
         check_name("source", name)
         if any(s.name == name for s in self._graph.sources):
             msg = f"topology {self.name!r} already has a source named {name!r}"
             raise TopologyError(msg)
-        node = self._add(SourceNode, [], name=name, source=source, key=key, index=len(self._graph.sources))
+        strategy = partitioning or ("fields" if key is not None else "rebalance")
+        if strategy not in SOURCE_STRATEGIES:
+            known = ", ".join(repr(s) for s in SOURCE_STRATEGIES)
+            msg = f"topology {self.name!r}, source {name!r}: unknown partitioning {strategy!r}; known: {known}"
+            raise TopologyError(msg)
+        if (strategy == "fields") != (key is not None):
+            msg = (
+                f"topology {self.name!r}, source {name!r}: partitioning='fields' needs key=..."
+                if key is None
+                else f"topology {self.name!r}, source {name!r}: key=... is only used by partitioning='fields', "
+                f"not {strategy!r}"
+            )
+            raise TopologyError(msg)
+        node = self._add(SourceNode, [], name=name, source=source, key=key, index=len(self._graph.sources),
+                         partitioning=strategy)
         return Stream(self, node)
 
     def start(

@@ -148,6 +148,7 @@ class Ingestor:
         source: Any,
         *,
         key: KeySelector | None = None,
+        partitioning: str | None = None,
         linger_s: float = 0.02,
     ) -> None:
         dest: BatchDestination = PersistDestination(layer) if isinstance(layer, FTLayer) else layer
@@ -155,7 +156,7 @@ class Ingestor:
         self.source = source
         self.key = key
         self.linger_s = linger_s
-        strategy = "fields" if key is not None else "rebalance"
+        strategy = partitioning or ("fields" if key is not None else "rebalance")
         self.partitioner = partitioner_for(strategy, dest.num_channels)
         self.batch_size = dest.batch_size
         self.max_pending = dest.max_pending

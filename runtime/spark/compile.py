@@ -22,6 +22,7 @@ from ftlayer.connection import resolved
 from ftlayer.errors import TopologyError
 from ftlayer.layer import FTLayer
 from ftlayer.service import FTService
+from partitioners.factory import replay_partitioner_for
 from runtime.driver.feed import Feed, FeedDestination, FeedProgress, FeedServer
 from runtime.driver.ingest import BatchDestination, Ingestor
 from runtime.driver.observe import TopologyObservers
@@ -141,7 +142,8 @@ class Compiler:
             raise TopologyError(msg)
         dests: list[FTLayer | BatchDestination]
         if self.config.ft_on:
-            layers = [FTLayer(self.config, topo.name, s.name, source_id=s.index, num_channels=self.n).open()
+            layers = [FTLayer(self.config, topo.name, s.name, source_id=s.index, num_channels=self.n,
+                              replay_router=replay_partitioner_for(s.partitioning, self.n)).open()
                       for s in topo.sources]
             dests = list(layers)
         else:  # FT off: an in-memory feed per source, served to the feed source over TCP
@@ -158,7 +160,8 @@ class Compiler:
                 progress.observers = TopologyObservers.start(
                     self.spark, layers, self.config, query_name=f"ftlayer-{topo.name}"
                 )
-            ingestors = [Ingestor(d, s.source, key=s.key).start() for d, s in zip(dests, topo.sources, strict=True)]
+            ingestors = [Ingestor(d, s.source, key=s.key, partitioning=s.partitioning).start()
+                         for d, s in zip(dests, topo.sources, strict=True)]
             query = (
                 writer.queryName(f"ftlayer-{topo.name}")
                 .option("checkpointLocation", checkpoint)

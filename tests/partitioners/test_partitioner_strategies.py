@@ -12,14 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ftlayer.errors import ChannelCountMismatchError, FTLayerError, PartitioningError
-from ftlayer.ids import RecordId, child_id
+from ftlayer.errors import FTLayerError, PartitioningError
 from ftlayer.keyhash import key_hash
 from partitioners import (
     STRATEGIES,
-    BroadcastPartitioner,
     FieldsPartitioner,
-    ForwardPartitioner,
     GlobalPartitioner,
     Partitioner,
     PersistedRoute,
@@ -83,75 +80,13 @@ def test_fields_select_many_replay_matches_one_by_one(hashes: list[int], n: int)
     assert many == [p.select_replay(PersistedRoute(h, None)) for h in hashes]
 
 
-# --- forward ------------------------------------------------------------------------------
-
-
-@given(data=st.data(), n=CHANNELS, h=I64)
-def test_forward_replay_goes_to_the_live_channel(data: st.DataObject, n: int, h: int) -> None:
-    upstream = data.draw(st.integers(min_value=0, max_value=n - 1))
-    live = ForwardPartitioner(n).select(upstream_channel=upstream)
-    replay = _replayed("forward", n).select_replay(PersistedRoute(key_hash=h, channel=upstream))
-    assert live == replay == [upstream]
-
-
-def test_forward_replay_without_channel_names_the_record() -> None:
-    class Rec:
-        key_hash = 5
-        channel = None
-        source_id = 3
-        origin_id = 77
-
-    with pytest.raises(PartitioningError, match="forward") as info:
-        ForwardPartitioner(4).select_replay(Rec())
-    assert "origin_id=77" in str(info.value)
-    assert "source_id=3" in str(info.value)
-
-
-def test_forward_replay_with_a_semi_deserialized_record() -> None:
-    frames = pytest.importorskip("ftlayer.frames")
-    rec = frames.SemiDeserializedRecord(
-        source_id=1, record_id=RecordId(11, 12), key_hash=-3, origin_id=99,
-        replay_count=0, payload=b"x", channel=None,
-    )
-    assert ForwardPartitioner(4).select_replay(PersistedRoute(rec.key_hash, 2)) == [2]
-    assert FieldsPartitioner(4).select_replay(rec) == [1]
-    with pytest.raises(PartitioningError, match="origin_id=99"):
-        ForwardPartitioner(4).select_replay(rec)
-
-
-def test_forward_channel_outside_range() -> None:
-    with pytest.raises(ChannelCountMismatchError, match=r"channel 4, outside \[0, 4\)"):
-        ForwardPartitioner(4).select_replay(PersistedRoute(0, 4))
-    with pytest.raises(PartitioningError, match="upstream channel 9"):
-        ForwardPartitioner(4).select(upstream_channel=9)
-    with pytest.raises(PartitioningError, match="upstream_channel"):
-        ForwardPartitioner(4).select()
-
-
-# --- global / broadcast -------------------------------------------------------------------
+# --- global --------------------------------------------------------------------------------
 
 
 @given(n=CHANNELS, h=I64, c=st.none() | st.integers(0, 65534))
-def test_global_and_broadcast_replay_match_live(n: int, h: int, c: int | None) -> None:
+def test_global_replay_matches_live(n: int, h: int, c: int | None) -> None:
     rec = PersistedRoute(h, c)
     assert GlobalPartitioner(n).select() == _replayed("global", n).select_replay(rec) == [0]
-    everything = list(range(n))
-    assert BroadcastPartitioner(n).select() == everything
-    assert _replayed("broadcast", n).select_replay(rec) == everything
-
-
-@given(n=st.integers(1, 64), parent=I64.filter(bool), op=I64, sid=I64.filter(bool))
-def test_broadcast_copies_have_deterministic_distinct_child_ids(
-    n: int, parent: int, op: int, sid: int
-) -> None:
-    p = BroadcastPartitioner(n)
-    ids = p.child_ids(parent, op)
-    assert ids == [child_id(parent, op, c) for c in range(n)]
-    assert ids == pickle.loads(pickle.dumps(p)).child_ids(parent, op)
-    assert len(set(ids)) == n and 0 not in ids
-    copies = p.copies(RecordId(sid, parent), op)
-    assert [c for c, _ in copies] == p.select()
-    assert all(rid == RecordId(sid, ids[c]) for c, rid in copies)
 
 
 # --- rebalance ----------------------------------------------------------------------------
@@ -255,8 +190,8 @@ def test_factory_builds_every_strategy(strategy: str) -> None:
         assert chans and all(0 <= c < 5 for c in chans)
 
 
-def test_factory_knows_six_strategies() -> None:
-    assert set(STRATEGIES) == {"fields", "rebalance", "shuffle", "broadcast", "global", "forward"}
+def test_factory_knows_the_source_strategies() -> None:
+    assert set(STRATEGIES) == {"fields", "rebalance", "shuffle", "global"}
 
 
 @pytest.mark.parametrize("name", ["hash", "Fields", "", "keyBy"])
