@@ -10,9 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,14 +107,3 @@ def _delete_namespace(config: FTConfig) -> None:
     keys = list(client.scan_iter(match=f"{config.namespace}:*", count=1000))
     for i in range(0, len(keys), 500):
         client.delete(*keys[i : i + 500])
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m runtime.cli.chaos <scenario> ...`` (the same as ``ftlayer chaos``)."""
-    from runtime.cli.main import main as cli_main
-
-    return cli_main(["chaos", *(argv if argv is not None else sys.argv[1:])])
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

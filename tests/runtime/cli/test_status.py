@@ -22,7 +22,7 @@ from runtime.cli.main import main
 from runtime.cli.status import rates
 from serialization.serializers import make_record
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _status(capsys: Any, url: str, ns: str, *extra: str) -> tuple[int, str, str]:
