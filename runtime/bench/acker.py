@@ -39,7 +39,7 @@ from ftlayer.layer import FTLayer
 from runtime.driver.progress import TaskProgress
 from serialization.serializers import make_record
 
-RESULTS = Path(__file__).resolve().parent.parent / "docs" / "bench" / "results.json"
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "bench" / "results.json"
 
 
 def _machine() -> dict[str, Any]:
