@@ -20,6 +20,7 @@ import redis
 from ftlayer.acker_table import AckerTable, FlushResult
 from ftlayer.config import FTConfig
 from ftlayer.dead_letters import DeadLetters
+from ftlayer.errors import InvalidIdError
 from ftlayer.ids import new_record_id
 from ftlayer.keyhash import key_hash, pmod
 from ftlayer.persistence import PersistenceLayer
@@ -93,8 +94,17 @@ class FTLayer:
         return self.acker.ack(current_ids, token=token)
 
     def fail(self, source_record_ids: Iterable[int], reason: str = "failed explicitly") -> int:
-        """Fail pending records now (explicit fail); returns how many were still pending."""
-        return self.acker.xor({}, fails=dict.fromkeys(source_record_ids, reason)).failed
+        """Fail pending records now (explicit fail); returns how many were still pending.
+
+        Raises :class:`InvalidIdError` (nothing failed) unless every id is a signed 64-bit integer.
+        """
+        try:
+            fails = dict.fromkeys(source_record_ids, reason)
+        except TypeError as exc:
+            what = type(source_record_ids).__name__
+            msg = f"fail on source {self.store.keys.prefix!r}: expected an iterable of source record ids, got {what}"
+            raise InvalidIdError(msg) from exc
+        return self.acker.xor({}, fails=fails).failed
 
     def on_timeout(self, *, use_lease: bool = False) -> RotateResult:
         """Rotate the timeout buckets once; still-pending records of the expired one fail."""

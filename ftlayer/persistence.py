@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ftlayer.errors import FrameError
+from ftlayer.errors import FrameError, InvalidArgumentError
 from ftlayer.store import SourceStore
 from partitioners.channels import check_channel_count
 from serialization.frames import NO_CHANNEL, SemiDeserializedRecord, SemiDeserializedSerializer
@@ -73,8 +73,19 @@ class PersistenceLayer:
             check_channel_count(recorded, self.num_channels, f"{k.topology}/{k.source}")
 
     def persist(self, records: Sequence[SemiDeserializedRecord]) -> int:
-        """Persist records atomically per chunk; returns how many were new. See module contract."""
-        for rec in records:
+        """Persist records atomically per chunk; returns how many were new. See module contract.
+
+        Every record is checked and encoded before anything is sent: an item that is
+        no :class:`SemiDeserializedRecord` raises :class:`InvalidArgumentError`, a
+        channel out of range :class:`FrameError`, and nothing is written.
+        """
+        for i, rec in enumerate(records):
+            if not isinstance(rec, SemiDeserializedRecord):
+                msg = (
+                    f"persist on source {self.store.keys.prefix!r}: record {i} is a {type(rec).__name__}, "
+                    "expected a SemiDeserializedRecord (see FTLayer.make_record); nothing was persisted"
+                )
+                raise InvalidArgumentError(msg)
             if rec.channel is None or rec.channel == NO_CHANNEL or not 0 <= rec.channel < self.num_channels:
                 msg = (
                     f"record {rec.record_id.source_record_id} of source {rec.source_id} has channel "
