@@ -26,6 +26,7 @@ from ftlayer.keyhash import key_hash, pmod
 from ftlayer.persistence import PersistenceLayer
 from ftlayer.replayer import Replayer, ReplayResult, ReplayRouter
 from ftlayer.rotating_map import ExpiredCallback, RotateResult, RotatingBucketMap
+from ftlayer.server_settings import check_server_settings
 from ftlayer.store import Clock, SourceStore
 from serialization.frames import SemiDeserializedRecord
 from serialization.payload import pack_payload
@@ -59,7 +60,14 @@ class FTLayer:
         self.dead_letters = DeadLetters(self.store)
 
     def open(self) -> FTLayer:
-        """Register the source, or check the channel count its data was written with."""
+        """Check the server's settings, then register the source or check its channel count.
+
+        Raises :class:`EvictionPolicyError` if the server may evict keys, and in
+        'waitaof' mode :class:`DurabilityError` if its AOF cannot confirm an fsync
+        (see ``ftlayer.server_settings``); nothing is written then.
+        """
+        k = self.store.keys
+        check_server_settings(self.store.client, self.config.durability, f"source {k.topology}/{k.source}")
         self.persistence.check_channels()
         return self
 

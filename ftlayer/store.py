@@ -127,20 +127,30 @@ class SourceStore:
             raise AckerError(msg) from exc
 
     def wait_durable(self) -> None:
-        """In 'waitaof' mode, block until the server confirms the AOF fsync of prior writes."""
+        """In 'waitaof' mode, block until the server confirms the local AOF fsync of prior writes.
+
+        Raises :class:`DurabilityError` (never retried here) if the server refuses
+        WAITAOF or does not confirm within ``waitaof_timeout_ms``: the writes
+        reached the server, only their fsync is unconfirmed.
+        """
         if self.config.durability != "waitaof":
             return
+        timeout_ms = self.config.waitaof_timeout_ms
         try:
             local, _ = self.client.execute_command(  # type: ignore[no-untyped-call]
-                "WAITAOF", 1, 0, self.config.waitaof_timeout_ms
+                "WAITAOF", 1, 0, timeout_ms
             )
         except redis.ResponseError as exc:
-            msg = f"WAITAOF refused by the server (is appendonly on?) for {self.keys.prefix!r}: {exc}"
+            msg = (
+                f'durability = "waitaof": the server refused WAITAOF for {self.keys.prefix!r} (it needs '
+                f"Redis >= 7.2 or Valkey with appendonly yes): {exc}"
+            )
             raise DurabilityError(msg) from exc
         if int(local) < 1:
             msg = (
-                f"durability 'waitaof': the server did not fsync its AOF within "
-                f"{self.config.waitaof_timeout_ms} ms for {self.keys.prefix!r}"
+                f'durability = "waitaof": the server did not confirm the AOF fsync of a write to '
+                f"{self.keys.prefix!r} within waitaof_timeout_ms={timeout_ms}; the write reached the "
+                f"server but may be lost if it crashes now (is its disk stalled, or appendfsync no?)"
             )
             raise DurabilityError(msg)
 
