@@ -157,10 +157,7 @@ class AckerTable:
 
     def __init__(self, store: SourceStore) -> None:
         self.store = store
-        cfg = store.config
-        # A token must outlive every retry of its flush while the record can still be
-        # pending: at most timeout * n/(n-1), plus replay time; keep a wide margin.
-        self.token_ttl_ms = int(max(3600.0, 4 * cfg.timeout_s * cfg.num_buckets) * 1000)
+        self.token_ttl_ms = store.token_ttl_ms()
 
     def xor(
         self,

@@ -157,16 +157,21 @@ class DeadLetters:
 
     def add(self, record: SemiDeserializedRecord, reason: str) -> str:
         """Set aside a record that could never be persisted for processing (e.g. its key
-        selector raised), so it is not silently dropped. Returns the entry id."""
-        now = str(self.store.now_ms())
-        entry = self.store.client.xadd(self.store.keys.dlq, {
-            "sid": struct.pack(">q", record.record_id.source_record_id),
-            "failed_ms": now,
-            "dead_ms": now,
-            "reason": reason.encode("utf-8", "replace")[:8192],
-            "frame": _SERIALIZER.encode(record),
-        })
-        self.store.client.hincrby(self.store.keys.stats, "dead_lettered", 1)
+        selector raised), so it is not silently dropped. Returns the entry id.
+
+        Idempotent per ``record.record_id.source_record_id`` (for the token TTL,
+        at least an hour): a retried call, after a lost reply, appends nothing and
+        returns the first call's entry id. A retry must therefore pass the same
+        record, not a new one built from the same value.
+        """
+        k = self.store.keys
+        sid = struct.pack(">q", record.record_id.source_record_id)
+        entry = self.store.run(
+            "DEAD_LETTER",
+            [k.dlq, k.stats, k.token(f"dl:{record.record_id.source_record_id}")],
+            [sid, self.store.now_ms(), reason.encode("utf-8", "replace")[:8192], _SERIALIZER.encode(record),
+             self.store.token_ttl_ms()],
+        )
         return entry.decode() if isinstance(entry, bytes) else str(entry)
 
     def purge(self, entry_ids: Sequence[str]) -> int:

@@ -32,6 +32,7 @@ COUNTERS = (
 OWNER_TAG = "ftlayer"  # the "by" of an owner record that ftlayer wrote
 _SCRIPT_NAMES = (
     "PERSIST", "FLUSH", "ROTATE", "EXPIRE", "REPLAY", "READ_CHANNEL", "LEASE", "RELEASE", "TRIM_DONE", "REQUEUE",
+    "DEAD_LETTER",
 )
 
 
@@ -100,6 +101,15 @@ class SourceStore:
         """KEYS[1..6] of the scripts that change record state."""
         k = self.keys
         return [k.pend, k.gen, k.bcnt, k.failed, k.due, k.stats]
+
+    def token_ttl_ms(self) -> int:
+        """How long a flush token or dead-letter guard is kept.
+
+        It must outlive every retry of its call while the record can still be
+        pending (at most timeout * n/(n-1), plus replay time), so keep a wide margin.
+        """
+        cfg = self.config
+        return int(max(3600.0, 4 * cfg.timeout_s * cfg.num_buckets) * 1000)
 
     def now_ms(self) -> int:
         """The injected clock in whole milliseconds."""

@@ -51,7 +51,7 @@ from ftlayer.ids import new_ids
 from ftlayer.keyhash import NO_KEY_HASH, key_hash
 from ftlayer.layer import FTLayer
 from partitioners.factory import partitioner_for
-from serialization.frames import encode_source_frames
+from serialization.frames import SemiDeserializedRecord, encode_source_frames
 from serialization.payload import pack_payload
 
 log = logging.getLogger(__name__)
@@ -125,6 +125,7 @@ class PersistDestination:
         self.batch_size = layer.config.flush_batch_size
         self.max_pending = layer.config.max_pending
         self.label = layer.store.keys.prefix
+        self._rejecting: tuple[Any, str, SemiDeserializedRecord] | None = None  # a reject being retried
 
     def put(self, payloads: list[bytes], hashes: list[int], channels: list[int]) -> None:
         # hot path: frames straight from the parts; channels come from the source's partitioner
@@ -132,11 +133,19 @@ class PersistDestination:
         self.layer.persistence.persist_frames(frames)
 
     def reject(self, value: Any, reason: str) -> None:
-        try:
-            record = self.layer.make_record(value, channel=0)
-        except SerializationError:  # keep what can be kept: the value's repr
-            record = self.layer.make_record(repr(value)[:MAX_REPR_CHARS], channel=0)
+        # Ingest retries a failed reject with the same value: reuse the record built for it, so
+        # the dead letter's guard (its source record id) matches and nothing is added twice.
+        held = self._rejecting
+        if held is not None and held[0] is value and held[1] == reason:
+            record = held[2]
+        else:
+            try:
+                record = self.layer.make_record(value, channel=0)
+            except SerializationError:  # keep what can be kept: the value's repr
+                record = self.layer.make_record(repr(value)[:MAX_REPR_CHARS], channel=0)
+            self._rejecting = (value, reason, record)
         self.layer.dead_letters.add(record, reason)
+        self._rejecting = None
 
     def pending_count(self) -> int:
         return self.layer.pending_count()
