@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ftlayer.errors import FrameError, FTLayerError
 from ftlayer.ids import RecordId, new_ids
-from ftlayer.keyhash import pmod
+from ftlayer.keyhash import NO_KEY_HASH, pmod
 from ftlayer.store import SourceStore
 from serialization.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 
@@ -114,7 +114,11 @@ def _requeue_chunk(store: SourceStore, ids: list[str], num_channels: int) -> Req
             undecodable.append(eid)
             continue
         old_ch = rec.channel
-        channel = old_ch if old_ch is not None and old_ch < num_channels else pmod(rec.key_hash, num_channels)
+        if rec.key_hash != NO_KEY_HASH or old_ch is None or old_ch >= num_channels:
+            # keyed: where live records of the key go now (the count may have changed after a drain)
+            channel = pmod(rec.key_hash, num_channels)
+        else:
+            channel = old_ch
         new = SemiDeserializedRecord(
             rec.source_id, RecordId(next(fresh), next(fresh)), rec.key_hash, rec.origin_id, 0,
             rec.payload, channel,
@@ -184,9 +188,11 @@ class DeadLetters:
         """Move dead letters back into the stream as fresh source records.
 
         Each requeued record gets a new RecordId and replay count 0 and keeps
-        its origin id, payload, key hash and source id. Its channel is the one
-        it was dead-lettered with if that is below ``num_channels``, else
-        ``pmod(key_hash, num_channels)``. Per server-side call (at most
+        its origin id, payload, key hash and source id. A keyed record goes to
+        ``pmod(key_hash, num_channels)``, where live records of its key go (the
+        count may have changed since, after a drain); a keyless one to the
+        channel it was dead-lettered with if that is below ``num_channels``,
+        else ``pmod(key_hash, num_channels)``. Per server-side call (at most
         ``flush_batch_size`` entries) removing the dead letter and persisting
         the record are one atomic step, so a record is never in both places
         nor in neither; an entry purged or requeued concurrently is skipped.

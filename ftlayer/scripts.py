@@ -326,6 +326,23 @@ redis.call('HINCRBY', KEYS[2], 'dead_lettered', 1)
 return id
 """
 
+RESCALE = r"""
+-- rescale: change the channel count of a drained source.
+-- KEYS: meta, pend, failed, channel streams ch:0 .. ch:<recorded count - 1>
+-- ARGV: recorded count (as read by the caller), new count
+-- Returns: {1, 0, 0} if the count is now the new one; {0, pending, failed} if records
+-- are still in flight (nothing changed); {-1, current count} if the recorded count
+-- changed since the caller read it. On success the old channel streams are emptied
+-- (they can only name completed records; their last ids stay, so readers never go back).
+local cur = redis.call('HGET', KEYS[1], 'num_channels')
+if cur ~= ARGV[1] then return {-1, tonumber(cur or '0')} end
+local pending, failed = redis.call('HLEN', KEYS[2]), redis.call('HLEN', KEYS[3])
+if pending > 0 or failed > 0 then return {0, pending, failed} end
+for i = 4, #KEYS do redis.call('XTRIM', KEYS[i], 'MAXLEN', 0) end
+redis.call('HSET', KEYS[1], 'num_channels', ARGV[2])
+return {1, 0, 0}
+"""
+
 READ_CHANNEL = r"""
 -- read_channel: the records of one channel between two stream ids.
 -- KEYS: channel stream, pend
