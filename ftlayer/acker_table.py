@@ -19,6 +19,14 @@ and out once (when acked). Contract of :meth:`AckerTable.xor`:
   never complete a record early or lose it.
 - **Order-free.** Deltas commute: flushes of different tasks may land in any
   order.
+- **Bad input is refused whole.** Every id and delta must be a signed 64-bit
+  integer and every fail reason a ``str``; otherwise :class:`InvalidIdError`
+  (or :class:`InvalidArgumentError` for a reason) names the first offender and
+  nothing is applied and no token is spent. A flush larger than
+  ``flush_batch_size`` is packed and checked whole before its first chunk is
+  sent, so bad input in a later chunk cannot leave it half applied. (A
+  connection lost between chunks can: the caller's retry with the same token
+  then applies exactly the chunks that are missing.)
 
 Cost: one round trip per ``flush_batch_size`` deltas; server work O(deltas).
 """
@@ -26,10 +34,13 @@ Cost: one round trip per ``flush_batch_size`` deltas; server work O(deltas).
 from __future__ import annotations
 
 import math
+import operator
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+from ftlayer.errors import InvalidArgumentError, InvalidIdError
 from ftlayer.store import SourceStore, unpack_ids
 
 MAX_REASON_BYTES = 8192
@@ -84,15 +95,69 @@ def pack_fails(fails: Mapping[int, str]) -> bytes:
     return b"".join(parts)
 
 
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _is_i64(value: object) -> bool:
+    try:
+        n = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return False
+    return _I64_MIN <= n <= _I64_MAX
+
+
+def bad_id_error(what: str, where: str, value: object) -> InvalidIdError:
+    """The error for an id or delta that is no signed 64-bit integer (shown cut to 80 chars)."""
+    msg = (
+        f"{where}: {what} {value!r:.80} ({type(value).__name__}) is not a signed 64-bit integer "
+        f"(-2**63 <= x < 2**63); nothing was applied"
+    )
+    return InvalidIdError(msg)
+
+
+def check_id(value: object, where: str, what: str = "source record id") -> int:
+    """``value`` as an int if it is a signed 64-bit integer, else :class:`InvalidIdError`."""
+    if not _is_i64(value):
+        raise bad_id_error(what, where, value)
+    return operator.index(value)  # type: ignore[arg-type]
+
+
+def _diagnose(pairs: Iterable[Any], where: str) -> InvalidIdError:
+    """Find the first bad (id, delta) pair; called only once packing has failed (slow path)."""
+    for pair in pairs:
+        try:
+            sid, value = pair
+        except (TypeError, ValueError):
+            return InvalidIdError(
+                f"{where}: {pair!r:.80} is not an (id, delta) pair; nothing was applied"
+            )
+        if not _is_i64(sid):
+            return bad_id_error("source record id", where, sid)
+        if not _is_i64(value):
+            return bad_id_error(f"delta for id {sid}", where, value)
+    return InvalidIdError(f"{where}: deltas could not be packed; nothing was applied")
+
+
+def _checked_fails(fails: Mapping[int, str] | None, where: str) -> dict[int, str]:
+    if fails is None:
+        return {}
+    if not isinstance(fails, Mapping):
+        msg = f"{where}: fails must be a mapping of source record id to reason, got {type(fails).__name__}"
+        raise InvalidArgumentError(msg)
+    for sid, reason in fails.items():
+        check_id(sid, where)
+        if not isinstance(reason, str):
+            msg = f"{where}: fail reason for id {sid} must be a str, got {type(reason).__name__}; nothing was applied"
+            raise InvalidArgumentError(msg)
+    return dict(fails)
+
+
 class AckerTable:
     """XOR ack values of one source's pending records (see the module contract)."""
 
     def __init__(self, store: SourceStore) -> None:
         self.store = store
-        cfg = store.config
-        # A token must outlive every retry of its flush while the record can still be
-        # pending: at most timeout * n/(n-1), plus replay time; keep a wide margin.
-        self.token_ttl_ms = int(max(3600.0, 4 * cfg.timeout_s * cfg.num_buckets) * 1000)
+        self.token_ttl_ms = store.token_ttl_ms()
 
     def xor(
         self,
@@ -107,35 +172,50 @@ class AckerTable:
         than ``flush_batch_size`` go in several calls, each with the token
         suffixed by its chunk number (chunks are deterministic: sorted by id).
         """
-        combined = dict(deltas) if isinstance(deltas, Mapping) else combine_deltas(deltas)
-        if isinstance(deltas, Mapping):
-            combined = {sid: v for sid, v in combined.items() if v}
-        fail_map = dict(fails or {})
-        if not combined and not fail_map:
-            return FlushResult()
+        where = f"flush of source {self.store.keys.prefix!r}"
+        fail_map = _checked_fails(fails, where)
         size = self.store.config.flush_batch_size
-        sids = sorted(combined)
-        chunks = max(1, math.ceil(len(sids) / size))
+        if not isinstance(deltas, (Mapping, list, tuple)):
+            try:  # an iterator is read once here, so a bad pair can still be named below
+                deltas = list(deltas)
+            except TypeError as exc:
+                msg = f"{where}: deltas must be a mapping or pairs of (id, delta), got {type(deltas).__name__}"
+                raise InvalidIdError(msg) from exc
+        try:  # fast path: pack every chunk first; struct refuses any id or delta that is no int64
+            if isinstance(deltas, Mapping):
+                combined = {sid: v for sid, v in deltas.items() if v or not isinstance(v, int)}
+            else:
+                combined = combine_deltas(deltas)
+            sids = sorted(combined)
+            chunks = max(1, math.ceil(len(sids) / size))
+            packed = [
+                pack_deltas({sid: combined[sid] for sid in sids[i * size : (i + 1) * size]})
+                for i in range(chunks)
+            ]
+        except (TypeError, ValueError, struct.error) as exc:
+            raise _diagnose(deltas.items() if isinstance(deltas, Mapping) else deltas, where) from exc
+        if not sids and not fail_map:
+            return FlushResult()
+        # Only now, with every chunk packed and checked, does the first one go out.
         result = FlushResult()
-        for i in range(chunks):
-            part = {sid: combined[sid] for sid in sids[i * size : (i + 1) * size]}
+        for i, blob in enumerate(packed):
             chunk_token = None if token is None else (token if chunks == 1 else f"{token}#{i}")
-            result = result.merge(self._flush(part, fail_map if i == 0 else {}, chunk_token))
+            result = result.merge(self._flush(blob, pack_fails(fail_map) if i == 0 else b"", chunk_token))
         return result
 
     def ack(self, current_ids: Mapping[int, int], *, token: str | None = None) -> FlushResult:
         """Ack records: ``{source_record_id: current_record_id}`` XORed out (a sink's ack)."""
         return self.xor(current_ids, token=token)
 
-    def _flush(self, deltas: Mapping[int, int], fails: Mapping[int, str], token: str | None) -> FlushResult:
+    def _flush(self, deltas: bytes, fails: bytes, token: str | None) -> FlushResult:
         store = self.store
         keys = [*store.state_keys, store.keys.token(token or "-")]
         args = [
             store.keys.prefix,
             "1" if token is not None else "0",
             self.token_ttl_ms,
-            pack_deltas(deltas),
-            pack_fails(fails),
+            deltas,
+            fails,
             store.now_ms(),
             *store.backoff_args(),
         ]
@@ -144,7 +224,8 @@ class AckerTable:
 
     def value(self, source_record_id: int) -> int | None:
         """Current ack value of a pending id (None if not pending). For tests and inspection."""
-        raw: bytes | None = self.store.client.hget(self.store.keys.pend, struct.pack(">q", source_record_id))  # type: ignore[assignment]
+        sid = check_id(source_record_id, f"value of source {self.store.keys.prefix!r}")
+        raw: bytes | None = self.store.client.hget(self.store.keys.pend, struct.pack(">q", sid))  # type: ignore[assignment]
         if raw is None:
             return None
         return int(struct.unpack(">q", raw[:8])[0])

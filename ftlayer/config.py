@@ -102,9 +102,11 @@ class FTConfig:
     durability: str = field(default="everysec", metadata=_doc(
         "'none': no AOF promise; 'everysec': AOF fsynced every second (up to ~1 s of "
         "acknowledged persists can be lost on a server crash); 'waitaof': persist returns "
-        "only after WAITAOF confirms the local fsync."))
+        "only after WAITAOF confirms the local fsync (open() refuses a server with appendonly no "
+        "or appendfsync no; a timeout raises DurabilityError). See docs/guarantees.md."))
     waitaof_timeout_ms: int = field(default=2000, metadata=_doc(
-        "How long persist waits for WAITAOF in 'waitaof' mode, milliseconds (>= 1)."))
+        "How long persist waits for WAITAOF in 'waitaof' mode, milliseconds (>= 1); past it, "
+        "DurabilityError (never retried: ingest stops with it)."))
     flush_batch_size: int = field(default=20_000, metadata=_doc(
         "Most records or XOR deltas sent in one server-side call (1-1000000)."))
     connect_timeout_s: float = field(default=5.0, metadata=_doc(

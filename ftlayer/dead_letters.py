@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from ftlayer.errors import FrameError, FTLayerError
 from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.ids import RecordId, new_ids
-from ftlayer.keyhash import pmod
+from ftlayer.keyhash import NO_KEY_HASH, pmod
 from ftlayer.store import SourceStore
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,11 @@ def _requeue_chunk(store: SourceStore, ids: list[str], num_channels: int) -> Req
             undecodable.append(eid)
             continue
         old_ch = rec.channel
-        channel = old_ch if old_ch is not None and old_ch < num_channels else pmod(rec.key_hash, num_channels)
+        if rec.key_hash != NO_KEY_HASH or old_ch is None or old_ch >= num_channels:
+            # keyed: where live records of the key go now (the count may have changed after a drain)
+            channel = pmod(rec.key_hash, num_channels)
+        else:
+            channel = old_ch
         new = SemiDeserializedRecord(
             rec.source_id, RecordId(next(fresh), next(fresh)), rec.key_hash, rec.origin_id, 0,
             rec.payload, channel,
@@ -157,16 +161,21 @@ class DeadLetters:
 
     def add(self, record: SemiDeserializedRecord, reason: str) -> str:
         """Set aside a record that could never be persisted for processing (e.g. its key
-        selector raised), so it is not silently dropped. Returns the entry id."""
-        now = str(self.store.now_ms())
-        entry = self.store.client.xadd(self.store.keys.dlq, {
-            "sid": struct.pack(">q", record.record_id.source_record_id),
-            "failed_ms": now,
-            "dead_ms": now,
-            "reason": reason.encode("utf-8", "replace")[:8192],
-            "frame": _SERIALIZER.encode(record),
-        })
-        self.store.client.hincrby(self.store.keys.stats, "dead_lettered", 1)
+        selector raised), so it is not silently dropped. Returns the entry id.
+
+        Idempotent per ``record.record_id.source_record_id`` (for the token TTL,
+        at least an hour): a retried call, after a lost reply, appends nothing and
+        returns the first call's entry id. A retry must therefore pass the same
+        record, not a new one built from the same value.
+        """
+        k = self.store.keys
+        sid = struct.pack(">q", record.record_id.source_record_id)
+        entry = self.store.run(
+            "DEAD_LETTER",
+            [k.dlq, k.stats, k.token(f"dl:{record.record_id.source_record_id}")],
+            [sid, self.store.now_ms(), reason.encode("utf-8", "replace")[:8192], _SERIALIZER.encode(record),
+             self.store.token_ttl_ms()],
+        )
         return entry.decode() if isinstance(entry, bytes) else str(entry)
 
     def purge(self, entry_ids: Sequence[str]) -> int:
@@ -179,9 +188,11 @@ class DeadLetters:
         """Move dead letters back into the stream as fresh source records.
 
         Each requeued record gets a new RecordId and replay count 0 and keeps
-        its origin id, payload, key hash and source id. Its channel is the one
-        it was dead-lettered with if that is below ``num_channels``, else
-        ``pmod(key_hash, num_channels)``. Per server-side call (at most
+        its origin id, payload, key hash and source id. A keyed record goes to
+        ``pmod(key_hash, num_channels)``, where live records of its key go (the
+        count may have changed since, after a drain); a keyless one to the
+        channel it was dead-lettered with if that is below ``num_channels``,
+        else ``pmod(key_hash, num_channels)``. Per server-side call (at most
         ``flush_batch_size`` entries) removing the dead letter and persisting
         the record are one atomic step, so a record is never in both places
         nor in neither; an entry purged or requeued concurrently is skipped.

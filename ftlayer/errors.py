@@ -47,7 +47,14 @@ class EmbeddedServerError(FTLayerError, RuntimeError):
 
 
 class DurabilityError(FTLayerError):
-    """Redis did not confirm the durability that the configured mode promises (e.g. WAITAOF timed out)."""
+    """Redis did not confirm the durability that the configured mode promises.
+
+    Raised at open when ``durability = "waitaof"`` meets a server without AOF
+    (``appendonly no``) or with ``appendfsync no``, and by a persist, replay or
+    requeue whose WAITAOF timed out: the write reached the server but its fsync
+    was not confirmed within ``waitaof_timeout_ms``. Ingest stops on it (it is
+    not retried); the message names the option.
+    """
 
 
 class SerializationError(FTLayerError, ValueError):
@@ -68,6 +75,28 @@ class KeyHashError(FTLayerError, TypeError):
 
 class AckerError(FTLayerError):
     """A flush, persist or replay call against the acker state failed or got a malformed reply."""
+
+
+class InvalidArgumentError(FTLayerError, TypeError, ValueError):
+    """A public API call got an argument of the wrong type or out of range; nothing was applied.
+
+    It is both a ``TypeError`` and a ``ValueError`` so callers that catch either keep working.
+    """
+
+
+class InvalidIdError(InvalidArgumentError):
+    """A record id or XOR delta is not a signed 64-bit integer (``-2**63 <= x < 2**63``); nothing was applied."""
+
+
+class ServerSettingsError(FTLayerError):
+    """The Redis server runs with a setting under which ftlayer cannot keep its promises.
+
+    The message names the setting, its value and how to change it.
+    """
+
+
+class EvictionPolicyError(ServerSettingsError):
+    """The server's ``maxmemory-policy`` lets it evict ftlayer keys (anything but ``noeviction``)."""
 
 
 class LeaseLostError(FTLayerError):

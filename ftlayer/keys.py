@@ -30,7 +30,8 @@ key suffix        type    contents
                           replayed, dead_lettered, requeued, late_deltas, duplicate_flushes
 ``meta``          hash    num_channels, format version, created time
 ``lease``         string  owner token of the rotator lease (with PX expiry)
-``tok:<token>``   string  applied flush token (with PX expiry)
+``tok:<token>``   string  applied flush token (with PX expiry); ``tok:dl:<sid>`` holds the
+                          dlq entry id of a record dead-lettered by ingest (retry guard)
 ================  ======  ===============================================================
 
 Namespace-level (no hash tag): ``<namespace>:sources`` (set of ``topology/source``)

@@ -19,10 +19,12 @@ import redis
 from ftlayer.acker_table import AckerTable, FlushResult
 from ftlayer.config import FTConfig
 from ftlayer.dead_letters import DeadLetters
+from ftlayer.errors import InvalidIdError
 from ftlayer.frames import SemiDeserializedRecord
 from ftlayer.persistence import PersistenceLayer
 from ftlayer.replayer import Replayer, ReplayResult, ReplayRouter
 from ftlayer.rotating_map import ExpiredCallback, RotateResult, RotatingBucketMap
+from ftlayer.server_settings import check_server_settings
 from ftlayer.store import Clock, SourceStore
 
 __all__ = ["FTLayer"]
@@ -56,7 +58,14 @@ class FTLayer:
         self.dead_letters = DeadLetters(self.store)
 
     def open(self) -> FTLayer:
-        """Register the source, or check the channel count its data was written with."""
+        """Check the server's settings, then register the source or check its channel count.
+
+        Raises :class:`EvictionPolicyError` if the server may evict keys, and in
+        'waitaof' mode :class:`DurabilityError` if its AOF cannot confirm an fsync
+        (see ``ftlayer.server_settings``); nothing is written then.
+        """
+        k = self.store.keys
+        check_server_settings(self.store.client, self.config.durability, f"source {k.topology}/{k.source}")
         self.persistence.check_channels()
         return self
 
@@ -80,8 +89,17 @@ class FTLayer:
         return self.acker.ack(current_ids, token=token)
 
     def fail(self, source_record_ids: Iterable[int], reason: str = "failed explicitly") -> int:
-        """Fail pending records now (explicit fail); returns how many were still pending."""
-        return self.acker.xor({}, fails=dict.fromkeys(source_record_ids, reason)).failed
+        """Fail pending records now (explicit fail); returns how many were still pending.
+
+        Raises :class:`InvalidIdError` (nothing failed) unless every id is a signed 64-bit integer.
+        """
+        try:
+            fails = dict.fromkeys(source_record_ids, reason)
+        except TypeError as exc:
+            what = type(source_record_ids).__name__
+            msg = f"fail on source {self.store.keys.prefix!r}: expected an iterable of source record ids, got {what}"
+            raise InvalidIdError(msg) from exc
+        return self.acker.xor({}, fails=fails).failed
 
     def on_timeout(self, *, use_lease: bool = False) -> RotateResult:
         """Rotate the timeout buckets once; still-pending records of the expired one fail."""

@@ -19,15 +19,17 @@ trimmed with :meth:`trim` once Spark has committed a range.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ftlayer.channels import check_channel_count
-from ftlayer.errors import FrameError
+from ftlayer.errors import ChannelCountMismatchError, FrameError, InvalidArgumentError
 from ftlayer.frames import NO_CHANNEL, SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.store import SourceStore
 
 _SERIALIZER = SemiDeserializedSerializer()
+log = logging.getLogger(__name__)
 
 
 PEND_PREFIX = 12  # a `pend` value is ack (8) | bucket gen (4) | frame
@@ -64,17 +66,50 @@ class PersistenceLayer:
         self.num_channels = num_channels
 
     def check_channels(self) -> None:
-        """Refuse to run against data written with another channel count; register if new."""
-        recorded = self.store.recorded_channels()
-        if recorded is None:
-            self.store.register(self.num_channels)
-        else:
-            k = self.store.keys
-            check_channel_count(recorded, self.num_channels, f"{k.topology}/{k.source}")
+        """Register a new source, or match the channel count its data was written with.
+
+        A different count is taken over only if the source is drained (nothing
+        pending, nothing waiting for replay; dead letters do not count): the
+        recorded count is changed and the old channel streams are emptied, in one
+        server-side step. Otherwise :class:`ChannelCountMismatchError` names both
+        counts and what is still in flight. Run this only once the query that
+        used the old count has stopped; Spark needs a new checkpoint, since a
+        checkpoint's offsets name the old channels.
+        """
+        k = self.store.keys
+        for _ in range(3):  # a concurrent change of the recorded count: read it again
+            recorded = self.store.recorded_channels()
+            if recorded is None:
+                self.store.register(self.num_channels)
+                return
+            if recorded == self.num_channels:
+                return
+            keys = [k.meta, k.pend, k.failed, *(k.channel(c) for c in range(recorded))]
+            reply = self.store.run("RESCALE", keys, [recorded, self.num_channels])
+            if int(reply[0]) == 1:
+                log.warning("source %s/%s: channel count changed from %d to %d (the source was drained)",
+                            k.topology, k.source, recorded, self.num_channels)
+                return
+            if int(reply[0]) == 0:
+                check_channel_count(recorded, self.num_channels, f"{k.topology}/{k.source}",
+                                    pending=int(reply[1]), failed=int(reply[2]))
+        msg = f"source {k.topology}/{k.source}: its recorded channel count keeps changing; is another driver running?"
+        raise ChannelCountMismatchError(msg)
 
     def persist(self, records: Sequence[SemiDeserializedRecord]) -> int:
-        """Persist records atomically per chunk; returns how many were new. See module contract."""
-        for rec in records:
+        """Persist records atomically per chunk; returns how many were new. See module contract.
+
+        Every record is checked and encoded before anything is sent: an item that is
+        no :class:`SemiDeserializedRecord` raises :class:`InvalidArgumentError`, a
+        channel out of range :class:`FrameError`, and nothing is written.
+        """
+        for i, rec in enumerate(records):
+            if not isinstance(rec, SemiDeserializedRecord):
+                msg = (
+                    f"persist on source {self.store.keys.prefix!r}: record {i} is a {type(rec).__name__}, "
+                    "expected a SemiDeserializedRecord (see FTLayer.make_record); nothing was persisted"
+                )
+                raise InvalidArgumentError(msg)
             if rec.channel is None or rec.channel == NO_CHANNEL or not 0 <= rec.channel < self.num_channels:
                 msg = (
                     f"record {rec.record_id.source_record_id} of source {rec.source_id} has channel "

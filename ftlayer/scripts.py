@@ -311,6 +311,38 @@ return {replayed, dead_n}
 """
 )
 
+DEAD_LETTER = r"""
+-- dead_letter: set aside one record that never became pending, at most once.
+-- KEYS: dlq, stats, guard key (tok:dl:<source_record_id>)
+-- ARGV: source_record_id (8 bytes), now ms, reason, frame, guard ttl ms
+-- Returns: the dlq entry id. A retried call (the guard exists) appends nothing and
+-- returns the entry id of the call that did, so a lost reply cannot add a second entry.
+local prev = redis.call('GET', KEYS[3])
+if prev then return prev end
+local id = redis.call('XADD', KEYS[1], '*', 'sid', ARGV[1], 'failed_ms', ARGV[2], 'dead_ms', ARGV[2],
+  'reason', ARGV[3], 'frame', ARGV[4])
+redis.call('SET', KEYS[3], id, 'PX', ARGV[5])
+redis.call('HINCRBY', KEYS[2], 'dead_lettered', 1)
+return id
+"""
+
+RESCALE = r"""
+-- rescale: change the channel count of a drained source.
+-- KEYS: meta, pend, failed, channel streams ch:0 .. ch:<recorded count - 1>
+-- ARGV: recorded count (as read by the caller), new count
+-- Returns: {1, 0, 0} if the count is now the new one; {0, pending, failed} if records
+-- are still in flight (nothing changed); {-1, current count} if the recorded count
+-- changed since the caller read it. On success the old channel streams are emptied
+-- (they can only name completed records; their last ids stay, so readers never go back).
+local cur = redis.call('HGET', KEYS[1], 'num_channels')
+if cur ~= ARGV[1] then return {-1, tonumber(cur or '0')} end
+local pending, failed = redis.call('HLEN', KEYS[2]), redis.call('HLEN', KEYS[3])
+if pending > 0 or failed > 0 then return {0, pending, failed} end
+for i = 4, #KEYS do redis.call('XTRIM', KEYS[i], 'MAXLEN', 0) end
+redis.call('HSET', KEYS[1], 'num_channels', ARGV[2])
+return {1, 0, 0}
+"""
+
 READ_CHANNEL = r"""
 -- read_channel: the records of one channel between two stream ids.
 -- KEYS: channel stream, pend

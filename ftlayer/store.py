@@ -32,6 +32,7 @@ COUNTERS = (
 OWNER_TAG = "ftlayer"  # the "by" of an owner record that ftlayer wrote
 _SCRIPT_NAMES = (
     "PERSIST", "FLUSH", "ROTATE", "EXPIRE", "REPLAY", "READ_CHANNEL", "LEASE", "RELEASE", "TRIM_DONE", "REQUEUE",
+    "DEAD_LETTER", "RESCALE",
 )
 
 
@@ -101,6 +102,15 @@ class SourceStore:
         k = self.keys
         return [k.pend, k.gen, k.bcnt, k.failed, k.due, k.stats]
 
+    def token_ttl_ms(self) -> int:
+        """How long a flush token or dead-letter guard is kept.
+
+        It must outlive every retry of its call while the record can still be
+        pending (at most timeout * n/(n-1), plus replay time), so keep a wide margin.
+        """
+        cfg = self.config
+        return int(max(3600.0, 4 * cfg.timeout_s * cfg.num_buckets) * 1000)
+
     def now_ms(self) -> int:
         """The injected clock in whole milliseconds."""
         return int(self.clock() * 1000)
@@ -127,20 +137,30 @@ class SourceStore:
             raise AckerError(msg) from exc
 
     def wait_durable(self) -> None:
-        """In 'waitaof' mode, block until the server confirms the AOF fsync of prior writes."""
+        """In 'waitaof' mode, block until the server confirms the local AOF fsync of prior writes.
+
+        Raises :class:`DurabilityError` (never retried here) if the server refuses
+        WAITAOF or does not confirm within ``waitaof_timeout_ms``: the writes
+        reached the server, only their fsync is unconfirmed.
+        """
         if self.config.durability != "waitaof":
             return
+        timeout_ms = self.config.waitaof_timeout_ms
         try:
             local, _ = self.client.execute_command(  # type: ignore[no-untyped-call]
-                "WAITAOF", 1, 0, self.config.waitaof_timeout_ms
+                "WAITAOF", 1, 0, timeout_ms
             )
         except redis.ResponseError as exc:
-            msg = f"WAITAOF refused by the server (is appendonly on?) for {self.keys.prefix!r}: {exc}"
+            msg = (
+                f'durability = "waitaof": the server refused WAITAOF for {self.keys.prefix!r} (it needs '
+                f"Redis >= 7.2 or Valkey with appendonly yes): {exc}"
+            )
             raise DurabilityError(msg) from exc
         if int(local) < 1:
             msg = (
-                f"durability 'waitaof': the server did not fsync its AOF within "
-                f"{self.config.waitaof_timeout_ms} ms for {self.keys.prefix!r}"
+                f'durability = "waitaof": the server did not confirm the AOF fsync of a write to '
+                f"{self.keys.prefix!r} within waitaof_timeout_ms={timeout_ms}; the write reached the "
+                f"server but may be lost if it crashes now (is its disk stalled, or appendfsync no?)"
             )
             raise DurabilityError(msg)
 

@@ -17,7 +17,11 @@ records are pending, the thread waits, so a fast source cannot flood Redis.
 
 Contract on errors: an exception from the user source stops ingest and is kept
 in ``Ingestor.error`` (the query keeps running and drains what was persisted);
-a Redis error is retried with backoff, holding the batch, so nothing read from
+a :class:`~ftlayer.errors.DurabilityError` (a WAITAOF that timed out in
+'waitaof' mode: the batch reached the server, its fsync is unconfirmed) stops
+ingest too and is kept in ``Ingestor.error``, never retried, since a retry
+would persist the batch again under new ids; any other Redis error is retried
+with backoff, holding the batch, so nothing read from
 the source is dropped while the process lives, unless ``stop()`` is called
 while Redis is unreachable: the batch held then (at most ``flush_batch_size``
 records, never reported as persisted) is abandoned, logged and counted in
@@ -42,8 +46,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
-from ftlayer.errors import FTLayerError, SerializationError
-from ftlayer.frames import encode_source_frames
+from ftlayer.errors import DurabilityError, FTLayerError, SerializationError
+from ftlayer.frames import SemiDeserializedRecord, encode_source_frames
 from ftlayer.ids import new_ids
 from ftlayer.keyhash import NO_KEY_HASH, key_hash
 from ftlayer.layer import FTLayer
@@ -122,6 +126,7 @@ class PersistDestination:
         self.batch_size = layer.config.flush_batch_size
         self.max_pending = layer.config.max_pending
         self.label = layer.store.keys.prefix
+        self._rejecting: tuple[Any, str, SemiDeserializedRecord] | None = None  # a reject being retried
 
     def put(self, payloads: list[bytes], hashes: list[int], channels: list[int]) -> None:
         # hot path: frames straight from the parts; channels come from the source's partitioner
@@ -129,11 +134,19 @@ class PersistDestination:
         self.layer.persistence.persist_frames(frames)
 
     def reject(self, value: Any, reason: str) -> None:
-        try:
-            record = make_record(self.layer, value, channel=0)
-        except SerializationError:  # keep what can be kept: the value's repr
-            record = make_record(self.layer, repr(value)[:MAX_REPR_CHARS], channel=0)
+        # Ingest retries a failed reject with the same value: reuse the record built for it, so
+        # the dead letter's guard (its source record id) matches and nothing is added twice.
+        held = self._rejecting
+        if held is not None and held[0] is value and held[1] == reason:
+            record = held[2]
+        else:
+            try:
+                record = make_record(self.layer, value, channel=0)
+            except SerializationError:  # keep what can be kept: the value's repr
+                record = make_record(self.layer, repr(value)[:MAX_REPR_CHARS], channel=0)
+            self._rejecting = (value, reason, record)
         self.layer.dead_letters.add(record, reason)
+        self._rejecting = None
 
     def pending_count(self) -> int:
         return self.layer.pending_count()
@@ -209,6 +222,8 @@ class Ingestor:
         while True:
             try:
                 call()
+            except DurabilityError:  # the write reached the server; a retry would persist it again
+                raise
             except FTLayerError:
                 if self._stop.is_set():
                     raise
@@ -252,6 +267,9 @@ class Ingestor:
                     time.sleep(self.linger_s)
                 if self._stop.is_set():
                     break
+        except DurabilityError as exc:
+            self._durability_failed(exc)
+            batch = []  # it reached the server; persisting it again would duplicate it under new ids
         except Exception as exc:  # a broken user source stops ingest, not the query
             self.error = exc
             log.exception("user source of %s failed; ingest stopped", self.destination.label)
@@ -259,11 +277,18 @@ class Ingestor:
             if batch:
                 try:
                     self._persist(batch)
+                except DurabilityError as exc:
+                    self._durability_failed(exc)
                 except FTLayerError:  # stop() during an outage: see the module contract
                     self.abandoned += len(batch)
                     log.exception("ingest of %s stopped while Redis was unreachable: %d records read from the "
                               "source were never persisted", self.destination.label, len(batch))
             self._done.set()
+
+    def _durability_failed(self, exc: DurabilityError) -> None:
+        """'waitaof' unconfirmed: stop and report, never loop (see the module contract)."""
+        self.error = self.error or exc
+        log.error("ingest of %s stopped: %s", self.destination.label, exc)
 
     def start(self) -> Ingestor:
         self._thread = threading.Thread(target=self.run, name="ftlayer-ingest", daemon=True)

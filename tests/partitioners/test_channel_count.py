@@ -1,4 +1,4 @@
-"""The channel-count policy: a mismatch fails clearly, nothing is rescaled."""
+"""The channel-count policy: a mismatch fails clearly and names the way out."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ def test_mismatch_names_source_and_both_counts() -> None:
         check_channel_count(4, 3, "events")
     assert str(info.value) == (
         "source 'events' was persisted with 4 channels but this run uses 3; "
-        "restart with num_channels=4 or drain the source first"
+        "restart with num_channels=4, or drain the source first (nothing pending or waiting for "
+        "replay) and then start with num_channels=3 and a new checkpoint"
     )
     assert isinstance(info.value, PartitioningError)
     assert isinstance(info.value, FTLayerError)
