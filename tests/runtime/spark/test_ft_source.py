@@ -310,7 +310,7 @@ def test_channel_count_mismatch_is_refused(layer: FTLayer, ft_config: FTConfig) 
         "source": SRC, "num_channels": "3",
     }
     three = FTSource(options).streamReader(source_schema())
-    layer.persist([layer.make_record(1)])  # in flight: a drained source would take the new count over
+    layer.persist([make_record(layer, 1)])  # in flight: a drained source would take the new count over
     with pytest.raises(Exception, match="2 channels"):
         three.latestOffset(three.initialOffset(), three.getDefaultReadLimit())
 
