@@ -15,9 +15,11 @@ before that is no longer pending and never expires.
 
 Cost: filing is part of the persist call (8 bytes per record in the bucket
 list). ``rotate`` is O(1); scanning an expired bucket is O(records filed in
-it), done in chunks of ``scan_chunks`` persist batches per call so Redis is
-never blocked for long. Buckets are deleted as soon as their last record
-completes, so a drained source has no bucket left.
+it), done in bounded calls (``ftlayer.script_bounds``: at most
+``scan_max_records`` ids, a few MiB of values and about 20 ms each) that the
+caller loops over, so Redis is never blocked for long whatever the backlog.
+Buckets are deleted as soon as their last record completes, so a drained
+source has no bucket left.
 
 Monitoring: each successful rotation also records when the new bucket opened
 (``gtime``: gen -> ms; gen 0 is written when the source registers). The age of
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 import redis
 
 from ftlayer.errors import FTLayerError, LeaseLostError
+from ftlayer.script_bounds import EXPIRE_MAX_RECORDS, SCRIPT_BUDGET_MS, SCRIPT_MAX_BYTES
 from ftlayer.store import SourceStore, unpack_ids
 
 ExpiredCallback = Callable[[list[int]], None]
@@ -64,13 +67,13 @@ class RotatingBucketMap:
         *,
         owner: str | None = None,
         on_expired: ExpiredCallback | None = None,
-        scan_chunks: int = 8,
+        scan_max_records: int = EXPIRE_MAX_RECORDS,
     ) -> None:
         self.store = store
         self.num_buckets = store.config.num_buckets
         self.owner = owner or uuid.uuid4().hex
         self.on_expired = on_expired
-        self.scan_chunks = scan_chunks
+        self.scan_max_records = scan_max_records
 
     def current_gen(self) -> int:
         """Rotations so far (the generation new records are filed under)."""
@@ -129,14 +132,23 @@ class RotatingBucketMap:
             log.warning("could not record the start time of bucket %d of %s: %s", gen, self.store.keys.prefix, exc)
 
     def expire_pending(self) -> list[int]:
-        """Scan queued expired buckets to the end; fail and return still-pending ids."""
+        """Scan queued expired buckets to the end; fail and return still-pending ids.
+
+        One bounded EXPIRE call per chunk (each fails every still-pending id it
+        examines, at most once); ``on_expired`` is called per chunk. If a call
+        fails, the ids of the chunks before it have failed and the rest stays
+        queued: calling this again goes on where it stopped.
+        """
         store = self.store
         out: list[int] = []
         while True:
             blob, queued = store.run(
                 "EXPIRE",
                 [*store.state_keys, store.keys.expq],
-                [store.keys.prefix, store.now_ms(), *store.backoff_args(), self.scan_chunks],
+                [
+                    store.keys.prefix, store.now_ms(), *store.backoff_args(),
+                    self.scan_max_records, SCRIPT_MAX_BYTES, SCRIPT_BUDGET_MS,
+                ],
             )
             ids = unpack_ids(blob or b"")
             if ids and self.on_expired is not None:
