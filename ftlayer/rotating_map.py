@@ -51,11 +51,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RotateResult:
-    """Outcome of one rotation: the new generation and the ids that failed by timeout."""
+    """Outcome of one rotation: the new generation, the ids that failed by timeout, rotations done."""
 
     rotated: bool
     gen: int
     expired: list[int] = field(default_factory=list)
+    steps: int = 0
 
 
 class RotatingBucketMap:
@@ -88,28 +89,45 @@ class RotatingBucketMap:
         """Release the lease if this map holds it (a clean driver shutdown)."""
         return bool(self.store.run("RELEASE", [self.store.keys.lease], [self.owner]))
 
-    def rotate(self, *, use_lease: bool = True, expected_gen: int | None = None) -> RotateResult:
+    def rotate(
+        self,
+        *,
+        use_lease: bool = True,
+        expected_gen: int | None = None,
+        to_gen: int | None = None,
+        expire: bool = True,
+    ) -> RotateResult:
         """Open a new bucket and fail the still-pending records of the expired one.
 
         With ``use_lease`` (the default) the caller must hold the lease, else
         :class:`~ftlayer.errors.LeaseLostError`. With ``expected_gen`` the
         rotation happens only if the current generation equals it (a retry of
         a rotation whose reply was lost does not rotate twice); otherwise the
-        result has ``rotated=False``.
+        result has ``rotated=False``. With ``to_gen`` the map rotates up to
+        that generation in one atomic step (every rotation missed in between,
+        expired buckets queued oldest first), or does nothing if it is already
+        there: calling it again with the same target is a no-op. With
+        ``expire=False`` the expired buckets stay queued for
+        :meth:`expire_pending` (the FT service scans separately, so a failed
+        scan is retried without rotating again).
         """
         k = self.store.keys
-        status, gen, *_ = self.store.run(
+        status, gen, *rest = self.store.run(
             "ROTATE",
             [k.gen, k.lease, k.expq, k.bcnt],
-            [self.owner if use_lease else "", self.num_buckets, "" if expected_gen is None else expected_gen],
+            [
+                self.owner if use_lease else "", self.num_buckets,
+                "" if expected_gen is None else expected_gen, "" if to_gen is None else to_gen,
+            ],
         )
         if int(status) == -1:
             msg = f"rotator {self.owner} does not hold the lease of {k.prefix!r}"
             raise LeaseLostError(msg)
-        if int(status) == -2:
+        if int(status) != 1:
             return RotateResult(False, int(gen))
         self._record_gen_time(int(gen))
-        return RotateResult(True, int(gen), self.expire_pending())
+        steps = int(gen) - int(rest[1])
+        return RotateResult(True, int(gen), self.expire_pending() if expire else [], steps)
 
     def _record_gen_time(self, gen: int) -> None:
         """Best effort: note when bucket ``gen`` opened (``gtime``) and forget old generations.
