@@ -13,7 +13,7 @@
 
 from partitioners.base import Partitioner, PersistedRoute, ReplayPartitioner, RoutedRecord
 from partitioners.channels import check_channel_count
-from partitioners.factory import STRATEGIES, partitioner_for, replay_partitioner_for
+from partitioners.factory import STRATEGIES, partitioner_for, replay_partitioner_for, source_strategy
 from partitioners.plan import SourceRoutingPlan, SuccessorSpec
 from partitioners.spark_exact import exact_repartition, landing_values
 from partitioners.strategies import (
@@ -44,4 +44,5 @@ __all__ = [
     "landing_values",
     "partitioner_for",
     "replay_partitioner_for",
+    "source_strategy",
 ]

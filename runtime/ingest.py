@@ -46,7 +46,7 @@ from ftlayer.errors import FTLayerError, SerializationError
 from ftlayer.ids import new_ids
 from ftlayer.keyhash import NO_KEY_HASH, key_hash
 from ftlayer.layer import FTLayer
-from partitioners.factory import partitioner_for
+from partitioners.factory import partitioner_for, source_strategy
 from serialization.frames import encode_source_frames
 from serialization.payload import pack_payload
 
@@ -154,8 +154,8 @@ class Ingestor:
         self.source = source
         self.key = key
         self.linger_s = linger_s
-        strategy = "fields" if key is not None else "rebalance"
-        self.partitioner = partitioner_for(strategy, dest.num_channels)
+        # the same strategy the FT service replays with (partitioners.factory.source_strategy)
+        self.partitioner = partitioner_for(source_strategy(key is not None), dest.num_channels)
         self.batch_size = dest.batch_size
         self.max_pending = dest.max_pending
         self.ingested = 0

@@ -38,12 +38,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
+
 from ftlayer.config import FTConfig
 from ftlayer.connection import resolved
 from ftlayer.errors import TopologyError
 from ftlayer.keys import check_name
 from ftlayer.layer import FTLayer
 from ftlayer.service import FTService
+from partitioners.factory import replay_partitioner_for, source_strategy
 from runtime.feed import Feed, FeedDestination, FeedProgress, FeedServer
 from runtime.feed_source import feed_host
 from runtime.ingest import BatchDestination, Ingestor
@@ -145,6 +148,22 @@ class Stream:
         if not isinstance(sink, (ExecutorSink, ForeachBatchSink)):
             sink = CallableSink(sink)
         self._topology._add(SinkNode, [self._node], sink=sink)
+
+
+def source_layer(
+    config: FTConfig, topology: str, node: SourceNode, num_channels: int, *, client: redis.Redis | None = None
+) -> FTLayer:
+    """The FTLayer of one source, replaying as the source's ingest routes (not yet opened).
+
+    A keyless source's replays spread round robin over the channels like its
+    live records; a keyed source's go to the channel of their key
+    (:func:`partitioners.factory.source_strategy`).
+    """
+    router = replay_partitioner_for(source_strategy(node.key is not None), num_channels)
+    return FTLayer(
+        config, topology, node.name, source_id=node.index, num_channels=num_channels, replay_router=router,
+        client=client,
+    )
 
 
 class Topology:
@@ -298,8 +317,7 @@ class Compiler:
             raise TopologyError(msg)
         dests: list[FTLayer | BatchDestination]
         if self.config.ft_on:
-            layers = [FTLayer(self.config, topo.name, s.name, source_id=s.index, num_channels=self.n).open()
-                      for s in topo._sources]
+            layers = [source_layer(self.config, topo.name, s, self.n).open() for s in topo._sources]
             dests = list(layers)
         else:  # FT off: an in-memory feed per source, served to the feed source over TCP
             host = feed_host(self.spark)
