@@ -20,6 +20,7 @@ from ftlayer.errors import FrameError, FTLayerError
 from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.ids import RecordId, new_ids
 from ftlayer.keyhash import NO_KEY_HASH, pmod
+from ftlayer.script_bounds import CALL_MAX_RECORDS
 from ftlayer.store import SourceStore
 
 log = logging.getLogger(__name__)
@@ -193,7 +194,7 @@ class DeadLetters:
         count may have changed since, after a drain); a keyless one to the
         channel it was dead-lettered with if that is below ``num_channels``,
         else ``pmod(key_hash, num_channels)``. Per server-side call (at most
-        ``flush_batch_size`` entries) removing the dead letter and persisting
+        ``flush_batch_size`` and ``script_bounds.CALL_MAX_RECORDS`` entries) removing the dead letter and persisting
         the record are one atomic step, so a record is never in both places
         nor in neither; an entry purged or requeued concurrently is skipped.
         In 'waitaof' mode this returns after the AOF fsync. A client retry
@@ -201,7 +202,7 @@ class DeadLetters:
         """
         ids = check_entry_ids(entry_ids)
         result = RequeueResult()
-        size = self.store.config.flush_batch_size
+        size = min(self.store.config.flush_batch_size, CALL_MAX_RECORDS)  # bounded REQUEUE calls
         for i in range(0, len(ids), size):
             step = _requeue_chunk(self.store, ids[i : i + size], num_channels)
             result = RequeueResult(

@@ -1,7 +1,9 @@
 """PersistenceLayer: durable copies of source records, filed for timeout and routing.
 
-``persist(records)`` is one atomic server-side call per ``flush_batch_size``
-records. For each record not yet known it:
+``persist(records)`` is one atomic server-side call per chunk of at most
+``flush_batch_size`` records (and at most ``script_bounds.CALL_MAX_RECORDS``
+records and ``CALL_MAX_BYTES`` bytes, so no call holds the server long). For
+each record not yet known it:
 
 1. stores the frame by source_record_id (``pend``), with ack value = the
    record's current id, since the source emits the record itself once;
@@ -14,18 +16,28 @@ emitted. Persisting the same id again is a no-op, so a client retry is safe.
 
 Channels are read back with :meth:`read_channel` (by stream-id range, so a
 re-run micro-batch reads the same records minus those completed since) and
-trimmed with :meth:`trim` once Spark has committed a range.
+trimmed with :meth:`trim` once Spark has committed a range. A read call is
+bounded by records, bytes and time (``ftlayer.script_bounds``) and returns a
+cursor (stream id and position inside that entry); :meth:`iter_channel` loops
+over the calls and reads a range whole, each record once, in order.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from ftlayer.channels import check_channel_count
 from ftlayer.errors import ChannelCountMismatchError, FrameError, InvalidArgumentError
 from ftlayer.frames import NO_CHANNEL, SemiDeserializedRecord, SemiDeserializedSerializer
+from ftlayer.script_bounds import (
+    READ_MAX_RECORDS,
+    SCRIPT_BUDGET_MS,
+    SCRIPT_MAX_BYTES,
+    TRIM_MAX_RECORDS,
+    split_call,
+)
 from ftlayer.store import SourceStore
 
 _SERIALIZER = SemiDeserializedSerializer()
@@ -35,18 +47,31 @@ log = logging.getLogger(__name__)
 PEND_PREFIX = 12  # a `pend` value is ack (8) | bucket gen (4) | frame
 
 
+def _stream_pos(entry_id: str) -> tuple[float, float]:
+    """Sort key of a stream id; '-' and '+' are the ends."""
+    if entry_id == "-":
+        return (float("-inf"), 0.0)
+    if entry_id == "+":
+        return (float("inf"), 0.0)
+    ms, _, seq = entry_id.partition("-")
+    return (float(ms), float(seq or 0))
+
+
 @dataclass(frozen=True)
 class ChannelBatch:
-    """Records read from one channel, still serialized, and the last stream id read.
+    """Records read from one channel, still serialized, and the cursor where the read stopped.
 
     ``values`` are the records' ``pend`` values: each frame starts at byte
     :data:`PEND_PREFIX` (``runtime.spark.arrow_codec.frames_to_record_batch`` reads
-    them in place with ``prefix=PEND_PREFIX``).
+    them in place with ``prefix=PEND_PREFIX``). The cursor is ``last_id`` (the
+    last stream entry read, '' if none) and ``skip``: 0 if that entry was read
+    whole, else how many of its ids were read (pass both back to go on).
     """
 
     channel: int
     last_id: str
     values: list[bytes]
+    skip: int = 0
 
     @property
     def frames(self) -> list[bytes]:
@@ -123,25 +148,67 @@ class PersistenceLayer:
         size = self.store.config.flush_batch_size
         total = 0
         for i in range(0, len(frames), size):
-            blob = b"".join(frames[i : i + size])
-            count, _gen = self.store.run(
-                "PERSIST", self.store.state_keys, [self.store.keys.prefix, self.num_channels, blob]
-            )
-            total += int(count)
+            for part in split_call(frames[i : i + size]):
+                count, _gen = self.store.run(
+                    "PERSIST", self.store.state_keys, [self.store.keys.prefix, self.num_channels, b"".join(part)]
+                )
+                total += int(count)
         if frames:
             self.store.wait_durable()
         return total
 
     def read_channel(
-        self, channel: int, after: str = "-", until: str = "+", max_entries: int = 10_000
+        self,
+        channel: int,
+        after: str = "-",
+        until: str = "+",
+        max_entries: int = 10_000,
+        *,
+        skip: int = 0,
+        max_records: int = READ_MAX_RECORDS,
+        max_bytes: int = SCRIPT_MAX_BYTES,
     ) -> ChannelBatch:
-        """Records appended to ``channel`` with stream ids in (after, until], still pending."""
+        """One bounded read of the still-pending records with stream ids in (after, until].
+
+        With ``skip`` > 0 the read starts inside entry ``after``, at its
+        ``skip``-th id (a cursor returned by the previous call). At most
+        ``max_entries`` entries, ``max_records`` ids examined and about
+        ``max_bytes`` of values per call (at least one id); the returned cursor
+        says where it stopped. Use :meth:`iter_channel` to read a whole range.
+        """
         k = self.store.keys
         reply = self.store.run(
-            "READ_CHANNEL", [k.channel(channel), k.pend], [after, until, max_entries]
+            "READ_CHANNEL",
+            [k.channel(channel), k.pend],
+            [after, skip, until, max_entries, max_records, max_bytes, SCRIPT_BUDGET_MS],
         )
         last = reply[0].decode() if reply and reply[0] else ""
-        return ChannelBatch(channel, last, list(reply[1:]))
+        return ChannelBatch(channel, last, list(reply[2:]), int(reply[1]))
+
+    def iter_channel(
+        self,
+        channel: int,
+        after: str = "-",
+        until: str = "+",
+        *,
+        max_entries: int = 10_000,
+        max_records: int = READ_MAX_RECORDS,
+        max_bytes: int = SCRIPT_MAX_BYTES,
+    ) -> Iterator[ChannelBatch]:
+        """Every still-pending record of (after, until], in stream order, each once, in bounded calls.
+
+        Yields one batch per server-side call (batches may be empty when a
+        chunk held only completed records).
+        """
+        skip = 0
+        while True:
+            batch = self.read_channel(
+                channel, after, until, max_entries, skip=skip, max_records=max_records, max_bytes=max_bytes
+            )
+            yield batch
+            if not batch.last_id or (not batch.skip and _stream_pos(batch.last_id) >= _stream_pos(until)):
+                return
+            after, skip = batch.last_id, batch.skip
 
     def channel_tail(self, channel: int) -> str:
         """Id of the newest entry of a channel stream ('0-0' if it never had one)."""
@@ -152,17 +219,26 @@ class PersistenceLayer:
         last = info.get("last-generated-id", b"0-0")
         return last.decode() if isinstance(last, bytes) else str(last)
 
-    def trim_done(self, max_entries: int = 256) -> int:
+    def trim_done(self, max_entries: int = 256, max_calls: int = 16) -> int:
         """Drop each channel's head entries whose records are all done; returns entries removed.
 
         Called by the FT service, so a drained source leaves empty channel
-        streams even when no later micro-batch commits the last range.
+        streams even when no later micro-batch commits the last range. Each
+        call examines at most ``max_entries`` entries and ``TRIM_MAX_RECORDS``
+        ids (about 20 ms); up to ``max_calls`` calls per channel, the rest is
+        left for the next time.
         """
         k = self.store.keys
-        return sum(
-            int(self.store.run("TRIM_DONE", [k.channel(c), k.pend], [max_entries]))
-            for c in range(self.num_channels)
-        )
+        removed = 0
+        for c in range(self.num_channels):
+            for _ in range(max_calls):
+                count, more = self.store.run(
+                    "TRIM_DONE", [k.channel(c), k.pend], [max_entries, TRIM_MAX_RECORDS, SCRIPT_BUDGET_MS]
+                )
+                removed += int(count)
+                if not int(more):
+                    break
+        return removed
 
     def trim(self, channel: int, upto: str) -> int:
         """Drop stream entries with id <= ``upto`` (Spark committed them). Returns entries removed.

@@ -27,6 +27,7 @@ from ftlayer.errors import FrameError, PartitioningError
 from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.ids import RecordId, new_ids
 from ftlayer.keyhash import pmod
+from ftlayer.script_bounds import CALL_MAX_BYTES, CALL_MAX_RECORDS
 from ftlayer.store import SourceStore
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,9 @@ class ReplayResult:
     replayed: int = 0
     dead_lettered: int = 0
 
+    def plus(self, other: ReplayResult) -> ReplayResult:
+        return ReplayResult(self.replayed + other.replayed, self.dead_lettered + other.dead_lettered)
+
 
 class Replayer:
     """Replays one source's due failures (see module contract)."""
@@ -119,36 +123,51 @@ class Replayer:
         if not todo:
             return ReplayResult()
         fresh = iter(new_ids(2 * len(todo)))
+        total = ReplayResult()
         replays: list[bytes] = []
         dead: list[bytes] = []
-        for item in todo:
-            old = struct.pack(">q", item.source_record_id)
-            rec = item.record
-            if rec is None:
-                log.error("failed record %d has an undecodable frame; dead-lettering it", item.source_record_id)
-                dead.append(old)
-                continue
-            if rec.replay_count >= cfg.max_replays:
-                dead.append(old)
-                continue
-            channels = self.router.select_replay(rec)
-            if len(channels) != 1 or not 0 <= channels[0] < self.num_channels:
-                msg = (
-                    f"replay partitioner gave channels {channels} for origin record {rec.origin_id}; "
-                    f"a persisted source record is replayed to exactly one channel in "
-                    f"0..{self.num_channels - 1}"
-                )
-                raise PartitioningError(msg)
-            new = rec.replayed(RecordId(next(fresh), next(fresh)), channels[0])
-            replays.append(old + _SERIALIZER.encode(new))
+        size = 0
+        try:
+            for item in todo:
+                old = struct.pack(">q", item.source_record_id)
+                rec = item.record
+                if rec is None:
+                    log.error("failed record %d has an undecodable frame; dead-lettering it", item.source_record_id)
+                    dead.append(old)
+                elif rec.replay_count >= cfg.max_replays:
+                    dead.append(old)
+                else:
+                    channels = self.router.select_replay(rec)
+                    if len(channels) != 1 or not 0 <= channels[0] < self.num_channels:
+                        msg = (
+                            f"replay partitioner gave channels {channels} for origin record {rec.origin_id}; "
+                            f"a persisted source record is replayed to exactly one channel in "
+                            f"0..{self.num_channels - 1}"
+                        )
+                        raise PartitioningError(msg)
+                    new = rec.replayed(RecordId(next(fresh), next(fresh)), channels[0])
+                    replays.append(old + _SERIALIZER.encode(new))
+                    size += len(replays[-1])
+                # bounded calls (ftlayer.script_bounds): a replay storm never holds the server long
+                if len(replays) + len(dead) >= CALL_MAX_RECORDS or size >= CALL_MAX_BYTES:
+                    total = total.plus(self._replay_call(replays, dead))
+                    replays, dead, size = [], [], 0
+            if replays or dead:
+                total = total.plus(self._replay_call(replays, dead))
+        finally:
+            # in 'waitaof' mode every replay persisted, also by a pass cut short, is fsynced before use
+            if total.replayed:
+                self.store.wait_durable()
+        return total
+
+    def _replay_call(self, replays: list[bytes], dead: list[bytes]) -> ReplayResult:
+        """One REPLAY call: re-persist ``replays`` ([old sid][new frame]) and dead-letter ``dead``."""
         k = self.store.keys
         replayed, dead_n = self.store.run(
             "REPLAY",
             [*self.store.state_keys, k.dlq],
             [k.prefix, self.num_channels, b"".join(replays), b"".join(dead), self.store.now_ms()],
         )
-        if replayed:
-            self.store.wait_durable()
         return ReplayResult(int(replayed), int(dead_n))
 
     def replay_all_due(self) -> ReplayResult:

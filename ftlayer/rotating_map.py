@@ -15,9 +15,11 @@ before that is no longer pending and never expires.
 
 Cost: filing is part of the persist call (8 bytes per record in the bucket
 list). ``rotate`` is O(1); scanning an expired bucket is O(records filed in
-it), done in chunks of ``scan_chunks`` persist batches per call so Redis is
-never blocked for long. Buckets are deleted as soon as their last record
-completes, so a drained source has no bucket left.
+it), done in bounded calls (``ftlayer.script_bounds``: at most
+``scan_max_records`` ids, a few MiB of values and about 20 ms each) that the
+caller loops over, so Redis is never blocked for long whatever the backlog.
+Buckets are deleted as soon as their last record completes, so a drained
+source has no bucket left.
 
 Monitoring: each successful rotation also records when the new bucket opened
 (``gtime``: gen -> ms; gen 0 is written when the source registers). The age of
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 import redis
 
 from ftlayer.errors import FTLayerError, LeaseLostError
+from ftlayer.script_bounds import EXPIRE_MAX_RECORDS, SCRIPT_BUDGET_MS, SCRIPT_MAX_BYTES
 from ftlayer.store import SourceStore, unpack_ids
 
 ExpiredCallback = Callable[[list[int]], None]
@@ -48,11 +51,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RotateResult:
-    """Outcome of one rotation: the new generation and the ids that failed by timeout."""
+    """Outcome of one rotation: the new generation, the ids that failed by timeout, rotations done."""
 
     rotated: bool
     gen: int
     expired: list[int] = field(default_factory=list)
+    steps: int = 0
 
 
 class RotatingBucketMap:
@@ -64,13 +68,13 @@ class RotatingBucketMap:
         *,
         owner: str | None = None,
         on_expired: ExpiredCallback | None = None,
-        scan_chunks: int = 8,
+        scan_max_records: int = EXPIRE_MAX_RECORDS,
     ) -> None:
         self.store = store
         self.num_buckets = store.config.num_buckets
         self.owner = owner or uuid.uuid4().hex
         self.on_expired = on_expired
-        self.scan_chunks = scan_chunks
+        self.scan_max_records = scan_max_records
 
     def current_gen(self) -> int:
         """Rotations so far (the generation new records are filed under)."""
@@ -85,28 +89,45 @@ class RotatingBucketMap:
         """Release the lease if this map holds it (a clean driver shutdown)."""
         return bool(self.store.run("RELEASE", [self.store.keys.lease], [self.owner]))
 
-    def rotate(self, *, use_lease: bool = True, expected_gen: int | None = None) -> RotateResult:
+    def rotate(
+        self,
+        *,
+        use_lease: bool = True,
+        expected_gen: int | None = None,
+        to_gen: int | None = None,
+        expire: bool = True,
+    ) -> RotateResult:
         """Open a new bucket and fail the still-pending records of the expired one.
 
         With ``use_lease`` (the default) the caller must hold the lease, else
         :class:`~ftlayer.errors.LeaseLostError`. With ``expected_gen`` the
         rotation happens only if the current generation equals it (a retry of
         a rotation whose reply was lost does not rotate twice); otherwise the
-        result has ``rotated=False``.
+        result has ``rotated=False``. With ``to_gen`` the map rotates up to
+        that generation in one atomic step (every rotation missed in between,
+        expired buckets queued oldest first), or does nothing if it is already
+        there: calling it again with the same target is a no-op. With
+        ``expire=False`` the expired buckets stay queued for
+        :meth:`expire_pending` (the FT service scans separately, so a failed
+        scan is retried without rotating again).
         """
         k = self.store.keys
-        status, gen, *_ = self.store.run(
+        status, gen, *rest = self.store.run(
             "ROTATE",
             [k.gen, k.lease, k.expq, k.bcnt],
-            [self.owner if use_lease else "", self.num_buckets, "" if expected_gen is None else expected_gen],
+            [
+                self.owner if use_lease else "", self.num_buckets,
+                "" if expected_gen is None else expected_gen, "" if to_gen is None else to_gen,
+            ],
         )
         if int(status) == -1:
             msg = f"rotator {self.owner} does not hold the lease of {k.prefix!r}"
             raise LeaseLostError(msg)
-        if int(status) == -2:
+        if int(status) != 1:
             return RotateResult(False, int(gen))
         self._record_gen_time(int(gen))
-        return RotateResult(True, int(gen), self.expire_pending())
+        steps = int(gen) - int(rest[1])
+        return RotateResult(True, int(gen), self.expire_pending() if expire else [], steps)
 
     def _record_gen_time(self, gen: int) -> None:
         """Best effort: note when bucket ``gen`` opened (``gtime``) and forget old generations.
@@ -129,14 +150,23 @@ class RotatingBucketMap:
             log.warning("could not record the start time of bucket %d of %s: %s", gen, self.store.keys.prefix, exc)
 
     def expire_pending(self) -> list[int]:
-        """Scan queued expired buckets to the end; fail and return still-pending ids."""
+        """Scan queued expired buckets to the end; fail and return still-pending ids.
+
+        One bounded EXPIRE call per chunk (each fails every still-pending id it
+        examines, at most once); ``on_expired`` is called per chunk. If a call
+        fails, the ids of the chunks before it have failed and the rest stays
+        queued: calling this again goes on where it stopped.
+        """
         store = self.store
         out: list[int] = []
         while True:
             blob, queued = store.run(
                 "EXPIRE",
                 [*store.state_keys, store.keys.expq],
-                [store.keys.prefix, store.now_ms(), *store.backoff_args(), self.scan_chunks],
+                [
+                    store.keys.prefix, store.now_ms(), *store.backoff_args(),
+                    self.scan_max_records, SCRIPT_MAX_BYTES, SCRIPT_BUDGET_MS,
+                ],
             )
             ids = unpack_ids(blob or b"")
             if ids and self.on_expired is not None:

@@ -106,6 +106,14 @@ local function persist_frames(frames)
 end
 """
 
+# The server's CPU time inside a script. TIME cannot serve: the server freezes it for the
+# whole script. The bounded scripts (see ftlayer.script_bounds) stop once their budget is spent.
+_CLOCK = r"""
+local function clock_ms()
+  return os.clock() * 1000
+end
+"""
+
 _STATE_KEYS = r"""
 local K_PEND, K_GEN, K_BCNT, K_FAILED, K_DUE, K_STATS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local PREFIX = ARGV[1]
@@ -200,56 +208,77 @@ return {1, table.concat(acked), late, failed_n}
 )
 
 ROTATE = r"""
--- rotate: open a new timeout bucket; queue the expired one for scanning.
+-- rotate: open new timeout buckets up to a target generation; queue the expired ones for scanning.
 -- KEYS: gen, lease, expq, bcnt
--- ARGV: owner token ('' = no lease check), num_buckets, expected gen ('' = any)
--- Returns: {1, new gen, expired gen} on success; {-1, gen} if the caller does
--- not hold the lease; {-2, gen} if gen differs from the expected one.
+-- ARGV: owner token ('' = no lease check), num_buckets, expected gen ('' = any),
+--       target gen ('' = current gen + 1)
+-- Returns: {1, new gen, last expired gen, previous gen} on success; {-1, gen} if the caller
+-- does not hold the lease; {-2, gen} if gen differs from the expected one; {0, gen} if gen
+-- already reached the target (a retry whose first reply was lost: nothing happens twice).
+-- Jumping k generations at once is k rotations in one atomic step: the expired
+-- generations are queued oldest first, so missed rotations are caught up in order,
+-- and no record can be filed between them. Only gens >= gen + 1 - num_buckets can
+-- still hold records (older ones were queued by earlier rotations): O(num_buckets).
 local g = tonumber(redis.call('GET', KEYS[1]) or '0')
 if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] then return {-1, g} end
 if ARGV[3] ~= '' and tonumber(ARGV[3]) ~= g then return {-2, g} end
-local ng = g + 1
-redis.call('SET', KEYS[1], ng)
-local e = ng - tonumber(ARGV[2])
-if e >= 0 and redis.call('HEXISTS', KEYS[4], e) == 1 then
-  redis.call('RPUSH', KEYS[3], e)
+local target = g + 1
+if ARGV[4] ~= '' then target = tonumber(ARGV[4]) end
+if target <= g then return {0, g} end
+redis.call('SET', KEYS[1], target)
+local n = tonumber(ARGV[2])
+for e = math.max(0, g + 1 - n), math.min(g, target - n) do
+  if redis.call('HEXISTS', KEYS[4], e) == 1 then redis.call('RPUSH', KEYS[3], e) end
 end
-return {1, ng, e}
+return {1, target, target - n, g}
 """
 
 EXPIRE = (
     r"""
--- expire: fail the still-pending records of expired buckets, a few blobs per call.
+-- expire: fail the still-pending records of expired buckets, in bounded chunks.
 -- KEYS: pend, gen, bcnt, failed, due, stats, expq
 -- ARGV: prefix, now ms, backoff initial ms, backoff multiplier, backoff max ms,
---       max bucket elements to scan in this call
+--       max record ids to examine, max value bytes to move, time budget ms
 -- Returns: {failed sids (packed 8-byte), expired buckets still queued}
 -- A record acked or failed earlier is no longer in pend and is skipped, so a
 -- record that completed never expires. Each record fails at most once.
+-- Bounded: the call stops at the first limit reached (after at least one id) and
+-- pushes the unscanned rest of the bucket blob back to the head of its list, so
+-- the next call goes on at the next id: no id is skipped or scanned twice.
 """
     + _STATE_KEYS
     + _COMMON
+    + _CLOCK
     + r"""
 local now, b_init, b_mult, b_max = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local budget, out = tonumber(ARGV[6]), {}
-while budget > 0 do
+local max_n, max_b, budget = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local t0, n, bytes, out, stop = clock_ms(), 0, 0, {}, false
+while not stop do
   local e = redis.call('LINDEX', KEYS[7], 0)
   if not e then break end
-  local blob = redis.call('LPOP', PREFIX .. 'bkt:' .. e)
+  local bkey = PREFIX .. 'bkt:' .. e
+  local blob = redis.call('LPOP', bkey)
   if not blob then
     redis.call('LPOP', KEYS[7])
     redis.call('HDEL', K_BCNT, e)
   else
-    budget = budget - 1
-    local eg = tonumber(e)
-    for p = 1, #blob - 7, 8 do
+    local eg, p, last = tonumber(e), 1, #blob - 7
+    while p <= last do
       local sid = string.sub(blob, p, p + 7)
+      p, n = p + 8, n + 1
       local v = redis.call('HGET', K_PEND, sid)
       if v and struct.unpack('>I4', v, 9) == eg then
         fail_entry(sid, v, 'timeout', now, b_init, b_mult, b_max)
+        bytes = bytes + #v
         out[#out + 1] = sid
       end
+      if n >= max_n or bytes >= max_b or (n % 64 == 0 and clock_ms() - t0 >= budget) then
+        stop = true
+        break
+      end
     end
+    -- the unscanned rest stays first in the bucket, where the next call starts
+    if p <= last then redis.call('LPUSH', bkey, string.sub(blob, p)) end
   end
 end
 settle_buckets()
@@ -343,38 +372,64 @@ redis.call('HSET', KEYS[1], 'num_channels', ARGV[2])
 return {1, 0, 0}
 """
 
-READ_CHANNEL = r"""
--- read_channel: the records of one channel between two stream ids.
+READ_CHANNEL = (
+    r"""
+-- read_channel: the still-pending records of one channel between two stream positions, bounded.
 -- KEYS: channel stream, pend
--- ARGV: start id (exclusive, '-' = from the beginning), end id (inclusive, '+' = to the end),
---       max stream entries
--- Returns: {last stream id read ('' if none), value, value, ...} where a value is
--- the record's `pend` value (ack 8 | gen 4 | frame): the reader skips the 12-byte
--- prefix, which saves a copy per record here. Ids no longer
--- pending (completed or failed since) are skipped: a re-run batch re-reads
--- exactly the records of its range that still need processing.
-local start = ARGV[1]
-if start ~= '-' then start = '(' .. start end
-local entries = redis.call('XRANGE', KEYS[1], start, ARGV[2], 'COUNT', tonumber(ARGV[3]))
-local out, sids = {''}, {}
-local function take()
-  local vals = redis.call('HMGET', KEYS[2], unpack(sids))
-  for j = 1, #sids do
-    if vals[j] then out[#out + 1] = vals[j] end
+-- ARGV: start id ('-' = from the beginning), ids of the start entry already read
+--       (0 = all of it: the read begins after it; k > 0: it begins at the entry's (k+1)-th id),
+--       end id (inclusive, '+' = to the end), max stream entries, max record ids to examine,
+--       max value bytes to return, time budget ms
+-- Returns: {cursor id ('' if no entry was read), ids of the cursor entry read (0 = all),
+-- value, value, ...} where a value is the record's `pend` value (ack 8 | gen 4 | frame):
+-- the reader skips the 12-byte prefix, which saves a copy per record here. Ids no longer
+-- pending (completed or failed since) are skipped: a re-run batch re-reads exactly the
+-- records of its range that still need processing. The call stops at the first limit
+-- reached (after at least one id); passing the cursor back as the start reads on with the
+-- next id, so a range is read whole, in order, each id once, however it is chunked.
+-- Entries are fetched a few at a time (doubling), so large entries are not copied for nothing.
+"""
+    + _CLOCK
+    + r"""
+local start, skip, last_id = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local max_e, max_n, max_b, budget = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local from = start
+if start == '-' then skip = 0 elseif skip == 0 then from = '(' .. start end
+local t0, out, n, bytes, ents, fetch, done = clock_ms(), {'', 0}, 0, 0, 0, 4, false
+while not done and ents < max_e do
+  local entries = redis.call('XRANGE', KEYS[1], from, last_id, 'COUNT', math.min(fetch, max_e - ents))
+  if #entries == 0 then break end
+  fetch = math.min(fetch * 2, 256)
+  for _, e in ipairs(entries) do
+    ents = ents + 1
+    local ids = e[2][2]
+    local total, pos = math.floor(#ids / 8), 0
+    if skip > 0 and e[1] == start then pos = skip end
+    skip = 0
+    while pos < total do
+      local k, sids = math.min(total - pos, 500, max_n - n), {}
+      for i = pos, pos + k - 1 do sids[#sids + 1] = string.sub(ids, 8 * i + 1, 8 * i + 8) end
+      local vals, used = redis.call('HMGET', KEYS[2], unpack(sids)), k
+      for j = 1, k do
+        local v = vals[j]
+        if v then
+          out[#out + 1] = v
+          bytes = bytes + #v
+          if bytes >= max_b then used = j; break end
+        end
+      end
+      pos, n = pos + used, n + used
+      if n >= max_n or bytes >= max_b or clock_ms() - t0 >= budget then done = true; break end
+    end
+    out[1] = e[1]
+    if pos < total then out[2] = pos else out[2] = 0 end
+    if done then break end
   end
-  sids = {}
+  from = '(' .. out[1]
 end
-for _, e in ipairs(entries) do
-  out[1] = e[1]
-  local ids = e[2][2]
-  for p = 1, #ids - 7, 8 do
-    sids[#sids + 1] = string.sub(ids, p, p + 7)
-    if #sids == 500 then take() end
-  end
-end
-if #sids > 0 then take() end
 return out
 """
+)
 
 LEASE = r"""
 -- lease: acquire or renew the rotator lease.
@@ -445,26 +500,42 @@ return count
 """
 )
 
-TRIM_DONE = r"""
--- trim_done: drop the head of a channel stream whose records are all done.
+TRIM_DONE = (
+    r"""
+-- trim_done: drop the head of a channel stream whose records are all done, bounded.
 -- KEYS: channel stream, pend
--- ARGV: max stream entries to examine
--- Returns: entries removed. Stops at the first entry that still names a pending
--- record. Safe at any time: an entry whose records are all completed or failed
--- would be read as empty anyway (readers skip ids not in pend), and readers
--- address ranges by stream id, which trimming does not change.
-local entries = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', tonumber(ARGV[1]))
-local keep = nil
-for _, e in ipairs(entries) do
-  local sids = e[2][2]
-  for p = 1, #sids - 7, 8 do
-    if redis.call('HEXISTS', KEYS[2], string.sub(sids, p, p + 7)) == 1 then keep = e[1]; break end
-  end
-  if keep then break end
-end
-if keep then return redis.call('XTRIM', KEYS[1], 'MINID', keep) end
-if #entries == 0 then return 0 end
-local last = entries[#entries][1]
-local ms, seq = string.match(last, '(%d+)-(%d+)')
-return redis.call('XTRIM', KEYS[1], 'MINID', ms .. '-' .. (tonumber(seq) + 1))
+-- ARGV: max stream entries to examine, max record ids to examine, time budget ms
+-- Returns: {entries removed, 1 if a limit stopped the call before a pending record or the
+-- end of the stream (call again to go on), else 0}. Stops at the first entry that still
+-- names a pending record. Safe at any time: an entry whose records are all completed or
+-- failed would be read as empty anyway (readers skip ids not in pend), and readers
+-- address ranges by stream id, which trimming does not change. An entry is removed only
+-- once all its ids were checked, so a call cut short removes only whole finished entries.
 """
+    + _CLOCK
+    + r"""
+local max_e, max_n, budget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local t0, n, ents, fetch, from = clock_ms(), 0, 0, 4, '-'
+local done_upto, keep, more = nil, false, 0
+while not keep and ents < max_e do
+  local entries = redis.call('XRANGE', KEYS[1], from, '+', 'COUNT', math.min(fetch, max_e - ents))
+  if #entries == 0 then break end
+  fetch = math.min(fetch * 2, 256)
+  for _, e in ipairs(entries) do
+    local sids = e[2][2]
+    local left = math.floor(#sids / 8)
+    if n > 0 and (n + left > max_n or clock_ms() - t0 >= budget) then more = 1; keep = true; break end
+    for p = 1, #sids - 7, 8 do
+      if redis.call('HEXISTS', KEYS[2], string.sub(sids, p, p + 7)) == 1 then keep = true; break end
+    end
+    if keep then break end
+    n, ents, done_upto = n + left, ents + 1, e[1]
+  end
+  if done_upto then from = '(' .. done_upto end
+end
+if not keep and ents >= max_e then more = 1 end
+if not done_upto then return {0, more} end
+local ms, seq = string.match(done_upto, '(%d+)-(%d+)')
+return {redis.call('XTRIM', KEYS[1], 'MINID', ms .. '-' .. (tonumber(seq) + 1)), more}
+"""
+)

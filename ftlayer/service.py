@@ -14,6 +14,12 @@ Lease hand-over: a driver that dies keeps its lease until the lease TTL
 nobody rotates, so the timeout bound of records filed then stretches by up to
 the TTL. A clean ``stop()`` releases the lease at once.
 
+Faults: rotations follow a fixed schedule per lease and are made by target
+generation (see :meth:`tick`), so a failed or lost rotation or scan never
+causes an extra rotation inside an interval, and rotations missed during an
+outage are caught up in order when Redis answers again; the timeout bound
+then stretches by the outage, never shrinks for records filed on schedule.
+
 The clock is injectable and :meth:`tick` is public, so tests drive rotations
 without sleeping.
 """
@@ -59,7 +65,7 @@ class FTService:
         self.interval_s = cfg.rotation_interval_s
         self.tick_s = tick_s if tick_s is not None else min(0.25, self.interval_s / 4)
         self.lease_ttl_s = lease_ttl_s if lease_ttl_s is not None else max(3 * self.interval_s, 2.0)
-        self._next_rotation: dict[int, float] = {}
+        self._schedule: dict[int, tuple[float, int]] = {}  # source -> (lease taken at, gen then)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rotations = 0
@@ -68,24 +74,37 @@ class FTService:
         self._last_trim: dict[int, float] = {}
 
     def tick(self) -> None:
-        """One pass: renew leases, rotate the sources that are due, replay due failures."""
+        """One pass: renew leases, rotate the sources that are due, scan, replay due failures.
+
+        Rotation schedule: when this service takes a source's lease at time
+        ``t0`` with the source at generation ``g0``, the k-th rotation is due
+        at ``t0 + k * interval`` and brings the source to generation ``g0 + k``.
+        A tick rotates *to* the generation due now (``ROTATE`` with a target:
+        a no-op if it is already there), so a retried or lost call, or a scan
+        that failed after its rotation, never rotates twice inside an
+        interval, and rotations missed while Redis or this thread was down are
+        caught up in one atomic step, oldest expired bucket first. The scan of
+        expired buckets runs on every tick while holding the lease, so a scan
+        that failed resumes on the next tick where it stopped.
+        """
         now = self.clock()
         for i, layer in enumerate(self.layers):
             holds = layer.buckets.acquire_lease(self.lease_ttl_s)
             if holds:
-                due_at = self._next_rotation.setdefault(i, now + self.interval_s)
-                if now >= due_at:
+                if i not in self._schedule:
+                    self._schedule[i] = (now, layer.buckets.current_gen())
+                start, base = self._schedule[i]
+                due = int((now - start) // self.interval_s)
+                if due > 0:
                     try:
-                        # expected_gen: a client retry of a rotation whose reply was lost must not rotate twice
-                        layer.buckets.rotate(use_lease=True, expected_gen=layer.buckets.current_gen())
-                        self.rotations += 1
+                        result = layer.buckets.rotate(use_lease=True, to_gen=base + due, expire=False)
                     except LeaseLostError:
-                        self._next_rotation.pop(i, None)
+                        self._schedule.pop(i, None)
                         continue
-                    # schedule from the previous due time so rotations do not drift
-                    self._next_rotation[i] = max(due_at + self.interval_s, now)
+                    self.rotations += result.steps
+                layer.buckets.expire_pending()
             else:
-                self._next_rotation.pop(i, None)
+                self._schedule.pop(i, None)
             # one bounded replay pass per tick, so a replay storm cannot starve rotation or the lease
             layer.replayer.replay_due()
             # trimming finished head entries is clean-up for a drained source (a running query
@@ -94,14 +113,20 @@ class FTService:
                 layer.persistence.trim_done()
                 self._last_trim[i] = now
 
+    def run_once(self) -> bool:
+        """:meth:`tick`, with a Redis error logged and counted instead of raised; True if it succeeded."""
+        try:
+            self.tick()
+        except (FTLayerError, redis.RedisError):
+            # Redis down or restarting: keep trying; state is in Redis, nothing is lost
+            self.errors += 1
+            log.exception("ftlayer service tick failed; retrying")
+            return False
+        return True
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                self.tick()
-            except (FTLayerError, redis.RedisError):
-                # Redis down or restarting: keep trying; state is in Redis, nothing is lost
-                self.errors += 1
-                log.exception("ftlayer service tick failed; retrying")
+            self.run_once()
             self._stop.wait(self.tick_s)
 
     def start(self) -> FTService:

@@ -12,7 +12,7 @@
 
 from ftlayer.channels import check_channel_count
 from partitioners.base import Partitioner, PersistedRoute, ReplayPartitioner, RoutedRecord
-from partitioners.factory import STRATEGIES, partitioner_for, replay_partitioner_for
+from partitioners.factory import STRATEGIES, partitioner_for, replay_partitioner_for, source_strategy
 from partitioners.spark_exact import exact_repartition, landing_values
 from partitioners.strategies import (
     FieldsPartitioner,
@@ -36,4 +36,5 @@ __all__ = [
     "landing_values",
     "partitioner_for",
     "replay_partitioner_for",
+    "source_strategy",
 ]

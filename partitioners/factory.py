@@ -51,3 +51,14 @@ def replay_partitioner_for(strategy: str, num_channels: int) -> ReplayPartitione
     unknown name, or naming the strategy for a bad ``num_channels``.
     """
     return partitioner_for(strategy, num_channels)
+
+
+def source_strategy(keyed: bool) -> str:
+    """How a source's own records are routed: ``fields`` (by key) if it has a key, else ``rebalance``.
+
+    Ingest routes live records with this strategy's live form and the FT
+    service replays failures with its replay form, so a keyless source's
+    replays spread over every channel round robin, as its live records do,
+    and a keyed source's replays go to the channel of their key.
+    """
+    return "fields" if keyed else "rebalance"

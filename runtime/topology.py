@@ -39,6 +39,7 @@ from ftlayer.config import FTConfig
 from ftlayer.errors import TopologyError
 from ftlayer.keys import check_name
 from partitioners.factory import STRATEGIES as SOURCE_STRATEGIES
+from partitioners.factory import source_strategy
 from runtime.graph import Graph, KeyByNode, Node, OpNode, SinkNode, SourceNode, StateNode, UnionNode
 from runtime.query import FTQuery
 from runtime.sinks import CallableSink, ExecutorSink, ForeachBatchSink
@@ -127,7 +128,7 @@ class Topology:
         if any(s.name == name for s in self._graph.sources):
             msg = f"topology {self.name!r} already has a source named {name!r}"
             raise TopologyError(msg)
-        strategy = partitioning or ("fields" if key is not None else "rebalance")
+        strategy = partitioning or source_strategy(key is not None)
         if strategy not in SOURCE_STRATEGIES:
             known = ", ".join(repr(s) for s in SOURCE_STRATEGIES)
             msg = f"topology {self.name!r}, source {name!r}: unknown partitioning {strategy!r}; known: {known}"

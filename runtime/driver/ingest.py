@@ -51,7 +51,7 @@ from ftlayer.frames import SemiDeserializedRecord, encode_source_frames
 from ftlayer.ids import new_ids
 from ftlayer.keyhash import NO_KEY_HASH, key_hash
 from ftlayer.layer import FTLayer
-from partitioners.factory import partitioner_for
+from partitioners.factory import partitioner_for, source_strategy
 from serialization.payload import pack_payload
 from serialization.serializers import make_record
 
@@ -169,7 +169,7 @@ class Ingestor:
         self.source = source
         self.key = key
         self.linger_s = linger_s
-        strategy = partitioning or ("fields" if key is not None else "rebalance")
+        strategy = partitioning or source_strategy(key is not None)  # as the FT service replays
         self.partitioner = partitioner_for(strategy, dest.num_channels)
         self.batch_size = dest.batch_size
         self.max_pending = dest.max_pending

@@ -18,6 +18,9 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+import redis
+
+from ftlayer.config import FTConfig
 from ftlayer.connection import resolved
 from ftlayer.errors import TopologyError
 from ftlayer.layer import FTLayer
@@ -33,9 +36,25 @@ from runtime.spark.feed_source import feed_host
 from runtime.spark.sink_stage import DriverSinkBatch, SinkStage
 from runtime.spark.stages import ROW_SCHEMA, Fanout, Stage, StatefulStage, TaskEnv
 
-__all__ = ["FANOUT_OP_BASE", "Compiler"]
+__all__ = ["FANOUT_OP_BASE", "Compiler", "source_layer"]
 
 FANOUT_OP_BASE = 1 << 20
+
+
+def source_layer(
+    config: FTConfig, topology: str, node: SourceNode, num_channels: int, *, client: redis.Redis | None = None
+) -> FTLayer:
+    """The FTLayer of one source, replaying as the source's ingest routes (not yet opened).
+
+    The replay router is the replay form of the source's ``partitioning``: a
+    keyless (rebalance) source's replays spread round robin over the channels
+    like its live records; a keyed (fields) source's go to the channel of their key.
+    """
+    router = replay_partitioner_for(node.partitioning, num_channels)
+    return FTLayer(
+        config, topology, node.name, source_id=node.index, num_channels=num_channels, replay_router=router,
+        client=client,
+    )
 
 
 class Compiler:
@@ -142,9 +161,7 @@ class Compiler:
             raise TopologyError(msg)
         dests: list[FTLayer | BatchDestination]
         if self.config.ft_on:
-            layers = [FTLayer(self.config, topo.name, s.name, source_id=s.index, num_channels=self.n,
-                              replay_router=replay_partitioner_for(s.partitioning, self.n)).open()
-                      for s in topo.sources]
+            layers = [source_layer(self.config, topo.name, s, self.n).open() for s in topo.sources]
             dests = list(layers)
         else:  # FT off: an in-memory feed per source, served to the feed source over TCP
             host = feed_host(self.spark)

@@ -398,14 +398,15 @@ class FTStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return
         persistence = self.persistence
         page = self.opts.read_page_entries
+        skip = 0  # ids of entry `after` already read: a read call is bounded and may stop inside an entry
         while True:
             batch = persistence.read_channel(c, after="-" if after == START_ID else after, until=until,
-                                             max_entries=page)
+                                             max_entries=page, skip=skip)
             if batch.values:
                 yield frames_to_record_batch(batch.values, prefix=PEND_PREFIX)
-            if not batch.last_id or compare_ids(batch.last_id, until) >= 0:
+            if not batch.last_id or (not batch.skip and compare_ids(batch.last_id, until) >= 0):
                 return
-            after = batch.last_id
+            after, skip = batch.last_id, batch.skip
             # an entry holds one persist call's ids for this channel (1 to flush_batch_size):
             # steer the page so that one server-side call returns about READ_TARGET_RECORDS
             got = len(batch.values)

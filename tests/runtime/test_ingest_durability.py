@@ -6,12 +6,12 @@ import time
 from pathlib import Path
 
 import redis
-from runtime.ingest import Ingestor
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import DurabilityError
 from ftlayer.layer import FTLayer
 from ftlayer.server import EmbeddedServer
+from runtime.driver.ingest import Ingestor
 
 
 def test_a_waitaof_timeout_stops_ingest_with_the_error_and_persists_nothing_twice(tmp_path: Path) -> None:
