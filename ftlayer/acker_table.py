@@ -28,7 +28,7 @@ and out once (when acked). Contract of :meth:`AckerTable.xor`:
   connection lost between chunks can: the caller's retry with the same token
   then applies exactly the chunks that are missing.)
 
-Cost: one round trip per ``flush_batch_size`` deltas; server work O(deltas).
+Cost: one round trip per ``min(flush_batch_size, FLUSH_MAX_RECORDS)`` deltas; server work O(deltas).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftlayer.errors import InvalidArgumentError, InvalidIdError
+from ftlayer.script_bounds import FLUSH_MAX_RECORDS
 from ftlayer.store import SourceStore, unpack_ids
 
 MAX_REASON_BYTES = 8192
@@ -169,12 +170,12 @@ class AckerTable:
         """Apply XOR deltas (and explicit fails first) for this source; see module contract.
 
         ``deltas`` may repeat an id; repeats are combined first. Batches larger
-        than ``flush_batch_size`` go in several calls, each with the token
+        than ``flush_batch_size`` (or ``script_bounds.FLUSH_MAX_RECORDS``) go in several calls, each with the token
         suffixed by its chunk number (chunks are deterministic: sorted by id).
         """
         where = f"flush of source {self.store.keys.prefix!r}"
         fail_map = _checked_fails(fails, where)
-        size = self.store.config.flush_batch_size
+        size = min(self.store.config.flush_batch_size, FLUSH_MAX_RECORDS)  # bounded Lua time per call
         if not isinstance(deltas, (Mapping, list, tuple)):
             try:  # an iterator is read once here, so a bad pair can still be named below
                 deltas = list(deltas)

@@ -46,6 +46,8 @@ TRIM_MAX_RECORDS = 5_000
 SCRIPT_MAX_BYTES = 4 << 20
 #: Records per persist / replay / requeue call (callers split larger inputs).
 CALL_MAX_RECORDS = 1_000
+#: Deltas per FLUSH call: a sink task's flush of more goes in several calls (FLUSH is ~5 us a delta).
+FLUSH_MAX_RECORDS = 5_000
 #: Frame bytes per persist / replay / requeue call (a single larger frame goes alone).
 CALL_MAX_BYTES = 4 << 20
 

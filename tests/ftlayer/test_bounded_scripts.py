@@ -173,3 +173,18 @@ def test_split_call_keeps_order_and_bounds() -> None:
     assert [x for p in parts for x in p] == items
     assert all(len(p) <= 3 and (len(p) == 1 or sum(map(len, p)) <= 8) for p in parts)
     assert list(split_call([])) == []
+
+
+def test_a_large_flush_is_split_into_bounded_calls(make_layer: Callable[..., FTLayer]) -> None:
+    """20k deltas in one xor(): several FLUSH calls of at most FLUSH_MAX_RECORDS, every record acked."""
+    from ftlayer.script_bounds import FLUSH_MAX_RECORDS
+
+    layer = make_layer()
+    recs = [make_record(layer, i) for i in range(20_000)]
+    layer.persist(recs)
+    client = layer.store.client
+    before = client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    result = layer.ack({r.record_id.source_record_id: r.record_id.current_record_id for r in recs}, token="big")
+    calls = client.info("commandstats")["cmdstat_evalsha"]["calls"] - before
+    assert len(result.acked) == 20_000 and layer.pending_count() == 0
+    assert calls >= 20_000 // FLUSH_MAX_RECORDS, calls
