@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ftlayer.store import SourceStore, unpack_ids
 
 MAX_REASON_BYTES = 8192
+NO_REPLAY_FLAG = 0x8000  # top bit of a fail's reason length (reasons are < 2**15 bytes): dead-letter at once
 
 
 @dataclass(frozen=True)
@@ -75,12 +76,14 @@ def pack_deltas(deltas: Mapping[int, int]) -> bytes:
     return struct.pack(f">{len(flat)}q", *flat)
 
 
-def pack_fails(fails: Mapping[int, str]) -> bytes:
-    """Fails as [sid 8][reason length u16][reason utf-8], reasons cut to 8 KiB."""
+def pack_fails(fails: Mapping[int, str], no_replay: Collection[int] = ()) -> bytes:
+    """Fails as [sid 8][reason length u16][reason utf-8], reasons cut to 8 KiB; the length's
+    top bit (:data:`NO_REPLAY_FLAG`) marks an id in ``no_replay``, to dead-letter without replays."""
     parts: list[bytes] = []
     for sid in sorted(fails):
         reason = fails[sid].encode("utf-8", "replace")[:MAX_REASON_BYTES]
-        parts.append(struct.pack(">qH", sid, len(reason)) + reason)
+        flag = NO_REPLAY_FLAG if sid in no_replay else 0
+        parts.append(struct.pack(">qH", sid, len(reason) | flag) + reason)
     return b"".join(parts)
 
 
@@ -100,8 +103,12 @@ class AckerTable:
         *,
         token: str | None = None,
         fails: Mapping[int, str] | None = None,
+        no_replay: Collection[int] = (),
     ) -> FlushResult:
         """Apply XOR deltas (and explicit fails first) for this source; see module contract.
+
+        Failed ids in ``no_replay`` are due at once and dead-lettered by the
+        replayer without a replay (``FailRecord(..., replay=False)``, corrupt frames).
 
         ``deltas`` may repeat an id; repeats are combined first. Batches larger
         than ``flush_batch_size`` go in several calls, each with the token
@@ -120,14 +127,16 @@ class AckerTable:
         for i in range(chunks):
             part = {sid: combined[sid] for sid in sids[i * size : (i + 1) * size]}
             chunk_token = None if token is None else (token if chunks == 1 else f"{token}#{i}")
-            result = result.merge(self._flush(part, fail_map if i == 0 else {}, chunk_token))
+            result = result.merge(self._flush(part, fail_map if i == 0 else {}, chunk_token, no_replay))
         return result
 
     def ack(self, current_ids: Mapping[int, int], *, token: str | None = None) -> FlushResult:
         """Ack records: ``{source_record_id: current_record_id}`` XORed out (a sink's ack)."""
         return self.xor(current_ids, token=token)
 
-    def _flush(self, deltas: Mapping[int, int], fails: Mapping[int, str], token: str | None) -> FlushResult:
+    def _flush(
+        self, deltas: Mapping[int, int], fails: Mapping[int, str], token: str | None, no_replay: Collection[int] = ()
+    ) -> FlushResult:
         store = self.store
         keys = [*store.state_keys, store.keys.token(token or "-")]
         args = [
@@ -135,7 +144,7 @@ class AckerTable:
             "1" if token is not None else "0",
             self.token_ttl_ms,
             pack_deltas(deltas),
-            pack_fails(fails),
+            pack_fails(fails, no_replay),
             store.now_ms(),
             *store.backoff_args(),
         ]

@@ -51,6 +51,7 @@ from runtime.observe import TopologyObservers
 from runtime.operators import ROW_SCHEMA, Fanout, Op, Stage, StatefulStage, TaskEnv
 from runtime.query import DriverSinkBatch, FTProgress, FTQuery, Progress
 from runtime.sinks import CallableSink, ExecutorSink, ForeachBatchSink, RedisHashSink, SinkStage
+from runtime.topology_checks import check_shape, fn_name
 
 __all__ = ["Compiler", "FTQuery", "Stream", "Topology"]
 
@@ -65,6 +66,10 @@ class Node:
     parents: list[Node]
     consumers: list[Node] = field(default_factory=list)
 
+    def label(self) -> str:
+        """This node's call in a stream's description (runtime.topology_checks.describe)."""
+        return type(self).__name__
+
 
 @dataclass(eq=False)
 class SourceNode(Node):
@@ -73,21 +78,34 @@ class SourceNode(Node):
     key: Callable[[Any], Any] | None = None
     index: int = 0
 
+    def label(self) -> str:
+        return self.name
+
 
 @dataclass(eq=False)
 class OpNode(Node):
     op: Op | None = None
+
+    def label(self) -> str:
+        assert self.op is not None
+        return f"{self.op.kind}({fn_name(self.op.fn)})"
 
 
 @dataclass(eq=False)
 class KeyByNode(Node):
     key: Callable[[Any], Any] | None = None
 
+    def label(self) -> str:
+        return f"key_by({fn_name(self.key)})"
+
 
 @dataclass(eq=False)
 class StateNode(Node):
     fn: Callable[[dict[str, Any], Any], Any] | None = None
     name: str = ""
+
+    def label(self) -> str:
+        return f"map_with_state({fn_name(self.fn)}, name={self.name!r})"
 
 
 @dataclass(eq=False)
@@ -98,6 +116,9 @@ class UnionNode(Node):
 @dataclass(eq=False)
 class SinkNode(Node):
     sink: Any = None
+
+    def label(self) -> str:
+        return f"sink({type(self.sink).__name__})"
 
 
 class Stream:
@@ -148,7 +169,7 @@ class Stream:
 
 
 class Topology:
-    """A named dataflow of FT-wrapped sources, operators and one sink."""
+    """A named dataflow of FT-wrapped sources, operators and one or more sinks."""
 
     def __init__(self, name: str, config: FTConfig | None = None) -> None:
         self.name = check_name("topology", name)
@@ -182,6 +203,19 @@ class Topology:
         self._sources.append(node)
         return Stream(self, node)
 
+    def sinks(self) -> list[SinkNode]:
+        """The sink nodes, once the graph is checked: TopologyError if it has no source or no
+        sink, or a shape that could never complete (see runtime.topology_checks)."""
+        sinks = [n for n in self._nodes if isinstance(n, SinkNode)]
+        if not sinks:
+            msg = f"topology {self.name!r} has no sink"
+            raise TopologyError(msg)
+        if not self._sources:
+            msg = f"topology {self.name!r} has no source"
+            raise TopologyError(msg)
+        check_shape(self.name, self._nodes, sinks)
+        return sinks
+
     def start(
         self,
         spark: Any,
@@ -190,7 +224,13 @@ class Topology:
         trigger_interval_s: float = 0.5,
         max_records_per_batch: int | None = None,
     ) -> FTQuery:
-        """Start ingest, the FT service and the streaming query."""
+        """Start ingest, the FT service and the streaming query.
+
+        Refuses first (TopologyError naming the stream, before anything runs) a
+        graph with no source, no sink, a stream that is never sunk, or a
+        ForeachBatchSink next to another sink (runtime.topology_checks).
+        """
+        self.sinks()
         return Compiler(self, spark).start(checkpoint_location, trigger_interval_s, max_records_per_batch)
 
 
@@ -247,24 +287,28 @@ class Compiler:
             stage = StatefulStage(self.env, self._next_stage(), keyed.key, node.fn, node.name)
             return self.input_df(keyed, node).mapInArrow(stage, ROW_SCHEMA)
         if isinstance(node, UnionNode):
-            dfs = [self.input_df(p, node) for p in node.parents]
+            # s.union(s): each occurrence of a parent is an edge of its own, reading its own copy
+            dfs = [self.input_df(p, node, edge=node.parents[:i].count(p)) for i, p in enumerate(node.parents)]
             return functools.reduce(lambda a, b: a.unionByName(b), dfs)
         msg = f"cannot compile node {node!r}"
         raise TopologyError(msg)
 
-    def fanout(self, parent: Node, consumer: Node) -> Fanout | None:
+    def fanout(self, parent: Node, consumer: Node, edge: int = 0) -> Fanout | None:
+        """The copy that ``consumer`` reads over its ``edge``-th edge from ``parent`` (a union may
+        read one parent several times), or None if ``parent`` has one consumer edge."""
         if len(parent.consumers) <= 1:
             return None
-        return Fanout(FANOUT_OP_BASE + parent.node_id, parent.consumers.index(consumer), len(parent.consumers))
+        index = [i for i, c in enumerate(parent.consumers) if c is consumer][edge]
+        return Fanout(FANOUT_OP_BASE + parent.node_id, index, len(parent.consumers))
 
-    def pass_through(self, parent: Node, consumer: Node, key: Callable[[Any], Any] | None) -> Any:
-        stage = Stage(self.env, self._next_stage(), (), key=key, fanout=self.fanout(parent, consumer))
+    def pass_through(self, parent: Node, consumer: Node, key: Callable[[Any], Any] | None, edge: int = 0) -> Any:
+        stage = Stage(self.env, self._next_stage(), (), key=key, fanout=self.fanout(parent, consumer, edge))
         return self.df_for(parent).mapInArrow(stage, ROW_SCHEMA)
 
-    def input_df(self, parent: Node, consumer: Node) -> Any:
+    def input_df(self, parent: Node, consumer: Node, edge: int = 0) -> Any:
         """The rows ``consumer`` reads from ``parent`` (its own copy if ``parent`` fans out)."""
         if len(parent.consumers) > 1:
-            return self.pass_through(parent, consumer, key=None)
+            return self.pass_through(parent, consumer, key=None, edge=edge)
         return self.df_for(parent)
 
     def chain(self, tail: OpNode) -> tuple[list[Op], Node, Node]:
@@ -289,13 +333,7 @@ class Compiler:
     def start(self, checkpoint: str | None, trigger_s: float, max_records: int | None) -> FTQuery:
         topo = self.topology
         self._max_records = max_records
-        sinks = [n for n in topo._nodes if isinstance(n, SinkNode)]
-        if len(sinks) != 1:
-            msg = f"topology {topo.name!r} needs exactly one sink, has {len(sinks)} (union streams first)"
-            raise TopologyError(msg)
-        if not topo._sources:
-            msg = f"topology {topo.name!r} has no source"
-            raise TopologyError(msg)
+        sinks = topo.sinks()
         dests: list[FTLayer | BatchDestination]
         if self.config.ft_on:
             layers = [FTLayer(self.config, topo.name, s.name, source_id=s.index, num_channels=self.n).open()
@@ -308,7 +346,7 @@ class Compiler:
         progress: Progress = FeedProgress(self._feeds, self.env.dropped)  # FT on: replaced once the service runs
         ingestors: list[Ingestor] = []
         try:
-            writer = self._writer(sinks[0])
+            writer = self._writer(sinks)
             checkpoint = checkpoint or tempfile.mkdtemp(prefix=f"ftlayer-{topo.name}-ckpt-")
             if self.config.ft_on:
                 progress = FTProgress(layers, FTService(layers).start())
@@ -329,19 +367,26 @@ class Compiler:
             raise
         return FTQuery(query, ingestors, progress, checkpoint)
 
-    def _writer(self, sink_node: SinkNode) -> Any:
+    def _writer(self, sink_nodes: list[SinkNode]) -> Any:
+        """The query's writer. Several executor sinks run as sink stages of one query: their
+        one-row outputs are unioned into the ``noop`` writer (a ForeachBatchSink is alone)."""
+        first = sink_nodes[0].sink
+        if isinstance(first, ForeachBatchSink):
+            df = self.input_df(sink_nodes[0].parents[0], sink_nodes[0])
+            return df.writeStream.foreachBatch(DriverSinkBatch(self.env, first))
+        outs = [self._sink_df(s) for s in sink_nodes]
+        return functools.reduce(lambda a, b: a.unionByName(b), outs).writeStream.format("noop")
+
+    def _sink_df(self, sink_node: SinkNode) -> Any:
+        """One executor sink's stage: write, then ack (with the last operators fused in front)."""
         sink = sink_node.sink
         if isinstance(sink, RedisHashSink) and sink.url is None:
             sink.url = resolved(self.config).redis_url  # the user's output server (FT off too)
         parent = sink_node.parents[0]
-        if isinstance(sink, ForeachBatchSink):
-            df = self.input_df(parent, sink_node)
-            return df.writeStream.foreachBatch(DriverSinkBatch(self.env, sink))
         ops: tuple[Op, ...] = ()
         if isinstance(parent, OpNode) and len(parent.consumers) == 1:
             chain, base, top = self.chain(parent)
             if self.fanout(base, top) is None:  # fuse the last operators into the sink stage
                 ops, parent = tuple(chain), base
         df = self.df_for(parent) if ops else self.input_df(parent, sink_node)
-        out = df.mapInArrow(SinkStage(self.env, self._next_stage(), sink, ops), "written long")
-        return out.writeStream.format("noop")
+        return df.mapInArrow(SinkStage(self.env, self._next_stage(), sink, ops), "written long")
