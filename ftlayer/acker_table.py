@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import operator
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,7 @@ from ftlayer.script_bounds import FLUSH_MAX_RECORDS
 from ftlayer.store import SourceStore, unpack_ids
 
 MAX_REASON_BYTES = 8192
+NO_REPLAY_FLAG = 0x8000  # top bit of a fail's reason length (reasons are < 2**15 bytes): dead-letter at once
 
 
 @dataclass(frozen=True)
@@ -87,12 +88,14 @@ def pack_deltas(deltas: Mapping[int, int]) -> bytes:
     return struct.pack(f">{len(flat)}q", *flat)
 
 
-def pack_fails(fails: Mapping[int, str]) -> bytes:
-    """Fails as [sid 8][reason length u16][reason utf-8], reasons cut to 8 KiB."""
+def pack_fails(fails: Mapping[int, str], no_replay: Collection[int] = ()) -> bytes:
+    """Fails as [sid 8][reason length u16][reason utf-8], reasons cut to 8 KiB; the length's
+    top bit (:data:`NO_REPLAY_FLAG`) marks an id in ``no_replay``, to dead-letter without replays."""
     parts: list[bytes] = []
     for sid in sorted(fails):
         reason = fails[sid].encode("utf-8", "replace")[:MAX_REASON_BYTES]
-        parts.append(struct.pack(">qH", sid, len(reason)) + reason)
+        flag = NO_REPLAY_FLAG if sid in no_replay else 0
+        parts.append(struct.pack(">qH", sid, len(reason) | flag) + reason)
     return b"".join(parts)
 
 
@@ -166,8 +169,12 @@ class AckerTable:
         *,
         token: str | None = None,
         fails: Mapping[int, str] | None = None,
+        no_replay: Collection[int] = (),
     ) -> FlushResult:
         """Apply XOR deltas (and explicit fails first) for this source; see module contract.
+
+        Failed ids in ``no_replay`` are due at once and dead-lettered by the
+        replayer without a replay (``FailRecord(..., replay=False)``, corrupt frames).
 
         ``deltas`` may repeat an id; repeats are combined first. Batches larger
         than ``flush_batch_size`` (or ``script_bounds.FLUSH_MAX_RECORDS``) go in several calls, each with the token
@@ -197,11 +204,12 @@ class AckerTable:
             raise _diagnose(deltas.items() if isinstance(deltas, Mapping) else deltas, where) from exc
         if not sids and not fail_map:
             return FlushResult()
+        packed_fails = pack_fails(fail_map, no_replay)
         # Only now, with every chunk packed and checked, does the first one go out.
         result = FlushResult()
         for i, blob in enumerate(packed):
             chunk_token = None if token is None else (token if chunks == 1 else f"{token}#{i}")
-            result = result.merge(self._flush(blob, pack_fails(fail_map) if i == 0 else b"", chunk_token))
+            result = result.merge(self._flush(blob, packed_fails if i == 0 else b"", chunk_token))
         return result
 
     def ack(self, current_ids: Mapping[int, int], *, token: str | None = None) -> FlushResult:

@@ -112,7 +112,11 @@ class ChannelCountMismatchError(PartitioningError):
 
 
 class TopologyError(FTLayerError):
-    """A topology is malformed (for example, an operator after a sink)."""
+    """A topology is malformed (for example, an operator after a sink, or a stream never sunk)."""
+
+
+class KeyedStateError(FTLayerError):
+    """A key's state of a keyed operator could not be loaded or saved; fails the record that used it."""
 
 
 class FailRecord(Exception):
@@ -122,8 +126,15 @@ class FailRecord(Exception):
     replays it under a new source record id (or dead-letters it after
     ``max_replays``). ``reason`` is stored with the failure and shown in the
     dead-letter queue.
+
+    With ``replay=False`` the record is dead-lettered at once, without spending
+    its replays: for errors that are deterministic (a malformed input fails the
+    same way every time), e.g.
+    ``except ValueError as exc: raise FailRecord(str(exc), replay=False) from exc``.
+    A record whose tree fails twice keeps the first failure that reaches Redis.
     """
 
-    def __init__(self, reason: str = "FailRecord raised") -> None:
+    def __init__(self, reason: str = "FailRecord raised", *, replay: bool = True) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.replay = replay

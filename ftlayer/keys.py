@@ -23,7 +23,7 @@ key suffix        type    contents
 ``ch:<c>``        stream  channel c: entries ``i`` = packed source_record_ids, in persist
                           order; the FT source reads these; trimmed after Spark commits
 ``failed``        hash    failed source_record_id -> fail time ms (double) | reason length
-                          (u16) | reason | frame
+                          (u16; top bit set: dead-letter without replays) | reason | frame
 ``due``           zset    failed source_record_id scored by its replay-due time (ms)
 ``dlq``           stream  dead letters: origin, sid, replay count, reason, time, frame
 ``stats``         hash    counters: persisted, acked, failed_explicit, failed_timeout,

@@ -12,7 +12,7 @@ Picklable: executors receive it inside closures and reconnect by URL.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import redis
 
@@ -80,9 +80,11 @@ class FTLayer:
         *,
         token: str | None = None,
         fails: Mapping[int, str] | None = None,
+        no_replay: Collection[int] = (),
     ) -> FlushResult:
-        """Apply XOR deltas (and explicit fails) at most once per token."""
-        return self.acker.xor(deltas, token=token, fails=fails)
+        """Apply XOR deltas (and explicit fails; those in ``no_replay`` are dead-lettered without
+        replays) at most once per token."""
+        return self.acker.xor(deltas, token=token, fails=fails, no_replay=no_replay)
 
     def ack(self, current_ids: Mapping[int, int], *, token: str | None = None) -> FlushResult:
         """Ack ``{source_record_id: current_record_id}`` (the last XOR of a record's life)."""

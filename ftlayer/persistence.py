@@ -25,9 +25,11 @@ over the calls and reads a range whole, each record once, in order.
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from ftlayer.acker_table import AckerTable
 from ftlayer.channels import check_channel_count
 from ftlayer.errors import ChannelCountMismatchError, FrameError, InvalidArgumentError
 from ftlayer.frames import NO_CHANNEL, SemiDeserializedRecord, SemiDeserializedSerializer
@@ -209,6 +211,32 @@ class PersistenceLayer:
             if not batch.last_id or (not batch.skip and _stream_pos(batch.last_id) >= _stream_pos(until)):
                 return
             after, skip = batch.last_id, batch.skip
+
+    def fail_unreadable(self, bad: Sequence[tuple[bytes, str]]) -> int:
+        """Fail the records whose stored frame a reader could not decode, for the dead-letter queue.
+
+        ``bad`` holds ``(pend value as read, reason)``. Each is failed with its
+        reason and without replays (a replay would re-read the same bytes), so
+        the replayer dead-letters it at once; the rest of the channel goes on.
+        A value is failed only if it is still exactly the ``pend`` entry of the
+        id its frame header names: a header damaged so that it names another
+        id fails nothing, and that record times out and is dead-lettered as
+        undecodable. Idempotent (a record no longer pending is skipped).
+        Returns how many records were failed.
+        """
+        start = PEND_PREFIX + 8  # a frame's source_record_id sits at bytes 8..16
+        named = [(v[start : start + 8], v, reason) for v, reason in bad if len(v) >= start + 8]
+        if not named:
+            return 0
+        stored: list[bytes | None] = self.store.client.hmget(self.store.keys.pend, [n[0] for n in named])  # type: ignore[assignment]
+        fails = {
+            struct.unpack(">q", sid)[0]: reason
+            for (sid, value, reason), now in zip(named, stored, strict=True)
+            if now == value
+        }
+        if not fails:
+            return 0
+        return AckerTable(self.store).xor({}, fails=fails, no_replay=set(fails)).failed
 
     def channel_tail(self, channel: int) -> str:
         """Id of the newest entry of a channel stream ('0-0' if it never had one)."""

@@ -8,8 +8,10 @@ record, :meth:`Replayer.replay_due`:
   acks or XORs for the old id do nothing), increments its replay count, and
   re-persists it on the channel its replay partitioner picks, which for
   key-based routing is the channel of the original;
-- or, once its replay count has reached ``max_replays``, appends it to the
-  dead-letter stream with origin id, replay count, last reason and time.
+- or, once its replay count has reached ``max_replays`` (at once if it was
+  failed with ``FailRecord(..., replay=False)``, or if its frame cannot be
+  decoded), appends it to the dead-letter stream with origin id, replay
+  count, last reason and time.
 
 Each failure is replayed at most once even with two replayers running: the
 server-side call removes the failed entry and persists the replay atomically.
@@ -23,6 +25,7 @@ import struct
 from dataclasses import dataclass
 from typing import Protocol
 
+from ftlayer.acker_table import NO_REPLAY_FLAG
 from ftlayer.errors import FrameError, PartitioningError
 from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.ids import RecordId, new_ids
@@ -67,11 +70,17 @@ class FailedRecord:
     reason: str
     record: SemiDeserializedRecord | None
     frame: bytes
+    replay: bool = True  # False: dead-letter without replays (FailRecord(replay=False), corrupt frames)
 
 
 def parse_failed(sid: int, raw: bytes) -> FailedRecord:
-    """Decode a ``failed`` hash value: fail time, reason, frame (record None if undecodable)."""
+    """Decode a ``failed`` hash value: fail time, reason, frame (record None if undecodable).
+
+    The reason length's top bit (``NO_REPLAY_FLAG``) marks a failure to dead-letter at once.
+    """
     failed_ms, rlen = _FAILED_HEADER.unpack_from(raw)
+    replay = not rlen & NO_REPLAY_FLAG
+    rlen &= ~NO_REPLAY_FLAG
     start = _FAILED_HEADER.size
     reason = raw[start : start + rlen].decode("utf-8", "replace")
     frame = raw[start + rlen :]
@@ -79,7 +88,7 @@ def parse_failed(sid: int, raw: bytes) -> FailedRecord:
         record: SemiDeserializedRecord | None = _SERIALIZER.decode(frame)
     except FrameError:
         record = None
-    return FailedRecord(sid, failed_ms, reason, record, frame)
+    return FailedRecord(sid, failed_ms, reason, record, frame, replay)
 
 
 @dataclass(frozen=True)
@@ -134,7 +143,7 @@ class Replayer:
                 if rec is None:
                     log.error("failed record %d has an undecodable frame; dead-lettering it", item.source_record_id)
                     dead.append(old)
-                elif rec.replay_count >= cfg.max_replays:
+                elif rec.replay_count >= cfg.max_replays or not item.replay:
                     dead.append(old)
                 else:
                     channels = self.router.select_replay(rec)

@@ -39,8 +39,11 @@ local function settle_buckets()
   LEFT_BUCKET = {}
 end
 
-local function fail_entry(sid, v, reason, now_ms, b_init, b_mult, b_max)
-  -- move a pending record to `failed`, due for replay after its backoff
+local NO_REPLAY = 32768  -- top bit of a reason length: dead-letter without replays
+
+local function fail_entry(sid, v, reason, now_ms, b_init, b_mult, b_max, no_replay)
+  -- move a pending record to `failed`, due for replay after its backoff (due now, with the
+  -- NO_REPLAY bit on its stored reason length, if it is to be dead-lettered at once)
   local g = struct.unpack('>I4', v, 9)
   redis.call('HDEL', K_PEND, sid)
   bucket_done(g)
@@ -48,7 +51,9 @@ local function fail_entry(sid, v, reason, now_ms, b_init, b_mult, b_max)
   local rc = struct.unpack('>I2', frame, 41)
   local delay = b_init * (b_mult ^ math.min(rc, 64))
   if delay > b_max then delay = b_max end
-  redis.call('HSET', K_FAILED, sid, struct.pack('>dI2', now_ms, #reason) .. reason .. frame)
+  local rlen = #reason
+  if no_replay then delay = 0; rlen = rlen + NO_REPLAY end
+  redis.call('HSET', K_FAILED, sid, struct.pack('>dI2', now_ms, rlen) .. reason .. frame)
   redis.call('ZADD', K_DUE, now_ms + delay, sid)
 end
 
@@ -143,7 +148,7 @@ FLUSH = (
 -- flush: apply explicit fails, then XOR deltas, at most once per token.
 -- KEYS: pend, gen, bcnt, failed, due, stats, token key
 -- ARGV: prefix, use_token ('1'|'0'), token ttl ms, deltas (n x [sid 8][value 8]),
---       fails (n x [sid 8][reason len u16][reason]), now ms, backoff initial ms,
+--       fails (n x [sid 8][reason len u16, top bit = no replay][reason]), now ms, backoff initial ms,
 --       backoff multiplier, backoff max ms
 -- Returns: {applied (1, or 0 if the token was seen), acked sids (packed 8-byte),
 --           late deltas (ids no longer pending), failed count}
@@ -164,11 +169,13 @@ local fails, failed_n, pos = ARGV[5], 0, 1
 while pos + 9 <= #fails do
   local sid = string.sub(fails, pos, pos + 7)
   local rlen = struct.unpack('>I2', fails, pos + 8)
+  local no_replay = rlen >= NO_REPLAY
+  if no_replay then rlen = rlen - NO_REPLAY end
   local reason = string.sub(fails, pos + 10, pos + 9 + rlen)
   pos = pos + 10 + rlen
   local v = redis.call('HGET', K_PEND, sid)
   if v then
-    fail_entry(sid, v, reason, now, b_init, b_mult, b_max)
+    fail_entry(sid, v, reason, now, b_init, b_mult, b_max, no_replay)
     failed_n = failed_n + 1
   end
 end
@@ -268,7 +275,7 @@ while not stop do
       p, n = p + 8, n + 1
       local v = redis.call('HGET', K_PEND, sid)
       if v and struct.unpack('>I4', v, 9) == eg then
-        fail_entry(sid, v, 'timeout', now, b_init, b_mult, b_max)
+        fail_entry(sid, v, 'timeout', now, b_init, b_mult, b_max, false)
         bytes = bytes + #v
         out[#out + 1] = sid
       end
@@ -327,6 +334,7 @@ for p = 1, #dead - 7, 8 do
   local v = redis.call('HGET', K_FAILED, old)
   if v then
     local t, rlen = struct.unpack('>dI2', v)
+    if rlen >= NO_REPLAY then rlen = rlen - NO_REPLAY end
     redis.call('XADD', KEYS[7], '*', 'sid', old, 'failed_ms', string.format('%.0f', t),
       'dead_ms', ARGV[5], 'reason', string.sub(v, 11, 10 + rlen), 'frame', string.sub(v, 11 + rlen))
     redis.call('HDEL', K_FAILED, old)

@@ -14,6 +14,7 @@ from typing import Any
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import TopologyError
+from runtime.topology_checks import check_shape, fn_name
 
 __all__ = ["Graph", "KeyByNode", "Node", "Op", "OpNode", "SinkNode", "SourceNode", "StateNode", "UnionNode"]
 
@@ -35,6 +36,10 @@ class Node:
     parents: list[Node]
     consumers: list[Node] = field(default_factory=list)
 
+    def label(self) -> str:
+        """This node's call in a stream's description (runtime.topology_checks.describe)."""
+        return type(self).__name__
+
 
 @dataclass(eq=False)
 class SourceNode(Node):
@@ -44,21 +49,34 @@ class SourceNode(Node):
     index: int = 0
     partitioning: str = "rebalance"  # a partitioners.STRATEGIES name: live routing and replay routing
 
+    def label(self) -> str:
+        return self.name
+
 
 @dataclass(eq=False)
 class OpNode(Node):
     op: Op | None = None
+
+    def label(self) -> str:
+        assert self.op is not None
+        return f"{self.op.kind}({fn_name(self.op.fn)})"
 
 
 @dataclass(eq=False)
 class KeyByNode(Node):
     key: Callable[[Any], Any] | None = None
 
+    def label(self) -> str:
+        return f"key_by({fn_name(self.key)})"
+
 
 @dataclass(eq=False)
 class StateNode(Node):
     fn: Callable[[dict[str, Any], Any], Any] | None = None
     name: str = ""
+
+    def label(self) -> str:
+        return f"map_with_state({fn_name(self.fn)}, name={self.name!r})"
 
 
 @dataclass(eq=False)
@@ -69,6 +87,9 @@ class UnionNode(Node):
 @dataclass(eq=False)
 class SinkNode(Node):
     sink: Any = None
+
+    def label(self) -> str:
+        return f"sink({type(self.sink).__name__})"
 
 
 @dataclass(eq=False)
@@ -97,3 +118,16 @@ class Graph:
         if isinstance(node, SourceNode):
             self.sources.append(node)
         return node
+
+    def sinks(self) -> list[SinkNode]:
+        """The sink nodes, once the graph is checked: TopologyError if it has no source or no
+        sink, or a shape that could never complete (see runtime.topology_checks)."""
+        sinks = [n for n in self.nodes if isinstance(n, SinkNode)]
+        if not sinks:
+            msg = f"topology {self.name!r} has no sink"
+            raise TopologyError(msg)
+        if not self.sources:
+            msg = f"topology {self.name!r} has no source"
+            raise TopologyError(msg)
+        check_shape(self.name, self.nodes, sinks)
+        return sinks

@@ -96,7 +96,7 @@ class Stream:
 
 
 class Topology:
-    """A named dataflow of FT-wrapped sources, operators and one sink."""
+    """A named dataflow of FT-wrapped sources, operators and one or more sinks."""
 
     def __init__(self, name: str, config: FTConfig | None = None) -> None:
         self.name = check_name("topology", name)
@@ -145,6 +145,11 @@ class Topology:
                          partitioning=strategy)
         return Stream(self, node)
 
+    def sinks(self) -> list[SinkNode]:
+        """The sink nodes, once the graph is checked: TopologyError if it has no source or no
+        sink, or a shape that could never complete (see runtime.topology_checks)."""
+        return self._graph.sinks()
+
     def start(
         self,
         spark: Any,
@@ -153,6 +158,12 @@ class Topology:
         trigger_interval_s: float = 0.5,
         max_records_per_batch: int | None = None,
     ) -> FTQuery:
-        """Start ingest, the FT service and the streaming query."""
+        """Start ingest, the FT service and the streaming query.
+
+        Refuses first (TopologyError naming the stream, before anything runs) a
+        graph with no source, no sink, a stream that is never sunk, or a
+        ForeachBatchSink next to another sink (runtime.topology_checks).
+        """
+        self._graph.sinks()
         self._graph.config = self.config  # a user may replace .config before start()
         return Compiler(self._graph, spark).start(checkpoint_location, trigger_interval_s, max_records_per_batch)

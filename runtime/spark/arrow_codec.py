@@ -35,6 +35,7 @@ __all__ = [
     "SOURCE_SCHEMA_DDL",
     "arrow_schema",
     "frames_to_record_batch",
+    "split_bad_frames",
 ]
 
 #: (name, Spark SQL type, Arrow type name) of every column the FT source emits.
@@ -72,6 +73,25 @@ def _bad_frame(frame: bytes, index: int) -> FrameError:
         return FrameError(msg)
     msg = f"frame {index} of the batch ({len(frame)} bytes) is malformed"  # pragma: no cover
     return FrameError(msg)  # pragma: no cover
+
+
+def split_bad_frames(frames: Sequence[bytes], *, prefix: int = 0) -> tuple[list[bytes], list[tuple[bytes, str]]]:
+    """``frames`` (each after ``prefix`` bytes, as for :func:`frames_to_record_batch`) split into
+    those that pass every check and ``(item, FrameError text)`` for those that fail one.
+
+    The slow path, one decode per frame: for a batch that
+    :func:`frames_to_record_batch` refused, so the good frames can still go on.
+    """
+    good: list[bytes] = []
+    bad: list[tuple[bytes, str]] = []
+    for item in frames:
+        try:
+            _SERIALIZER.decode(item[prefix:])
+        except FrameError as exc:
+            bad.append((item, str(exc)))
+        else:
+            good.append(item)
+    return good, bad
 
 
 def _header_dtype() -> Any:

@@ -110,24 +110,28 @@ class Compiler:
             stage = StatefulStage(self.env, self._next_stage(), keyed.key, node.fn, node.name)
             return self.input_df(keyed, node).mapInArrow(stage, ROW_SCHEMA)
         if isinstance(node, UnionNode):
-            dfs = [self.input_df(p, node) for p in node.parents]
+            # s.union(s): each occurrence of a parent is an edge of its own, reading its own copy
+            dfs = [self.input_df(p, node, edge=node.parents[:i].count(p)) for i, p in enumerate(node.parents)]
             return functools.reduce(lambda a, b: a.unionByName(b), dfs)
         msg = f"cannot compile node {node!r}"
         raise TopologyError(msg)
 
-    def fanout(self, parent: Node, consumer: Node) -> Fanout | None:
+    def fanout(self, parent: Node, consumer: Node, edge: int = 0) -> Fanout | None:
+        """The copy that ``consumer`` reads over its ``edge``-th edge from ``parent`` (a union may
+        read one parent several times), or None if ``parent`` has one consumer edge."""
         if len(parent.consumers) <= 1:
             return None
-        return Fanout(FANOUT_OP_BASE + parent.node_id, parent.consumers.index(consumer), len(parent.consumers))
+        index = [i for i, c in enumerate(parent.consumers) if c is consumer][edge]
+        return Fanout(FANOUT_OP_BASE + parent.node_id, index, len(parent.consumers))
 
-    def pass_through(self, parent: Node, consumer: Node, key: Callable[[Any], Any] | None) -> Any:
-        stage = Stage(self.env, self._next_stage(), (), key=key, fanout=self.fanout(parent, consumer))
+    def pass_through(self, parent: Node, consumer: Node, key: Callable[[Any], Any] | None, edge: int = 0) -> Any:
+        stage = Stage(self.env, self._next_stage(), (), key=key, fanout=self.fanout(parent, consumer, edge))
         return self.df_for(parent).mapInArrow(stage, ROW_SCHEMA)
 
-    def input_df(self, parent: Node, consumer: Node) -> Any:
+    def input_df(self, parent: Node, consumer: Node, edge: int = 0) -> Any:
         """The rows ``consumer`` reads from ``parent`` (its own copy if ``parent`` fans out)."""
         if len(parent.consumers) > 1:
-            return self.pass_through(parent, consumer, key=None)
+            return self.pass_through(parent, consumer, key=None, edge=edge)
         return self.df_for(parent)
 
     def chain(self, tail: OpNode) -> tuple[list[Op], Node, Node]:
@@ -152,13 +156,7 @@ class Compiler:
     def start(self, checkpoint: str | None, trigger_s: float, max_records: int | None) -> FTQuery:
         topo = self.topology
         self._max_records = max_records
-        sinks = [n for n in topo.nodes if isinstance(n, SinkNode)]
-        if len(sinks) != 1:
-            msg = f"topology {topo.name!r} needs exactly one sink, has {len(sinks)} (union streams first)"
-            raise TopologyError(msg)
-        if not topo.sources:
-            msg = f"topology {topo.name!r} has no source"
-            raise TopologyError(msg)
+        sinks = topo.sinks()
         dests: list[FTLayer | BatchDestination]
         if self.config.ft_on:
             layers = [source_layer(self.config, topo.name, s, self.n).open() for s in topo.sources]
@@ -170,7 +168,7 @@ class Compiler:
         progress: Progress = FeedProgress(self._feeds, self.env.dropped)  # FT on: replaced once the service runs
         ingestors: list[Ingestor] = []
         try:
-            writer = self._writer(sinks[0])
+            writer = self._writer(sinks)
             checkpoint = checkpoint or tempfile.mkdtemp(prefix=f"ftlayer-{topo.name}-ckpt-")
             if self.config.ft_on:
                 progress = FTProgress(layers, FTService(layers).start())
@@ -192,19 +190,26 @@ class Compiler:
             raise
         return FTQuery(query, ingestors, progress, checkpoint)
 
-    def _writer(self, sink_node: SinkNode) -> Any:
+    def _writer(self, sink_nodes: list[SinkNode]) -> Any:
+        """The query's writer. Several executor sinks run as sink stages of one query: their
+        one-row outputs are unioned into the ``noop`` writer (a ForeachBatchSink is alone)."""
+        first = sink_nodes[0].sink
+        if isinstance(first, ForeachBatchSink):
+            df = self.input_df(sink_nodes[0].parents[0], sink_nodes[0])
+            return df.writeStream.foreachBatch(DriverSinkBatch(self.env, first))
+        outs = [self._sink_df(s) for s in sink_nodes]
+        return functools.reduce(lambda a, b: a.unionByName(b), outs).writeStream.format("noop")
+
+    def _sink_df(self, sink_node: SinkNode) -> Any:
+        """One executor sink's stage: write, then ack (with the last operators fused in front)."""
         sink = sink_node.sink
         if isinstance(sink, RedisHashSink) and sink.url is None:
             sink.url = resolved(self.config).redis_url  # the user's output server (FT off too)
         parent = sink_node.parents[0]
-        if isinstance(sink, ForeachBatchSink):
-            df = self.input_df(parent, sink_node)
-            return df.writeStream.foreachBatch(DriverSinkBatch(self.env, sink))
         ops: tuple[Op, ...] = ()
         if isinstance(parent, OpNode) and len(parent.consumers) == 1:
             chain, base, top = self.chain(parent)
             if self.fanout(base, top) is None:  # fuse the last operators into the sink stage
                 ops, parent = tuple(chain), base
         df = self.df_for(parent) if ops else self.input_df(parent, sink_node)
-        out = df.mapInArrow(SinkStage(self.env, self._next_stage(), sink, ops), "written long")
-        return out.writeStream.format("noop")
+        return df.mapInArrow(SinkStage(self.env, self._next_stage(), sink, ops), "written long")

@@ -22,7 +22,10 @@ Offsets, partitions, commit
   exclusive, end inclusive) in pages, skipping records no longer pending, and
   yields ``pyarrow.RecordBatch`` es (one per page). A re-run batch (same start
   and end) therefore reads the same records minus those completed or failed in
-  the meantime. The source never acks or XORs anything.
+  the meantime. The source never acks or XORs anything; the one thing it
+  writes is a fail, for a stored frame that fails its checks (a CRC
+  mismatch): that record goes to the dead-letter queue with the reason, without
+  replays (``PersistenceLayer.fail_unreadable``), and the rest are read.
 - ``commit(end)`` trims every channel stream up to ``end`` (one pipelined round
   trip). Trimming removes only the stream index: records still pending stay in
   ``pend`` and time out or get acked as usual. Spark (4.3) calls ``commit`` for
@@ -86,11 +89,11 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, St
 
 from ftlayer.config import FTConfig
 from ftlayer.connection import resolved
-from ftlayer.errors import ConfigError
+from ftlayer.errors import ConfigError, FrameError
 from ftlayer.keys import check_name
 from ftlayer.persistence import PEND_PREFIX, PersistenceLayer
 from ftlayer.store import SourceStore
-from runtime.spark.arrow_codec import SOURCE_COLUMNS, SOURCE_SCHEMA_DDL, frames_to_record_batch
+from runtime.spark.arrow_codec import SOURCE_COLUMNS, SOURCE_SCHEMA_DDL, frames_to_record_batch, split_bad_frames
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -403,7 +406,7 @@ class FTStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             batch = persistence.read_channel(c, after="-" if after == START_ID else after, until=until,
                                              max_entries=page, skip=skip)
             if batch.values:
-                yield frames_to_record_batch(batch.values, prefix=PEND_PREFIX)
+                yield from self._arrow(batch.values)
             if not batch.last_id or (not batch.skip and compare_ids(batch.last_id, until) >= 0):
                 return
             after, skip = batch.last_id, batch.skip
@@ -414,6 +417,16 @@ class FTStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 page = min(page * 2, MAX_READ_PAGE_ENTRIES)
             elif got > READ_TARGET_RECORDS * 2:
                 page = max(page // 2, 1)
+
+    def _arrow(self, values: list[bytes]) -> list[Any]:
+        """The Arrow batch of ``pend`` values; one whose frame fails its checks (a CRC mismatch)
+        is failed in Redis for the dead-letter queue and left out, so the channel goes on."""
+        try:
+            return [frames_to_record_batch(values, prefix=PEND_PREFIX)]
+        except FrameError:
+            good, bad = split_bad_frames(values, prefix=PEND_PREFIX)
+            self.persistence.fail_unreadable([(v, f"unreadable frame: {reason}") for v, reason in bad])
+            return [frames_to_record_batch(good, prefix=PEND_PREFIX)] if good else []
 
     def commit(self, end: Offset) -> None:
         """Spark committed everything up to ``end``: trim each channel stream there (one round trip)."""

@@ -14,7 +14,9 @@
   (or on a *carrier row* when it has none), so deltas cross Spark exchanges
   with the data; the sink combines everything it received per source record
   and flushes once per task with an idempotent token. Fails (``FailRecord`` or
-  any other exception in user code) are flushed by the task that saw them.
+  any other exception in user code, a key selector, packing an output, keyed
+  state, or decoding an input) are flushed by the task that saw them; a
+  ``FailRecord(..., replay=False)`` is dead-lettered without replays.
 
 ``NonFTHandler`` does none of that: no ids, no Redis. The FT status in config
 picks the handler; user code does not change.
@@ -65,27 +67,42 @@ def duplicate_flushes() -> bool:
     return tc is not None and tc.getLocalProperty(DUPLICATE_FLUSH_PROPERTY) == "1"
 
 
+def wants_replay(exc: BaseException) -> bool:
+    """False for ``FailRecord(..., replay=False)``: dead-letter at once. Every other error is replayed."""
+    return not isinstance(exc, FailRecord) or exc.replay
+
+
 def failure_reason(exc: BaseException) -> str:
     """The reason stored with a failed record: FailRecord's text, else the traceback."""
     if isinstance(exc, FailRecord):
-        return f"FailRecord: {exc.reason}"
+        return f"FailRecord: {exc.reason}" if exc.replay else f"FailRecord (replay=False): {exc.reason}"
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return text[-MAX_TRACEBACK_CHARS:]
 
 
 @dataclass
 class XorHandler:
-    """Per-task XOR accumulator: combined deltas and fails per (source index, source record id)."""
+    """Per-task XOR accumulator: combined deltas and fails per (source index, source record id).
+
+    ``no_replay`` holds the failed ids to dead-letter at once (the first fail of an id in a
+    task decides its reason and whether it is replayed).
+    """
 
     deltas: dict[int, dict[int, int]] = field(default_factory=dict)
     fails: dict[int, dict[int, str]] = field(default_factory=dict)
+    no_replay: dict[int, set[int]] = field(default_factory=dict)
 
     def xor(self, src: int, sid: int, value: int) -> None:
         per = self.deltas.setdefault(src, {})
         per[sid] = per.get(sid, 0) ^ value
 
-    def fail(self, src: int, sid: int, reason: str) -> None:
-        self.fails.setdefault(src, {}).setdefault(sid, reason)
+    def fail(self, src: int, sid: int, reason: str, *, replay: bool = True) -> None:
+        per = self.fails.setdefault(src, {})
+        if sid in per:
+            return
+        per[sid] = reason
+        if not replay:
+            self.no_replay.setdefault(src, set()).add(sid)
 
     def empty(self) -> bool:
         return not any(self.deltas.values()) and not any(self.fails.values())
@@ -102,11 +119,13 @@ class XorHandler:
             deltas = {sid: v for sid, v in self.deltas.get(src, {}).items() if v}
             fails = self.fails.get(src, {})
             if deltas or fails:
-                out[src] = layers[src].xor(deltas, token=f"{token}/s{src}", fails=fails)
+                final = self.no_replay.get(src, set())
+                out[src] = layers[src].xor(deltas, token=f"{token}/s{src}", fails=fails, no_replay=final)
                 if twice:
-                    layers[src].xor(deltas, token=f"{token}/s{src}", fails=fails)
+                    layers[src].xor(deltas, token=f"{token}/s{src}", fails=fails, no_replay=final)
         self.deltas.clear()
         self.fails.clear()
+        self.no_replay.clear()
         return out
 
 
@@ -185,8 +204,7 @@ class FTHandler:
             try:
                 outputs = chain(value)
             except Exception as exc:  # any user error fails the record, not the query
-                self.xors.fail(src, sid, failure_reason(exc))
-                self.failed += 1
+                self.fail(src, sid, exc)
                 continue
             delta = carried ^ cid
             if len(outputs) == 1:  # the common case (map), without the lists
@@ -221,11 +239,17 @@ class FTHandler:
         for src, sid, value in rows:
             xor(src, sid, value)
 
+    def fail(self, src: int, sid: int, exc: BaseException) -> None:
+        """Fail one record's tree for ``exc`` (flushed by this task): replayed, or dead-lettered
+        at once for ``FailRecord(..., replay=False)``."""
+        self.xors.fail(src, sid, failure_reason(exc), replay=wants_replay(exc))
+        self.failed += 1
+
     def fail_all(self, rows: Iterable[tuple[int, int, int]], exc: BaseException) -> None:
         """Fail every record of a failed sink write (they will be replayed)."""
-        reason = failure_reason(exc)
+        reason, replay = failure_reason(exc), wants_replay(exc)
         for src, sid, _ in rows:
-            self.xors.fail(src, sid, reason)
+            self.xors.fail(src, sid, reason, replay=replay)
             self.failed += 1
 
     def flush(self, layers: Mapping[int, FTLayer], token: str) -> None:
@@ -255,6 +279,9 @@ class NonFTHandler(FTHandler):
 
     def ack(self, rows: Iterable[tuple[int, int, int]]) -> None:
         return None
+
+    def fail(self, src: int, sid: int, exc: BaseException) -> None:
+        raise exc  # FT off: nothing could replay or dead-letter it; Spark's rules apply
 
     def fail_all(self, rows: Iterable[tuple[int, int, int]], exc: BaseException) -> None:
         raise exc

@@ -14,6 +14,14 @@ the last origin ids seen in the state. With FT status off the state is kept
 in Redis all the same (this hook is the one part of a topology that talks to
 Redis from executors in that mode).
 
+Poison states fail only their record. :meth:`KeyedStateStore.apply` runs one
+record against its key's state all or nothing: if ``fn`` raises, or leaves a
+state that msgpack cannot carry, the state goes back to what it was before the
+record and the record fails (``KeyedStateError`` names the state and the key),
+so it is replayed and finally dead-lettered while the other records of the
+key go on. A stored state that cannot be unpacked fails every record of its
+key the same way, until it is repaired or deleted.
+
 State values must be msgpack-serializable (see ``serialization.payload``).
 Key: ``<namespace>:{<topology>/state-<name>}:state`` (hash field = the msgpack
 bytes of the key); ``name`` is given to ``map_with_state`` (default: the
@@ -22,12 +30,15 @@ operator's position in the topology, ``op<N>``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from ftlayer.config import FTConfig
 from ftlayer.connection import client_for
+from ftlayer.errors import KeyedStateError, SerializationError
 from serialization.payload import pack_payload, unpack_payload
+
+T = TypeVar("T")
 
 
 def state_key(namespace: str, topology: str, name: str) -> str:
@@ -40,31 +51,88 @@ class KeyedStateStore:
 
     def __init__(self, config: FTConfig, topology: str, name: str) -> None:
         self.config = config
+        self.name = name
         self.key = state_key(config.namespace, topology, name)
         self.states: dict[bytes, dict[str, Any]] = {}
+        self.packed: dict[bytes, bytes] = {}  # last good packed state per key (loaded or after a record)
+        self.broken: dict[bytes, SerializationError] = {}  # keys whose stored state cannot be unpacked
         self.dirty: set[bytes] = set()
 
     def _client(self) -> Any:
         return client_for(self.config.redis_url, self.config.connect_timeout_s)
 
+    def _field(self, key: Any) -> bytes:
+        try:
+            return pack_payload(key)
+        except SerializationError as exc:
+            msg = f"state {self.name!r}: key {key!r} cannot be packed: {exc}"
+            raise KeyedStateError(msg) from exc
+
     def load(self, keys: Iterable[Any]) -> None:
-        """Fetch the state of keys not loaded yet in this task (one round trip)."""
-        missing = list(dict.fromkeys(f for f in (pack_payload(k) for k in keys) if f not in self.states))
+        """Fetch the state of keys not loaded yet in this task (one round trip).
+
+        A key that cannot be packed is skipped here (:meth:`apply` fails its
+        record); a stored state that cannot be unpacked marks its key broken.
+        """
+        fields: list[bytes] = []
+        for k in keys:
+            try:
+                fields.append(pack_payload(k))
+            except SerializationError:
+                continue
+        self._load_fields(fields)
+
+    def _load_fields(self, fields: Iterable[bytes]) -> None:
+        missing = list(dict.fromkeys(f for f in fields if f not in self.states and f not in self.broken))
         if not missing:
             return
         for field, raw in zip(missing, self._client().hmget(self.key, missing), strict=True):
-            self.states[field] = unpack_payload(raw) if raw is not None else {}
+            if raw is None:
+                self.states[field] = {}
+                continue
+            try:
+                self.states[field] = unpack_payload(raw)
+                self.packed[field] = raw
+            except SerializationError as exc:
+                self.broken[field] = exc
 
-    def state_for(self, key: Any) -> dict[str, Any]:
-        """The (mutable) state dict of ``key``; marked dirty, since ``fn`` may change it."""
-        field = pack_payload(key)
+    def apply(self, key: Any, run: Callable[[dict[str, Any]], T]) -> T:
+        """``run(state)`` on ``key``'s state, all or nothing (see the module notes).
+
+        Raises what ``run`` raised, or :class:`KeyedStateError` when the key or
+        the state cannot be packed or the stored state cannot be unpacked; in
+        every case the key's state is back to what it was before.
+        """
+        field = self._field(key)
+        self._load_fields([field])
+        if field in self.broken:
+            msg = f"state {self.name!r} of key {key!r} cannot be loaded: {self.broken[field]}"
+            raise KeyedStateError(msg) from self.broken[field]
+        state = self.states[field]
+        try:
+            out = run(state)
+        except BaseException:
+            self._restore(field)
+            raise
+        try:
+            packed = pack_payload(state)
+        except SerializationError as exc:
+            self._restore(field)
+            msg = f"state {self.name!r} of key {key!r} cannot be saved: {exc}"
+            raise KeyedStateError(msg) from exc
+        self.packed[field] = packed
         self.dirty.add(field)
-        return self.states.setdefault(field, {})
+        return out
+
+    def _restore(self, field: bytes) -> None:
+        raw = self.packed.get(field)
+        self.states[field] = unpack_payload(raw) if raw is not None else {}
 
     def save(self) -> None:
-        """Write back every state handed out since the last save (one round trip)."""
+        """Write back every state :meth:`apply` changed since the last save, in the packed form
+        it checked (one round trip)."""
         if self.dirty:
-            self._client().hset(self.key, mapping={f: pack_payload(self.states[f]) for f in self.dirty})
+            self._client().hset(self.key, mapping={f: self.packed[f] for f in self.dirty})
             self.dirty.clear()
 
     def read_all(self) -> dict[Any, dict[str, Any]]:

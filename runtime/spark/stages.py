@@ -64,6 +64,19 @@ def make_chain(ops: Sequence[Op]) -> Callable[[Any], list[Any]]:
     return run
 
 
+def encoding_chain(chain: Callable[[Any], list[Any]], key: Callable[[Any], Any] | None) -> Callable[[Any], list[Any]]:
+    """``chain`` followed by what each output needs to leave the stage: its msgpack payload and,
+    before a keyed edge, its key hash: ``(payload, key_hash)`` per output.
+
+    Running these inside the chain puts them inside the handler's per-record
+    try, so a key selector that raises or an output msgpack cannot carry fails
+    that record (replayed, then dead-lettered), not the task.
+    """
+    if key is None:
+        return lambda value: [(pack_payload(out), NO_KEY_HASH) for out in chain(value)]
+    return lambda value: [(pack_payload(out), key_hash(key(out))) for out in chain(value)]
+
+
 @dataclass(frozen=True)
 class TaskEnv:
     """What a task needs to reach the FT layer: picklable config and source names."""
@@ -122,19 +135,19 @@ class Stage:
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         env = self.env
         handler = handler_for(env.config.ft_on, self.stage_id)
-        chain = make_chain(self.ops)
+        chain = encoding_chain(make_chain(self.ops), self.key)
         n = env.num_channels
-        key = self.key
         for rb in batches:
             rows = decode_rows(rb, handler, self.fanout)
-            yield _to_batch(handler.process(rows, chain), key, n)
+            yield _to_batch(handler.process(rows, chain), n)
         env.report(handler)
         if not handler.xors.empty():  # explicit fails only: deltas went downstream
             handler.flush(env.layers(), env.token(f"st{self.stage_id}"))
 
 
-def _to_batch(outputs: Iterable[Row], key: Callable[[Any], Any] | None, n: int) -> Any:
-    """Encode a stage's outputs as an Arrow batch of rows; fill key hash and channel for a keyed edge.
+def _to_batch(outputs: Iterable[Row], n: int) -> Any:
+    """A stage's outputs, each value ``(payload, key_hash)`` (see :func:`encoding_chain`), as an
+    Arrow batch of rows; channel = ``key_hash mod n`` (what a keyed edge routes by).
 
     A carrier row goes to channel ``sid mod n``: any partition may apply a
     delta, and this choice is deterministic.
@@ -160,10 +173,10 @@ def _to_batch(outputs: Iterable[Row], key: Callable[[Any], Any] | None, n: int) 
             ch_o.append(sid % n)
             pl_o.append(None)
             continue
-        h = key_hash(key(value)) if key is not None else NO_KEY_HASH
+        payload, h = value
         kh_o.append(h)
         ch_o.append(h % n)
-        pl_o.append(pack_payload(value))
+        pl_o.append(payload)
     return pa.RecordBatch.from_arrays(
         [pa.array(src_o, pa.int32()), pa.array(sid_o, pa.int64()), pa.array(cid_o, pa.int64()),
          pa.array(org_o, pa.int64()), pa.array(kh_o, pa.int64()), pa.array(ch_o, pa.int32()),
@@ -177,7 +190,9 @@ class StatefulStage:
     """``key_by(key).map_with_state(fn)``: ``fn(state, value)`` returns outputs; see runtime.spark.keyed_state.
 
     Runs right after the keyed exchange, so every record of a key is in this
-    partition. States are saved before the acks are flushed.
+    partition. States are saved before the acks are flushed. A record whose
+    ``fn``, state or outputs fail leaves its key's state as it was and fails
+    alone (``KeyedStateStore.apply``).
     """
 
     env: TaskEnv
@@ -195,12 +210,21 @@ class StatefulStage:
         key, fn = self.key, self.fn
 
         def chain(value: Any) -> list[Any]:
-            return list(fn(store.state_for(key(value)), value))
+            # outputs are packed inside apply(): an output that cannot be packed undoes the state change
+            return store.apply(key(value), lambda state: [(pack_payload(o), NO_KEY_HASH) for o in fn(state, value)])
+
+        def keys(rows: list[Row]) -> Iterator[Any]:
+            for row in rows:
+                if row[4] is not CARRIER:
+                    try:
+                        yield key(row[4])
+                    except Exception:  # raises again in chain(), which fails the record
+                        continue
 
         for rb in batches:
             rows = list(decode_rows(rb, handler, None))
-            store.load(key(row[4]) for row in rows if row[4] is not CARRIER)
-            yield _to_batch(handler.process(rows, chain), None, env.num_channels)
+            store.load(keys(rows))
+            yield _to_batch(handler.process(rows, chain), env.num_channels)
         store.save()  # state first: the sink acks a record only after this stage's task ended
         env.report(handler)
         if not handler.xors.empty():
@@ -226,6 +250,11 @@ def decode_rows(rb: Any, handler: FTHandler, fanout: Fanout | None) -> Iterator[
             if fan is None or fan.index == 0:
                 yield src[i], sid[i], 0, origin[i], CARRIER, d
             continue
+        try:
+            value = unpack_payload(p)
+        except Exception as exc:  # an input that cannot be decoded fails its record, not the task
+            handler.fail(src[i], sid[i], exc)
+            continue
         if fan is not None:
             copies = [child_id(c, fan.op_id, j) for j in range(fan.copies)]
             if fan.index == 0:
@@ -235,4 +264,4 @@ def decode_rows(rb: Any, handler: FTHandler, fanout: Fanout | None) -> Iterator[
             else:
                 d = 0
             c = copies[fan.index]
-        yield src[i], sid[i], c, origin[i], unpack_payload(p), d
+        yield src[i], sid[i], c, origin[i], value, d
