@@ -6,6 +6,9 @@
   every key under it is deleted afterwards.
 - ``fake_redis``: fakeredis with Lua, only for fast unit tests of single functions.
 - ``spark``: one local[2,4] SparkSession (2 cores, up to 4 attempts per task).
+- ``valkey_cluster``: a Valkey Cluster of 3 primaries and 3 replicas from the same
+  binary, started once on first use (preview of issue 18). Tests must not kill its
+  nodes; fault tests start their own ``EmbeddedCluster``.
 """
 
 from __future__ import annotations
@@ -74,3 +77,12 @@ def spark() -> Iterator[Any]:
         pytest.fail(str(exc))
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster() -> Iterator[Any]:
+    from ftlayer.cluster_server import EmbeddedCluster
+
+    cluster = EmbeddedCluster(primaries=3, replicas=1).start()
+    yield cluster
+    cluster.stop()

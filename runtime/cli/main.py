@@ -14,7 +14,19 @@ from runtime.cli import chaos, dlq, status
 def _cmd_redis(args: argparse.Namespace) -> int:
     from ftlayer.server import run_foreground
 
+    if args.cluster:
+        return _cmd_redis_cluster(args)
     return run_foreground(data_dir=args.data_dir, port=args.port)
+
+
+def _cmd_redis_cluster(args: argparse.Namespace) -> int:
+    from ftlayer.cluster_server import run_cluster_foreground
+    from runtime.cli.common import CLIError
+
+    if args.port is not None:
+        msg = "--port cannot be used with --cluster: every node takes a free port, and all are printed"
+        raise CLIError(msg)
+    return run_cluster_foreground(data_dir=args.data_dir)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
              "[env FTLAYER_EMBEDDED_DATA_DIR]",
     )
     p_redis.add_argument("--port", type=int, default=None, help="port; default a free one")
+    p_redis.add_argument(
+        "--cluster", action="store_true",
+        help="run a test Valkey Cluster instead (preview): 3 primaries with 1 replica each, free ports; "
+             "ftlayer's scripts do not run on it yet",
+    )
     p_redis.set_defaults(func=_cmd_redis)
     status.add_parser(sub)
     dlq.add_parser(sub)
