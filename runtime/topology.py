@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +51,9 @@ from runtime.ingest import BatchDestination, Ingestor
 from runtime.observe import TopologyObservers
 from runtime.operators import ROW_SCHEMA, Fanout, Op, Stage, StatefulStage, TaskEnv
 from runtime.query import DriverSinkBatch, FTProgress, FTQuery, Progress
+from runtime.session_conf import effective_config
 from runtime.sinks import CallableSink, ExecutorSink, ForeachBatchSink, RedisHashSink, SinkStage
+from runtime.trigger import Trigger, trigger_from
 
 __all__ = ["Compiler", "FTQuery", "Stream", "Topology"]
 
@@ -187,11 +190,56 @@ class Topology:
         spark: Any,
         *,
         checkpoint_location: str | None = None,
-        trigger_interval_s: float = 0.5,
+        trigger_interval_s: float | None = None,
         max_records_per_batch: int | None = None,
+        processingTime: str | None = None,  # PySpark trigger() keywords
+        availableNow: bool = False,
+        once: bool = False,
+        query_name: str | None = None,
     ) -> FTQuery:
-        """Start ingest, the FT service and the streaming query."""
-        return Compiler(self, spark).start(checkpoint_location, trigger_interval_s, max_records_per_batch)
+        """Start ingest, the FT service and the streaming query; the FTQuery handle works like a StreamingQuery.
+
+        Trigger: at most one of ``processingTime`` (default ``"500 milliseconds"``),
+        ``availableNow``, ``once`` or the float ``trigger_interval_s`` (see
+        :mod:`runtime.trigger`; with a finite trigger, ingest runs to the end of every source
+        before the query starts). ``query_name`` defaults to ``ftlayer-<topology>``;
+        ``checkpoint_location`` to a new temporary directory.
+
+        Config: the session's ``spark.ftlayer.*`` keys are applied to every option not set in
+        code (:meth:`ftlayer.config.FTConfig.with_spark_conf`); the result is ``FTQuery.config``.
+        """
+        trigger = trigger_from(processing_time=processingTime, available_now=availableNow, once=once,
+                               trigger_interval_s=trigger_interval_s)
+        name = query_name if query_name is not None else f"ftlayer-{self.name}"
+        if not name.strip():
+            msg = f"topology {self.name!r}: query_name must not be empty"
+            raise TopologyError(msg)
+        return Compiler(self, spark).start(checkpoint_location, trigger, max_records_per_batch, name)
+
+
+def _await_ingest(topology: str, ingestors: list[Ingestor], trigger: Trigger, poll_s: float = 0.05) -> None:
+    """Finite trigger: wait until ingest reached the end of every source (see :mod:`runtime.trigger`).
+
+    Raises :class:`TopologyError` when ingest waits on backpressure (``max_pending`` records
+    pending), which no query runs to relieve yet. An unbounded source never ends: don't use a
+    finite trigger with one.
+    """
+    held_since: float | None = None
+    while not all(i.done for i in ingestors):
+        held = [i for i in ingestors if not i.done and i.destination.pending_count() >= i.max_pending]
+        if not held:
+            held_since = None
+        elif held_since is None:
+            held_since = time.monotonic()
+        elif time.monotonic() - held_since >= 2.0:  # held for a while, not just the last batch landing
+            ing = held[0]
+            msg = (
+                f"topology {topology!r}: {trigger} processes what is persisted when the query starts, but "
+                f"ingest of {ing.destination.label} is held by backpressure ({ing.max_pending} records "
+                f"pending, max_pending): raise max_pending above the source's size or use processingTime"
+            )
+            raise TopologyError(msg)
+        time.sleep(poll_s)
 
 
 class Compiler:
@@ -200,8 +248,10 @@ class Compiler:
     def __init__(self, topology: Topology, spark: Any) -> None:
         self.topology = topology
         self.spark = spark
+        # spark.ftlayer.* of the session beat file and env, not options set in code (runtime.session_conf)
+        cfg = effective_config(topology.config, spark)
         # FT off: no Redis URL is resolved, so no embedded server is started either
-        cfg = resolved(topology.config) if topology.config.ft_on else topology.config
+        cfg = resolved(cfg) if cfg.ft_on else cfg
         self.config = cfg
         self.n = cfg.num_channels
         names = tuple(s.name for s in topology._sources)
@@ -286,7 +336,7 @@ class Compiler:
         stage = Stage(self.env, self._next_stage(), tuple(ops), key=key, fanout=self.fanout(parent, node))
         return self.df_for(parent).mapInArrow(stage, ROW_SCHEMA)
 
-    def start(self, checkpoint: str | None, trigger_s: float, max_records: int | None) -> FTQuery:
+    def start(self, checkpoint: str | None, trigger: Trigger, max_records: int | None, query_name: str) -> FTQuery:
         topo = self.topology
         self._max_records = max_records
         sinks = [n for n in topo._nodes if isinstance(n, SinkNode)]
@@ -313,13 +363,15 @@ class Compiler:
             if self.config.ft_on:
                 progress = FTProgress(layers, FTService(layers).start())
                 progress.observers = TopologyObservers.start(
-                    self.spark, layers, self.config, query_name=f"ftlayer-{topo.name}"
+                    self.spark, layers, self.config, query_name=query_name
                 )
             ingestors = [Ingestor(d, s.source, key=s.key).start() for d, s in zip(dests, topo._sources, strict=True)]
+            if trigger.finite:
+                _await_ingest(topo.name, ingestors, trigger)
             query = (
-                writer.queryName(f"ftlayer-{topo.name}")
+                writer.queryName(query_name)
                 .option("checkpointLocation", checkpoint)
-                .trigger(processingTime=f"{int(trigger_s * 1000)} milliseconds")
+                .trigger(**trigger.writer_kwargs())
                 .start()
             )
         except BaseException:
@@ -327,7 +379,7 @@ class Compiler:
                 ing.stop()
             progress.stop()
             raise
-        return FTQuery(query, ingestors, progress, checkpoint)
+        return FTQuery(query, ingestors, progress, checkpoint, config=self.config, trigger=trigger)
 
     def _writer(self, sink_node: SinkNode) -> Any:
         sink = sink_node.sink
