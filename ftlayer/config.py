@@ -367,6 +367,11 @@ def _parse(name: str, raw: str, type_name: str, where: str) -> Any:
     return raw
 
 
+def config_file_path(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Path | None:
+    """The TOML file :meth:`FTConfig.load` reads: ``path``, else ``$FTLAYER_CONFIG``, else ./ftlayer.toml if any."""
+    return _config_path(path, os.environ if env is None else env)
+
+
 def _config_path(path: str | Path | None, env: Mapping[str, str]) -> Path | None:
     if path is not None:
         return Path(path)
