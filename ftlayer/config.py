@@ -7,16 +7,25 @@ env var is ``FTLAYER_`` + the upper-cased name and its Spark conf key is
 with a :class:`~ftlayer.errors.ConfigError` naming the option, the value and
 what is allowed. Instances are immutable and picklable, so they ship to Spark
 executors as they are.
+
+Options set in code win over every other source: keyword arguments of
+``FTConfig(...)``, keyword ``overrides`` of :meth:`FTConfig.load` and the
+changes of :meth:`FTConfig.replace` are remembered as *explicit*
+(:attr:`FTConfig.explicit_options`). When a topology starts on a SparkSession,
+:meth:`FTConfig.with_spark_conf` applies the session's ``spark.ftlayer.*`` keys
+to every other option, so ``spark-submit --conf spark.ftlayer.timeout_s=60``
+beats the file and the environment but never a value written in the program.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -120,6 +129,14 @@ class FTConfig:
         "Address the metrics endpoint binds to; '127.0.0.1' keeps it local, '0.0.0.0' exposes it "
         "on every interface (it has no authentication)."))
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> FTConfig:
+        # Remember which options the caller named: they are "set in code" and win over Spark conf.
+        # (Unpickling calls __new__ with no arguments and then restores the attribute.)
+        self = super().__new__(cls)
+        named = [f.name for f in fields(cls)[: len(args)]]
+        object.__setattr__(self, "_explicit", frozenset(named) | frozenset(kwargs))
+        return self
+
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
@@ -130,7 +147,7 @@ class FTConfig:
         _one_of("status", self.status, STATUSES)
         _one_of("durability", self.durability, DURABILITY_MODES)
         if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            _bad("redis_url", "<masked>", "a URL starting with redis://, rediss:// or unix://")
+            _bad("redis_url", _masked(self.redis_url), "a URL starting with redis://, rediss:// or unix://")
         if not _NAMESPACE_RE.match(self.namespace):
             _bad("namespace", self.namespace, "1-64 letters, digits, '_', '.' or '-'")
         _positive("timeout_s", self.timeout_s)
@@ -177,9 +194,36 @@ class FTConfig:
         delay = self.replay_backoff_initial_s * self.replay_backoff_multiplier ** min(replay_count, 64)
         return min(delay, self.replay_backoff_max_s)
 
+    @property
+    def explicit_options(self) -> frozenset[str]:
+        """Options set in code (constructor keywords, ``load`` overrides, ``replace`` changes)."""
+        explicit: frozenset[str] = getattr(self, "_explicit", frozenset())
+        return explicit
+
     def replace(self, **changes: Any) -> FTConfig:
-        """A copy with some options changed, validated like a new instance."""
-        return dataclasses.replace(self, **changes)
+        """A copy with some options changed, validated like a new instance; the changes count as set in code."""
+        return self._copy(changes, self.explicit_options | frozenset(changes))
+
+    def _copy(self, changes: dict[str, Any], explicit: frozenset[str]) -> FTConfig:
+        new = dataclasses.replace(self, **changes)
+        object.__setattr__(new, "_explicit", explicit)
+        return new
+
+    def with_spark_conf(self, spark_conf: Mapping[str, str]) -> FTConfig:
+        """This config with the ``spark.ftlayer.*`` keys of ``spark_conf`` applied to every option not set in code.
+
+        Unknown ``spark.ftlayer.*`` keys and bad values are refused with a
+        :class:`ConfigError` naming the key. Other keys are ignored. Options in
+        :attr:`explicit_options` keep their value: code wins over Spark conf.
+        Returns ``self`` when nothing changes.
+        """
+        parsed = _spark_values(spark_conf, {f.name: f for f in fields(self)})
+        changes = {k: v for k, (v, _) in parsed.items() if k not in self.explicit_options and v != getattr(self, k)}
+        if not changes:
+            return self
+        origins = {k: where for k, (_, where) in parsed.items()}
+        with _naming_origin(origins):
+            return self._copy(changes, self.explicit_options)
 
     @classmethod
     def load(
@@ -196,30 +240,55 @@ class FTConfig:
         exists. The TOML may hold the options at top level or in an
         ``[ftlayer]`` table. Unknown option names in the file or in Spark conf
         are refused (a typo would otherwise be silently ignored). Keyword
-        ``overrides`` win over everything.
+        ``overrides`` win over everything and count as set in code
+        (:attr:`explicit_options`). A bad value's error names where it came
+        from (file, env var or Spark conf key).
+        """
+        return cls.explain(path, env=env, spark_conf=spark_conf, **overrides)[0]
+
+    @classmethod
+    def explain(
+        cls,
+        path: str | Path | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        spark_conf: Mapping[str, str] | None = None,
+        overrides_origin: str = "code",
+        **overrides: Any,
+    ) -> tuple[FTConfig, dict[str, str]]:
+        """Like :meth:`load`, plus where each option's value came from.
+
+        The origin of an option is ``"default"``, ``"file <path>"``,
+        ``"env FTLAYER_<NAME>"``, ``"Spark conf spark.ftlayer.<name>"`` or
+        ``overrides_origin`` (e.g. ``"command line"``) for ``overrides``.
         """
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
+        origins: dict[str, str] = {}
         file_path = _config_path(path, env)
         if file_path is not None:
-            values.update(_read_toml(file_path))
+            table = _read_toml(file_path)
+            values.update(table)
+            origins.update(dict.fromkeys(table, f"file {file_path}"))
         known = {f.name: f for f in fields(cls)}
         for name, f in known.items():
-            raw = env.get(ENV_PREFIX + name.upper())
+            var = ENV_PREFIX + name.upper()
+            raw = env.get(var)
             if raw is not None:
-                values[name] = _parse(name, raw, str(f.type), f"env {ENV_PREFIX}{name.upper()}")
-        for key, raw in (spark_conf or {}).items():
-            if not key.startswith(SPARK_PREFIX):
-                continue
-            name = key[len(SPARK_PREFIX):]
-            if name not in known:
-                _bad(key, raw, f"one of {sorted(SPARK_PREFIX + n for n in known)}")
-            values[name] = _parse(name, raw, str(known[name].type), f"Spark conf {key}")
+                values[name] = _parse(name, raw, str(f.type), f"env {var}")
+                origins[name] = f"env {var}"
+        for name, (value, where) in _spark_values(spark_conf or {}, known).items():
+            values[name] = value
+            origins[name] = where
         values.update(overrides)
+        origins.update(dict.fromkeys(overrides, overrides_origin))
         unknown = sorted(set(values) - set(known))
-        if unknown:
-            _bad(unknown[0], values[unknown[0]], f"one of the options {sorted(known)}")
-        return cls(**values)
+        with _naming_origin({k: v for k, v in origins.items() if k not in overrides}):
+            if unknown:
+                _bad(unknown[0], values[unknown[0]], f"one of the options {sorted(known)}")
+            cfg = cls(**values)
+        object.__setattr__(cfg, "_explicit", frozenset(overrides))
+        return cfg, {name: origins.get(name, "default") for name in known}
 
     def describe(self) -> list[tuple[str, str, str, str]]:
         """(option, env var, Spark conf key, doc) for every option; used by docs and CLI help."""
@@ -238,7 +307,48 @@ def _expected_type(type_name: Any) -> type | tuple[type, ...]:
 
 def _bad(option: str, value: Any, allowed: str) -> None:
     msg = f"invalid ftlayer option {option}={value!r}: expected {allowed}"
-    raise ConfigError(msg)
+    err = ConfigError(msg)
+    err.option = option
+    raise err
+
+
+@contextlib.contextmanager
+def _naming_origin(origins: Mapping[str, str]) -> Iterator[None]:
+    """Re-raise a validation error of an option that came from a file, env or Spark conf naming that origin."""
+    try:
+        yield
+    except ConfigError as exc:
+        where = origins.get(exc.option or "")
+        if where is None:
+            raise
+        head, sep, tail = str(exc).partition(": expected ")
+        msg = f"{head} (from {where}){sep}{tail}"
+        err = ConfigError(msg)
+        err.option = exc.option
+        raise err from exc
+
+
+def _spark_values(spark_conf: Mapping[str, str], known: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
+    """The parsed ``spark.ftlayer.*`` options of ``spark_conf`` with their origin; unknown keys refused."""
+    out: dict[str, tuple[Any, str]] = {}
+    for key, raw in spark_conf.items():
+        if not key.startswith(SPARK_PREFIX):
+            continue
+        name = key[len(SPARK_PREFIX):]
+        if name not in known:
+            _bad(key, raw, f"one of {sorted(SPARK_PREFIX + n for n in known)}")
+        out[name] = (_parse(name, raw, str(known[name].type), f"Spark conf {key}"), f"Spark conf {key}")
+    return out
+
+
+def _masked(url: str) -> str:
+    """``url`` with any password masked, also when it is too malformed for urlsplit to find the password."""
+    shown = mask_url(url)
+    if "@" in shown and "***" not in shown:
+        head, _, tail = shown.rpartition("@")
+        scheme, sep, _ = head.partition("://")
+        shown = f"{scheme}{sep}***@{tail}" if sep else f"***@{tail}"
+    return shown
 
 
 def _one_of(option: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -269,8 +379,11 @@ def _parse(name: str, raw: str, type_name: str, where: str) -> Any:
         if type_name == "float":
             return float(raw)
     except ValueError as exc:
-        msg = f"invalid ftlayer option {name}={raw!r} (from {where}): expected a {type_name}"
-        raise ConfigError(msg) from exc
+        expected = "an integer" if type_name == "int" else "a number"
+        msg = f"invalid ftlayer option {name}={raw!r} (from {where}): expected {expected}"
+        err = ConfigError(msg)
+        err.option = name
+        raise err from exc
     if type_name == "bool":
         if raw.lower() in ("1", "true", "yes", "on"):
             return True
@@ -279,6 +392,11 @@ def _parse(name: str, raw: str, type_name: str, where: str) -> Any:
         msg = f"invalid ftlayer option {name}={raw!r} (from {where}): expected true or false"
         raise ConfigError(msg)
     return raw
+
+
+def config_file_path(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Path | None:
+    """The TOML file :meth:`FTConfig.load` reads: ``path``, else ``$FTLAYER_CONFIG``, else ./ftlayer.toml if any."""
+    return _config_path(path, os.environ if env is None else env)
 
 
 def _config_path(path: str | Path | None, env: Mapping[str, str]) -> Path | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -72,15 +73,38 @@ def client_for(url: str, connect_timeout_s: float = 5.0, *, check: bool = True) 
         )
         if check:
             client.ping()
-    except redis.AuthenticationError as exc:
-        msg = f"Redis at {mask_url(url)} refused the credentials: {exc}"
+    except redis.RedisError as exc:
+        msg = _connect_error(url, exc)
         raise RedisUnavailableError(msg) from exc
-    except (redis.ConnectionError, redis.TimeoutError, OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:
         msg = f"cannot reach Redis at {mask_url(url)}: {exc}"
         raise RedisUnavailableError(msg) from exc
     with _lock:
         _clients[key] = client
     return client
+
+
+def _connect_error(url: str, exc: redis.RedisError) -> str:
+    """What went wrong connecting to ``url``, in words an operator can act on (password masked)."""
+    shown = mask_url(url)
+    text = str(exc)
+    try:
+        parts = urlsplit(url)
+        has_password = parts.password is not None
+        db = parts.path.lstrip("/") or "0"
+    except ValueError:
+        has_password, db = False, "?"
+    if isinstance(exc, redis.AuthenticationError) or "NOAUTH" in text or "HELLO must be called" in text:
+        if not has_password:
+            return (f"Redis at {shown} requires a password and the URL has none: use "
+                    f"redis://:PASSWORD@host:port/db or redis://USER:PASSWORD@host:port/db")
+        return f"Redis at {shown} refused the credentials (wrong user or password): {text}"
+    if "DB index is out of range" in text:
+        return (f"Redis at {shown} has no database {db}: the server's 'databases' setting allows fewer "
+                f"(the default is 16: 0-15); pick another /db in the URL")
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return f"cannot reach Redis at {shown}: {text}"
+    return f"Redis at {shown} refused the connection set-up: {text}"
 
 
 def connect(config: FTConfig) -> redis.Redis:

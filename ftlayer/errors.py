@@ -35,7 +35,12 @@ class FTLayerError(Exception):
 
 
 class ConfigError(FTLayerError, ValueError):
-    """A configuration option has a bad value; the message names option, value and what is allowed."""
+    """A configuration option has a bad value; the message names option, value and what is allowed.
+
+    ``option`` is the option's name when the error is about one option (None otherwise).
+    """
+
+    option: str | None = None
 
 
 class RedisUnavailableError(FTLayerError, ConnectionError):

@@ -270,8 +270,18 @@ class EmbeddedServer:
         self.stop()
 
 
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def run_foreground(data_dir: str | None = None, port: int | None = None) -> int:
-    """``ftlayer redis``: run an embedded server until Ctrl-C; prints its URL."""
+    """``ftlayer redis``: run an embedded server until Ctrl-C or SIGTERM; prints its URL.
+
+    Both signals stop the server gracefully and remove its data directory if it is a temporary
+    one (a given ``data_dir`` is kept, AOF included).
+    """
+    if threading.current_thread() is threading.main_thread():  # SIGTERM stops like Ctrl-C
+        signal.signal(signal.SIGTERM, _raise_interrupt)
     server = EmbeddedServer(data_dir=data_dir, port=port, die_with_parent=True).start()
     print(f"ftlayer: embedded valkey-server running at {server.url}", flush=True)
     print(f"ftlayer: data dir {server.data_dir} (AOF on); Ctrl-C stops it", flush=True)

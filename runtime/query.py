@@ -4,13 +4,21 @@ FTQuery wraps the Spark StreamingQuery with the ingest threads and either the
 FT service (FT on: counters from Redis, "drained" when nothing is pending or
 waiting for replay) or the in-driver feeds (FT off). ``stop()`` stops all of
 it, plus the metrics exporter and progress listener when they run.
+
+FTQuery answers like PySpark's StreamingQuery: ``id``, ``runId``, ``name``,
+``isActive``, ``status``, ``lastProgress``, ``recentProgress``,
+``exception()``, ``awaitTermination(timeout)``, ``processAllAvailable()`` and
+``stop()`` are the Spark query's. ``stop()`` also stops ingest and the FT
+service, is idempotent, and runs on leaving a ``with`` block. Stopping never
+loses a persisted record: what is pending stays in Redis for the next run.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ftlayer.layer import FTLayer
 from ftlayer.service import FTService
@@ -18,6 +26,10 @@ from runtime.driver.ingest import Ingestor
 from runtime.driver.observe import TopologyObservers
 
 __all__ = ["FTProgress", "FTQuery", "Progress"]
+
+if TYPE_CHECKING:
+    from ftlayer.config import FTConfig
+    from runtime.trigger import Trigger
 
 
 class Progress(Protocol):
@@ -51,13 +63,95 @@ class FTProgress:
 class FTQuery:
     """A running topology: the StreamingQuery plus ingest threads and the FT service (or feeds)."""
 
-    def __init__(self, query: Any, ingestors: list[Ingestor], progress: Progress, checkpoint: str) -> None:
+    def __init__(
+        self,
+        query: Any,
+        ingestors: list[Ingestor],
+        progress: Progress,
+        checkpoint: str,
+        *,
+        config: FTConfig | None = None,
+        trigger: Trigger | None = None,
+    ) -> None:
         self.query = query
         self.ingestors = ingestors
         self.progress = progress
         self.checkpoint = checkpoint
+        self.config = config  # the effective config: the topology's, with the session's spark.ftlayer.* applied
+        self.trigger = trigger
         self.layers: list[FTLayer] = progress.layers if isinstance(progress, FTProgress) else []
         self.service: FTService | None = progress.service if isinstance(progress, FTProgress) else None
+        self._stopped = False
+
+    # --- the StreamingQuery interface (delegated to the Spark query) ---------------------------
+
+    @property
+    def id(self) -> str:
+        """The query's id, stable across restarts from the same checkpoint."""
+        return str(self.query.id)
+
+    @property
+    def runId(self) -> str:
+        """The id of this run of the query."""
+        return str(self.query.runId)
+
+    @property
+    def name(self) -> str | None:
+        """The query name (``query_name`` of ``Topology.start``; default ``ftlayer-<topology>``)."""
+        name: str | None = self.query.name
+        return name
+
+    @property
+    def isActive(self) -> bool:
+        """True while the Spark query runs."""
+        return bool(self.query.isActive)
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """Spark's status: ``message``, ``isDataAvailable``, ``isTriggerActive``."""
+        status: dict[str, Any] = self.query.status
+        return status
+
+    @property
+    def lastProgress(self) -> dict[str, Any] | None:
+        """Spark's progress of the last micro-batch (None before the first one)."""
+        progress: dict[str, Any] | None = self.query.lastProgress
+        return progress
+
+    @property
+    def recentProgress(self) -> list[dict[str, Any]]:
+        """Spark's progress of the recent micro-batches, oldest first."""
+        return list(self.query.recentProgress)
+
+    def exception(self) -> Any:
+        """The StreamingQueryException that ended the query, or None."""
+        return self.query.exception()
+
+    def awaitTermination(self, timeout: float | None = None) -> bool | None:
+        """Wait for the Spark query to end; raises its exception if it failed.
+
+        With ``timeout`` (seconds) returns whether it ended in time; without, returns None when it
+        ends. Ingest and the FT service keep running until :meth:`stop` (or the ``with`` block's
+        end), so records replayed after a finite trigger's query ended stay persisted for a re-run.
+        """
+        if timeout is None:
+            self.query.awaitTermination()
+            return None
+        return bool(self.query.awaitTermination(timeout))
+
+    def processAllAvailable(self) -> None:
+        """Block until the Spark query processed everything available in its sources now."""
+        self.query.processAllAvailable()
+
+    def __enter__(self) -> FTQuery:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # --- FT figures -----------------------------------------------------------------------------
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Counters per source: FT on, persisted, acked, failed_*, replayed, pending, ...; FT off, see Feed.stats."""
@@ -83,7 +177,10 @@ class FTQuery:
         return False
 
     def stop(self) -> None:
-        """Stop ingest, the query and the FT service (leases released) or the feed servers."""
+        """Stop ingest, the query and the FT service (leases released) or the feed servers. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
         for ing in self.ingestors:
             ing.stop()
         self.query.stop()

@@ -44,6 +44,7 @@ from runtime.graph import Graph, KeyByNode, Node, OpNode, SinkNode, SourceNode, 
 from runtime.query import FTQuery
 from runtime.sinks import CallableSink, ExecutorSink, ForeachBatchSink
 from runtime.spark.compile import Compiler
+from runtime.trigger import trigger_from
 
 __all__ = ["FTQuery", "Stream", "Topology"]
 
@@ -155,15 +156,34 @@ class Topology:
         spark: Any,
         *,
         checkpoint_location: str | None = None,
-        trigger_interval_s: float = 0.5,
+        trigger_interval_s: float | None = None,
         max_records_per_batch: int | None = None,
+        processingTime: str | None = None,  # PySpark trigger() keywords
+        availableNow: bool = False,
+        once: bool = False,
+        query_name: str | None = None,
     ) -> FTQuery:
-        """Start ingest, the FT service and the streaming query.
+        """Start ingest, the FT service and the streaming query; the FTQuery handle works like a StreamingQuery.
+
+        Trigger: at most one of ``processingTime`` (default ``"500 milliseconds"``),
+        ``availableNow``, ``once`` or the float ``trigger_interval_s`` (see
+        :mod:`runtime.trigger`; with a finite trigger, ingest runs to the end of every source
+        before the query starts). ``query_name`` defaults to ``ftlayer-<topology>``;
+        ``checkpoint_location`` to a new temporary directory.
+
+        Config: the session's ``spark.ftlayer.*`` keys are applied to every option not set in
+        code (:meth:`ftlayer.config.FTConfig.with_spark_conf`); the result is ``FTQuery.config``.
 
         Refuses first (TopologyError naming the stream, before anything runs) a
         graph with no source, no sink, a stream that is never sunk, or a
         ForeachBatchSink next to another sink (runtime.topology_checks).
         """
+        trigger = trigger_from(processing_time=processingTime, available_now=availableNow, once=once,
+                               trigger_interval_s=trigger_interval_s)
+        name = query_name if query_name is not None else f"ftlayer-{self.name}"
+        if not name.strip():
+            msg = f"topology {self.name!r}: query_name must not be empty"
+            raise TopologyError(msg)
         self._graph.sinks()
         self._graph.config = self.config  # a user may replace .config before start()
-        return Compiler(self._graph, spark).start(checkpoint_location, trigger_interval_s, max_records_per_batch)
+        return Compiler(self._graph, spark).start(checkpoint_location, trigger, max_records_per_batch, name)

@@ -36,8 +36,16 @@ from typing import Any
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
 from runtime.bench.acker import RESULTS, bench_acker, bench_memory, write_results
+from runtime.cli.env import add_env_options, resolve_env_defaults
 
 BENCHES = ("acker", "scaling", "replay", "latency", "e2e")
+DESCRIPTION = (
+    "Run the benchmarks, print a JSON summary and merge it into results.json. Each benchmark measures its "
+    "variants side by side in one run (alternating, repeated) and reports medians with their spread: "
+    "acker (XOR updates vs raw Redis writes, bytes per pending record), scaling (throughput and memory at "
+    "10k/100k/1M pending), replay (records processed again after a killed worker), latency (persist to ack "
+    "at a fixed trigger), e2e (FT on vs FT off vs plain Structured Streaming)."
+)
 
 
 def _env(name: str, default: str) -> str:
@@ -58,39 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("which", nargs="*", default=None, metavar="BENCH",
                    help=f"benchmarks to run: {', '.join(BENCHES)} or all (default all, about 25 minutes on "
                         "2 cores) [env FTLAYER_BENCH, comma-separated]")
-    p.add_argument("--redis-url", default=_env("FTLAYER_REDIS_URL", ""),
+    p.add_argument("--redis-url", default=_env("FTLAYER_REDIS_URL", ""), metavar="URL",
                    help="Redis to measure; default an embedded valkey-server [env FTLAYER_REDIS_URL]")
-    p.add_argument("--out", default=_env("FTLAYER_BENCH_OUT", str(RESULTS.parent)), metavar="DIR",
-                   help="directory of results.json and the PNG plots [env FTLAYER_BENCH_OUT]")
-    p.add_argument("--no-write", action="store_true", default=_env("FTLAYER_BENCH_NO_WRITE", "") == "1",
-                   help="print only; leave results.json and the plots alone [env FTLAYER_BENCH_NO_WRITE=1]")
-    p.add_argument("--records", type=int, default=int(_env("FTLAYER_BENCH_RECORDS", "100000")),
-                   help="acker: records per round and pending records of the memory figure "
-                        "[env FTLAYER_BENCH_RECORDS]")
-    p.add_argument("--repeats", type=int, default=int(_env("FTLAYER_BENCH_REPEATS", "5")),
-                   help="acker: alternating rounds per variant [env FTLAYER_BENCH_REPEATS]")
-    p.add_argument("--payload-bytes", type=int, default=int(_env("FTLAYER_BENCH_PAYLOAD_BYTES", "32")),
-                   help="acker and scaling: payload size of the memory figures [env FTLAYER_BENCH_PAYLOAD_BYTES]")
-    p.add_argument("--scaling-sizes", default=_env("FTLAYER_BENCH_SCALING_SIZES", "10000,100000,1000000"),
-                   help="scaling: pending-record levels [env FTLAYER_BENCH_SCALING_SIZES]")
-    p.add_argument("--replay-records", type=int, default=int(_env("FTLAYER_BENCH_REPLAY_RECORDS", "20000")),
-                   help="replay: records in the failed batch [env FTLAYER_BENCH_REPLAY_RECORDS]")
-    p.add_argument("--replay-repeats", type=int, default=int(_env("FTLAYER_BENCH_REPLAY_REPEATS", "3")),
-                   help="replay: rounds [env FTLAYER_BENCH_REPLAY_REPEATS]")
-    p.add_argument("--latency-rate", type=float, default=float(_env("FTLAYER_BENCH_LATENCY_RATE", "2000")),
-                   help="latency: offered records per second [env FTLAYER_BENCH_LATENCY_RATE]")
-    p.add_argument("--latency-duration-s", type=float,
-                   default=float(_env("FTLAYER_BENCH_LATENCY_DURATION_S", "30")),
-                   help="latency: measured seconds after the warm-up [env FTLAYER_BENCH_LATENCY_DURATION_S]")
-    p.add_argument("--trigger-interval-s", type=float,
-                   default=float(_env("FTLAYER_BENCH_TRIGGER_INTERVAL_S", "1.0")),
-                   help="latency: the fixed trigger interval [env FTLAYER_BENCH_TRIGGER_INTERVAL_S]")
-    p.add_argument("--e2e-records", type=int, default=int(_env("FTLAYER_BENCH_E2E_RECORDS", "1000000")),
-                   help="e2e: small records per run [env FTLAYER_BENCH_E2E_RECORDS]")
-    p.add_argument("--e2e-kib-records", type=int, default=int(_env("FTLAYER_BENCH_E2E_KIB_RECORDS", "200000")),
-                   help="e2e: 1 KiB records per run [env FTLAYER_BENCH_E2E_KIB_RECORDS]")
-    p.add_argument("--e2e-repeats", type=int, default=int(_env("FTLAYER_BENCH_E2E_REPEATS", "3")),
-                   help="e2e: alternating rounds per variant [env FTLAYER_BENCH_E2E_REPEATS]")
+    add_env_options(p, "bench")
 
 
 def _say(msg: str) -> None:
@@ -138,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from ftlayer.server import EmbeddedServer
 
     selected = _selected(args)
-    out = Path(args.out)
+    out = Path(args.out or RESULTS.parent)
     server = None if args.redis_url else EmbeddedServer().start()
     url = args.redis_url or (server.url if server else "")
     summary: dict[str, Any] = {}
@@ -186,17 +164,23 @@ def run(args: argparse.Namespace) -> int:
 def add_parser(sub: Any) -> None:
     """Add ``ftlayer bench`` to the CLI's subparsers."""
     p = sub.add_parser("bench", help="run the benchmarks (FT cost, acker, latency, replay precision, memory, scaling)",
-                       description=(__doc__ or "").split("\n\n")[0])
+                       description=DESCRIPTION)
     add_arguments(p)
     p.set_defaults(func=run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m runtime.cli.bench`` (what ``scripts/bench`` runs)."""
-    parser = argparse.ArgumentParser(prog="ftlayer bench", description=(__doc__ or "").split("\n\n")[0])
+    from runtime.cli.common import CLIError
+
+    parser = argparse.ArgumentParser(prog="ftlayer bench", description=DESCRIPTION)
     add_arguments(parser)
     args = parser.parse_args(argv)
-    return run(args)
+    try:
+        return run(resolve_env_defaults(args))
+    except (CLIError, ConfigError) as exc:
+        print(f"ftlayer bench: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

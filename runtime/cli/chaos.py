@@ -19,35 +19,22 @@ from ftlayer.connection import client_for, resolved
 from runtime.chaos.base import new_workdir
 from runtime.chaos.runner import SCENARIOS, run_scenario
 from runtime.cli.common import connection_options, load_config
-
-
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(name, default)
+from runtime.cli.env import add_env_options
 
 
 def add_parser(sub: Any) -> None:
     """Add ``ftlayer chaos`` to the CLI's subparsers."""
+    namespace_help = ("key prefix of the chaos run; default a fresh 'chaos<8 hex digits>' namespace, deleted "
+                      "afterwards unless --keep [env FTLAYER_NAMESPACE]")
     p = sub.add_parser(
-        "chaos", parents=[connection_options()],
+        "chaos", parents=[connection_options(namespace_help=namespace_help)],
         help="run a fault-injection scenario on local Spark and report what was lost, leaked, replayed",
         description="Run a chaos scenario on a local SparkSession (local[2,4]) and print the checker's "
                     "report. Exit status 0 if nothing was lost or leaked and the scenario's expectations "
                     "held, 1 otherwise. Scenarios: " + "; ".join(f"{k}: {v.summary}" for k, v in SCENARIOS.items()),
     )
     p.add_argument("scenario", choices=sorted(SCENARIOS), help="the scenario to run")
-    p.add_argument("--records", type=int, default=_env("FTLAYER_CHAOS_RECORDS"),
-                   help="records to emit; default the scenario's CI size (soak: 1000000) [env FTLAYER_CHAOS_RECORDS]")
-    p.add_argument("--durability", choices=(*DURABILITY_MODES, "all"), default=_env("FTLAYER_CHAOS_DURABILITY", "all"),
-                   help="kill-redis only: the durability mode to test, or 'all' for each in turn; default all "
-                        "[env FTLAYER_CHAOS_DURABILITY]")
-    p.add_argument("--workdir", default=_env("FTLAYER_CHAOS_WORKDIR"), metavar="DIR",
-                   help="directory for the sink output, fault marks and checkpoint; default a new temporary "
-                        "directory [env FTLAYER_CHAOS_WORKDIR]")
-    p.add_argument("--strict", action="store_true", default=_env("FTLAYER_CHAOS_STRICT") == "1",
-                   help="also fail on replays no injected fault explains [env FTLAYER_CHAOS_STRICT=1]")
-    p.add_argument("--keep", action="store_true", default=_env("FTLAYER_CHAOS_KEEP") == "1",
-                   help="keep the temporary work directory and the generated namespace's Redis keys "
-                        "(default: remove them; a --namespace you name is never deleted) [env FTLAYER_CHAOS_KEEP=1]")
+    add_env_options(p, "chaos")
     p.set_defaults(func=_cmd_chaos)
 
 

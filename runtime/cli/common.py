@@ -34,8 +34,11 @@ class CLIError(FTLayerError):
     """An operator command cannot do what it was asked; the message says what to do instead."""
 
 
-def connection_options() -> argparse.ArgumentParser:
-    """A parent parser with --redis-url, --namespace and --config (each help names its env var)."""
+def connection_options(namespace_help: str | None = None) -> argparse.ArgumentParser:
+    """A parent parser with --redis-url, --namespace and --config (each help names its env var).
+
+    ``namespace_help`` replaces the --namespace help for a command whose default differs.
+    """
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("connection")
     g.add_argument(
@@ -45,7 +48,7 @@ def connection_options() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--namespace", default=None,
-        help="key prefix the topology was started with; default 'ftlayer' [env FTLAYER_NAMESPACE]",
+        help=namespace_help or "key prefix the topology was started with; default 'ftlayer' [env FTLAYER_NAMESPACE]",
     )
     g.add_argument(
         "--config", default=None, metavar="PATH",

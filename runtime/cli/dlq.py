@@ -199,7 +199,7 @@ def cmd_show(args: argparse.Namespace, config: FTConfig, client: redis.Redis) ->
 
 def _targets(args: argparse.Namespace, dl: DeadLetters) -> list[str]:
     if bool(args.entry_ids) == bool(args.all):
-        msg = f"{args.dlq_command}: give either ENTRY_ID... or --all"
+        msg = f"ftlayer dlq {args.dlq_command}: give either ENTRY_ID... or --all"
         raise CLIError(msg)
     return _all_ids(dl) if args.all else check_entry_ids(args.entry_ids)
 
@@ -274,8 +274,21 @@ def cmd_purge(args: argparse.Namespace, config: FTConfig, client: redis.Redis) -
 _COMMANDS = {"list": cmd_list, "show": cmd_show, "requeue": cmd_requeue, "purge": cmd_purge}
 
 
+def check_usage(args: argparse.Namespace) -> None:
+    """Refuse a wrong combination of arguments before anything connects (:class:`CLIError`)."""
+    if args.dlq_command in ("requeue", "purge"):
+        if bool(args.entry_ids) == bool(args.all):
+            msg = f"ftlayer dlq {args.dlq_command}: give either ENTRY_ID... or --all (one of them, not both)"
+            raise CLIError(msg)
+        if args.entry_ids:
+            check_entry_ids(args.entry_ids)
+    if args.dlq_command == "show":
+        check_entry_ids([args.entry_id])
+
+
 def run_dlq(args: argparse.Namespace) -> int:
     """Dispatch a ``dlq`` subcommand (see the module contract). Returns the exit code."""
+    check_usage(args)
     config = load_config(args)
     client = connect_configured(config, f"dlq {args.dlq_command}")
     with redis_errors(config):
@@ -285,7 +298,7 @@ def run_dlq(args: argparse.Namespace) -> int:
 def add_parser(sub: Any) -> None:
     """Add the ``dlq`` command and its subcommands to the CLI's subparsers."""
     p = sub.add_parser("dlq", help="list, show, requeue or purge dead letters")
-    dsub = p.add_subparsers(dest="dlq_command", required=True)
+    dsub = p.add_subparsers(dest="dlq_command", required=True, metavar="{list,show,requeue,purge}")
     common = connection_options()
 
     pl = dsub.add_parser("list", parents=[common], help="list dead letters (default: every source)")

@@ -1,4 +1,10 @@
-"""The ``ftlayer`` command line. Every option's help names its environment variable."""
+"""The ``ftlayer`` command line. Every option's help names its environment variable.
+
+Contract: no command prints a Python traceback for a bad option, a bad environment variable, an
+unreachable or misconfigured server: each ends with one ``ftlayer: error: ...`` line (or the
+subcommand's usage for a bad option) and exit status 2. Unknown ``FTLAYER_*`` variables are
+reported on stderr with the closest known name, and otherwise ignored.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +12,32 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from ftlayer import __version__
 from ftlayer.errors import FTLayerError
 from runtime.cli import bench as bench_cli
 from runtime.cli import chaos, dlq, status
+from runtime.cli import config as config_cli
+from runtime.cli.env import add_env_options, env_help_epilog, resolve_env_defaults, unknown_env_warnings
 
 
 def _cmd_redis(args: argparse.Namespace) -> int:
+    from ftlayer.config import FTConfig
     from ftlayer.server import run_foreground
 
     if args.cluster:
         return _cmd_redis_cluster(args)
-    return run_foreground(data_dir=args.data_dir, port=args.port)
+    # --data-dir, else FTLAYER_EMBEDDED_DATA_DIR / embedded_data_dir of the config file
+    data_dir = args.data_dir or FTConfig.load().embedded_data_dir or None
+    return run_foreground(data_dir=data_dir, port=args.port)
+
+
+def _set_leaf_parsers(parser: argparse.ArgumentParser) -> None:
+    """Remember on each (sub)command parser itself, so a bad option is reported with that command's usage."""
+    parser.set_defaults(cli_parser=parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _set_leaf_parsers(sub)
 
 
 def _cmd_redis_cluster(args: argparse.Namespace) -> int:
@@ -34,14 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ftlayer",
         description="Record-level at-least-once processing for PySpark Structured Streaming.",
+        epilog=env_help_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_redis = sub.add_parser("redis", help="run the embedded valkey-server in the foreground")
-    p_redis.add_argument(
-        "--data-dir", default=None,
-        help="data directory (AOF lives here); default a temporary directory "
-             "[env FTLAYER_EMBEDDED_DATA_DIR]",
+    parser.add_argument("--version", action="version", version=f"ftlayer {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p_redis = sub.add_parser(
+        "redis", help="run the embedded valkey-server in the foreground",
+        description="Run the embedded valkey-server in the foreground until Ctrl-C or SIGTERM; print its URL.",
     )
+    add_env_options(p_redis, "redis")
     p_redis.add_argument("--port", type=int, default=None, help="port; default a free one")
     p_redis.add_argument(
         "--cluster", action="store_true",
@@ -51,17 +74,23 @@ def build_parser() -> argparse.ArgumentParser:
     p_redis.set_defaults(func=_cmd_redis)
     status.add_parser(sub)
     dlq.add_parser(sub)
+    config_cli.add_parser(sub)
     chaos.add_parser(sub)
     bench_cli.add_parser(sub)
+    _set_leaf_parsers(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ftlayer`` console script."""
+    for warning in unknown_env_warnings():
+        print(f"ftlayer: warning: {warning}", file=sys.stderr)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        args.cli_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return int(args.func(args))
+        return int(args.func(resolve_env_defaults(args)))
     except FTLayerError as exc:
         print(f"ftlayer: error: {exc}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,9 +33,11 @@ from runtime.driver.observe import TopologyObservers
 from runtime.graph import Graph, KeyByNode, Node, Op, OpNode, SinkNode, SourceNode, StateNode, UnionNode
 from runtime.query import FTProgress, FTQuery, Progress
 from runtime.sinks import ForeachBatchSink, RedisHashSink
+from runtime.spark.conf import effective_config
 from runtime.spark.feed_source import feed_host
 from runtime.spark.sink_stage import DriverSinkBatch, SinkStage
 from runtime.spark.stages import ROW_SCHEMA, Fanout, Stage, StatefulStage, TaskEnv
+from runtime.trigger import Trigger
 
 __all__ = ["FANOUT_OP_BASE", "Compiler", "source_layer"]
 
@@ -57,14 +60,41 @@ def source_layer(
     )
 
 
+def _await_ingest(topology: str, ingestors: list[Ingestor], trigger: Trigger, poll_s: float = 0.05) -> None:
+    """Finite trigger: wait until ingest reached the end of every source (see :mod:`runtime.trigger`).
+
+    Raises :class:`TopologyError` when ingest waits on backpressure (``max_pending`` records
+    pending), which no query runs to relieve yet. An unbounded source never ends: don't use a
+    finite trigger with one.
+    """
+    held_since: float | None = None
+    while not all(i.done for i in ingestors):
+        held = [i for i in ingestors if not i.done and i.destination.pending_count() >= i.max_pending]
+        if not held:
+            held_since = None
+        elif held_since is None:
+            held_since = time.monotonic()
+        elif time.monotonic() - held_since >= 2.0:  # held for a while, not just the last batch landing
+            ing = held[0]
+            msg = (
+                f"topology {topology!r}: {trigger} processes what is persisted when the query starts, but "
+                f"ingest of {ing.destination.label} is held by backpressure ({ing.max_pending} records "
+                f"pending, max_pending): raise max_pending above the source's size or use processingTime"
+            )
+            raise TopologyError(msg)
+        time.sleep(poll_s)
+
+
 class Compiler:
     """Turns the logical graph into DataFrames (see the module docstring)."""
 
     def __init__(self, topology: Graph, spark: Any) -> None:
         self.topology = topology
         self.spark = spark
+        # spark.ftlayer.* of the session beat file and env, not options set in code (runtime.spark.conf)
+        cfg = effective_config(topology.config, spark)
         # FT off: no Redis URL is resolved, so no embedded server is started either
-        cfg = resolved(topology.config) if topology.config.ft_on else topology.config
+        cfg = resolved(cfg) if cfg.ft_on else cfg
         self.config = cfg
         self.n = cfg.num_channels
         names = tuple(s.name for s in topology.sources)
@@ -153,7 +183,7 @@ class Compiler:
         stage = Stage(self.env, self._next_stage(), tuple(ops), key=key, fanout=self.fanout(parent, node))
         return self.df_for(parent).mapInArrow(stage, ROW_SCHEMA)
 
-    def start(self, checkpoint: str | None, trigger_s: float, max_records: int | None) -> FTQuery:
+    def start(self, checkpoint: str | None, trigger: Trigger, max_records: int | None, query_name: str) -> FTQuery:
         topo = self.topology
         self._max_records = max_records
         sinks = topo.sinks()
@@ -173,14 +203,16 @@ class Compiler:
             if self.config.ft_on:
                 progress = FTProgress(layers, FTService(layers).start())
                 progress.observers = TopologyObservers.start(
-                    self.spark, layers, self.config, query_name=f"ftlayer-{topo.name}"
+                    self.spark, layers, self.config, query_name=query_name
                 )
             ingestors = [Ingestor(d, s.source, key=s.key, partitioning=s.partitioning).start()
                          for d, s in zip(dests, topo.sources, strict=True)]
+            if trigger.finite:
+                _await_ingest(topo.name, ingestors, trigger)
             query = (
-                writer.queryName(f"ftlayer-{topo.name}")
+                writer.queryName(query_name)
                 .option("checkpointLocation", checkpoint)
-                .trigger(processingTime=f"{int(trigger_s * 1000)} milliseconds")
+                .trigger(**trigger.writer_kwargs())
                 .start()
             )
         except BaseException:
@@ -188,7 +220,7 @@ class Compiler:
                 ing.stop()
             progress.stop()
             raise
-        return FTQuery(query, ingestors, progress, checkpoint)
+        return FTQuery(query, ingestors, progress, checkpoint, config=self.config, trigger=trigger)
 
     def _writer(self, sink_nodes: list[SinkNode]) -> Any:
         """The query's writer. Several executor sinks run as sink stages of one query: their

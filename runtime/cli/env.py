@@ -1,0 +1,233 @@
+"""The one table of the CLI's own ``FTLAYER_*`` environment variables, and what is built from it.
+
+Every command-line option with an environment default is a row of :data:`ENV_OPTIONS`; the
+config options' variables (``FTLAYER_<OPTION>``) come from :class:`ftlayer.config.FTConfig`.
+From these two tables come: each option's help text (``[env NAME]`` and the default), the
+environment section of ``ftlayer --help``, and the list of known names that
+:func:`unknown_env_warnings` checks the environment against.
+
+Contract of the lazy defaults: an option added with :func:`add_env_option` has a placeholder
+default, so building the parser and ``--help`` never read or convert a variable. After parsing,
+:func:`resolve_env_defaults` converts the variables of the options that were not given on the
+command line, and raises :class:`~runtime.cli.common.CLIError` naming the variable, its value,
+what is expected and the option it sets. A variable of another command is never read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ftlayer.config import CONFIG_FILE_ENV, ENV_PREFIX, FTConfig
+from runtime.cli.common import CLIError
+
+
+@dataclass(frozen=True)
+class EnvOption:
+    """One option whose default comes from an environment variable.
+
+    ``kind`` is ``int``, ``float``, ``str`` or ``flag`` (on when the variable is ``1``);
+    ``default`` is the default as text (None: no value); ``lo`` is the smallest allowed number.
+    """
+
+    command: str
+    flag: str
+    env: str
+    kind: str
+    default: str | None
+    help: str
+    metavar: str | None = None
+    choices: tuple[str, ...] = ()
+    lo: float | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+def _bench(flag: str, env: str, kind: str, default: str | None, text: str, *, lo: float | None = 1) -> EnvOption:
+    return EnvOption("bench", flag, "FTLAYER_BENCH_" + env, kind, default, text,
+                     lo=lo if kind in ("int", "float") else None)
+
+
+ENV_OPTIONS: tuple[EnvOption, ...] = (
+    EnvOption("redis", "--data-dir", "FTLAYER_EMBEDDED_DATA_DIR", "str", None,
+              "data directory (the AOF lives here; kept after the server stops); default a temporary "
+              "directory, removed when the server stops", metavar="DIR"),
+    EnvOption("chaos", "--records", "FTLAYER_CHAOS_RECORDS", "int", None,
+              "records to emit; default the scenario's CI size (soak: 1000000)", metavar="N", lo=1),
+    EnvOption("chaos", "--durability", "FTLAYER_CHAOS_DURABILITY", "str", "all",
+              "kill-redis only: the durability mode to test, or 'all' for each in turn",
+              choices=("none", "everysec", "waitaof", "all")),
+    EnvOption("chaos", "--workdir", "FTLAYER_CHAOS_WORKDIR", "str", None,
+              "directory for the sink output, fault marks and checkpoint; default a new temporary directory",
+              metavar="DIR"),
+    EnvOption("chaos", "--strict", "FTLAYER_CHAOS_STRICT", "flag", None,
+              "also fail on replays no injected fault explains"),
+    EnvOption("chaos", "--keep", "FTLAYER_CHAOS_KEEP", "flag", None,
+              "keep the temporary work directory and the generated namespace's Redis keys (default: remove "
+              "them; a --namespace you name is never deleted)"),
+    _bench("--out", "OUT", "str", None, "directory of results.json and the PNG plots; default docs/bench"),
+    _bench("--no-write", "NO_WRITE", "flag", None, "print only; leave results.json and the plots alone"),
+    _bench("--records", "RECORDS", "int", "100000",
+           "acker: records per round and pending records of the memory figure"),
+    _bench("--repeats", "REPEATS", "int", "5", "acker: alternating rounds per variant"),
+    _bench("--payload-bytes", "PAYLOAD_BYTES", "int", "32",
+           "acker and scaling: payload size of the memory figures", lo=0),
+    _bench("--scaling-sizes", "SCALING_SIZES", "str", "10000,100000,1000000",
+           "scaling: pending-record levels, comma-separated"),
+    _bench("--replay-records", "REPLAY_RECORDS", "int", "20000", "replay: records in the failed batch"),
+    _bench("--replay-repeats", "REPLAY_REPEATS", "int", "3", "replay: rounds"),
+    _bench("--latency-rate", "LATENCY_RATE", "float", "2000", "latency: offered records per second"),
+    _bench("--latency-duration-s", "LATENCY_DURATION_S", "float", "30", "latency: measured seconds after the warm-up"),
+    _bench("--trigger-interval-s", "TRIGGER_INTERVAL_S", "float", "1.0", "latency: the fixed trigger interval"),
+    _bench("--e2e-records", "E2E_RECORDS", "int", "1000000", "e2e: small records per run"),
+    _bench("--e2e-kib-records", "E2E_KIB_RECORDS", "int", "200000", "e2e: 1 KiB records per run"),
+    _bench("--e2e-repeats", "E2E_REPEATS", "int", "3", "e2e: alternating rounds per variant"),
+)
+
+# Variables read elsewhere than an option default: (name, what reads it).
+OTHER_ENV_VARS: tuple[tuple[str, str], ...] = (
+    (CONFIG_FILE_ENV, "the ftlayer TOML config file (default ./ftlayer.toml if it exists)"),
+    ("FTLAYER_BENCH", "ftlayer bench: the benchmarks to run when none is named, comma-separated"),
+    ("FTLAYER_CHAOS_DUPLICATE_FLUSH", "chaos: send every flush twice (in the process that flushes)"),
+    ("FTLAYER_TEST_REDIS_URL", "tests: use this server instead of an embedded one"),
+    ("FTLAYER_VENV", "scripts/*: the virtualenv to create or reuse"),
+)
+
+
+class EnvDefault:
+    """Placeholder default of an :class:`EnvOption`; replaced by :func:`resolve_env_defaults`."""
+
+    def __init__(self, option: EnvOption) -> None:
+        self.option = option
+
+    def __repr__(self) -> str:  # what argparse would show; help text never shows it
+        return f"${self.option.env}"
+
+
+def option_help(opt: EnvOption) -> str:
+    """The help text of ``opt``: its text, its default when it has one, and its variable."""
+    if opt.kind == "flag":
+        return f"{opt.help} [env {opt.env}=1]"
+    default = f"; default {opt.default}" if opt.default is not None else ""
+    return f"{opt.help}{default} [env {opt.env}]"
+
+
+def add_env_option(parser: argparse.ArgumentParser, opt: EnvOption) -> None:
+    """Add ``opt`` to ``parser`` with a lazy environment default."""
+    kw: dict[str, Any] = {"dest": opt.dest, "default": EnvDefault(opt), "help": option_help(opt)}
+    if opt.kind == "flag":
+        parser.add_argument(opt.flag, action="store_true", **kw)
+        return
+    kw["type"] = _converter(opt)
+    if opt.choices:
+        kw["choices"] = opt.choices
+    if opt.metavar:
+        kw["metavar"] = opt.metavar
+    parser.add_argument(opt.flag, **kw)
+
+
+def add_env_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """Add every row of the table that belongs to ``command``."""
+    for opt in ENV_OPTIONS:
+        if opt.command == command:
+            add_env_option(parser, opt)
+
+
+def _expected(opt: EnvOption) -> str:
+    what = {"int": "an integer", "float": "a number", "str": "a value"}[opt.kind]
+    if opt.lo is not None:
+        what += f" >= {opt.lo:g}"
+    if opt.choices:
+        what = "one of " + ", ".join(opt.choices)
+    return what
+
+
+def _convert(opt: EnvOption, raw: str) -> Any:
+    """``raw`` as the option's type; ValueError if it is not one."""
+    text = raw.strip()
+    if opt.kind == "int":
+        value: Any = int(text.replace("_", ""))
+    elif opt.kind == "float":
+        value = float(text)
+    else:
+        value = raw
+    if opt.lo is not None and not value >= opt.lo:
+        raise ValueError(raw)
+    if opt.choices and value not in opt.choices:
+        raise ValueError(raw)
+    return value
+
+
+def _converter(opt: EnvOption) -> Any:
+    def convert(raw: str) -> Any:
+        try:
+            return _convert(opt, raw)
+        except ValueError:
+            msg = f"invalid value {raw!r}: expected {_expected(opt)}"
+            raise argparse.ArgumentTypeError(msg) from None
+
+    convert.__name__ = opt.kind  # argparse names the type in some messages
+    return convert
+
+
+def resolve_env_defaults(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> argparse.Namespace:
+    """Replace every :class:`EnvDefault` left in ``args`` by its variable's value or the default."""
+    env = os.environ if env is None else env
+    for dest, value in vars(args).items():
+        if not isinstance(value, EnvDefault):
+            continue
+        opt = value.option
+        raw = env.get(opt.env)
+        if opt.kind == "flag":
+            setattr(args, dest, raw is not None and raw.strip() == "1")
+            continue
+        if raw is None or (raw == "" and opt.kind != "str"):
+            setattr(args, dest, None if opt.default is None else _convert(opt, opt.default))
+            continue
+        try:
+            setattr(args, dest, _convert(opt, raw))
+        except ValueError:
+            msg = (f"environment variable {opt.env}={raw!r} is invalid: expected {_expected(opt)} "
+                   f"(it sets ftlayer {opt.command} {opt.flag}; unset it or fix it)")
+            raise CLIError(msg) from None
+    return args
+
+
+def config_env_vars() -> list[tuple[str, str]]:
+    """(variable, meaning) of every config option, from FTConfig."""
+    return [(env, doc) for _, env, _, doc in FTConfig().describe()]
+
+
+def known_env_vars() -> set[str]:
+    """Every ``FTLAYER_*`` name that something in ftlayer reads."""
+    return {e for e, _ in config_env_vars()} | {o.env for o in ENV_OPTIONS} | {n for n, _ in OTHER_ENV_VARS}
+
+
+def unknown_env_warnings(env: Mapping[str, str] | None = None) -> list[str]:
+    """One warning per ``FTLAYER_*`` variable that nothing reads, with the closest known name."""
+    env = os.environ if env is None else env
+    known = known_env_vars()
+    out: list[str] = []
+    for name in sorted(n for n in env if n.startswith(ENV_PREFIX) and n not in known):
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+        hint = f"; did you mean {close[0]}?" if close else " (see ftlayer --help for the known ones)"
+        out.append(f"unknown environment variable {name} is ignored{hint}")
+    return out
+
+
+def env_help_epilog() -> str:
+    """The environment section of ``ftlayer --help``, built from the two tables."""
+    lines = ["environment variables (FTConfig options; precedence: defaults < ftlayer.toml < env < "
+             "spark.ftlayer.* conf < command line):"]
+    lines += [f"  {name}" for name, _ in config_env_vars()]
+    lines.append("command defaults (see each command's --help):")
+    lines += [f"  {o.env:<34} ftlayer {o.command} {o.flag}" for o in ENV_OPTIONS]
+    lines.append("other:")
+    lines += [f"  {name:<34} {text}" for name, text in OTHER_ENV_VARS]
+    return "\n".join(lines)

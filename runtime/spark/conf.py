@@ -1,0 +1,31 @@
+"""The ``spark.ftlayer.*`` keys of a running SparkSession (spark-submit ``--conf``, builder ``.config``,
+``spark.conf.set``).
+
+Contract: :func:`ftlayer_conf` reads the session's runtime conf, which holds the static conf the
+session was built with plus every key set on it since, and returns only the ``spark.ftlayer.*``
+keys, as strings. It is read when a topology starts (see ``runtime.topology.Compiler``), so a key
+set after ``start()`` changes nothing for that query. :func:`effective_config` applies them to a
+config with :meth:`ftlayer.config.FTConfig.with_spark_conf`: Spark conf beats defaults, the file
+and ``FTLAYER_*`` env, but not options set in code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ftlayer.config import SPARK_PREFIX, FTConfig
+
+
+def ftlayer_conf(spark: Any) -> dict[str, str]:
+    """The session's ``spark.ftlayer.*`` keys and values (empty if it has none)."""
+    # RuntimeConfig.getAll is new in Spark 4.0: a method in some releases, a property in others (4.3)
+    get_all = getattr(spark.conf, "getAll", None)
+    found = get_all() if callable(get_all) else get_all
+    # Spark < 4.0: only the static conf the session was built with
+    items = dict(found).items() if found is not None else spark.sparkContext.getConf().getAll()
+    return {str(k): str(v) for k, v in items if str(k).startswith(SPARK_PREFIX)}
+
+
+def effective_config(config: FTConfig, spark: Any) -> FTConfig:
+    """``config`` with the session's ``spark.ftlayer.*`` keys applied to the options not set in code."""
+    return config.with_spark_conf(ftlayer_conf(spark))

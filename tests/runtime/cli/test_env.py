@@ -1,0 +1,75 @@
+"""The CLI's env-var table: help generated from it, lazy conversion, and the known-name check."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.cli.common import CLIError
+from runtime.cli.env import (
+    ENV_OPTIONS,
+    add_env_options,
+    config_env_vars,
+    known_env_vars,
+    resolve_env_defaults,
+    unknown_env_warnings,
+)
+from runtime.cli.main import build_parser, main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _help(capsys: Any, *argv: str) -> str:
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_every_table_row_is_in_its_commands_help_and_in_the_top_level_help(capsys: Any) -> None:
+    top = _help(capsys)
+    for name, _ in config_env_vars():
+        assert name in top
+    for opt in ENV_OPTIONS:
+        assert f"{opt.env} ftlayer {opt.command} {opt.flag}" in top
+        assert f"[env {opt.env}" in _help(capsys, opt.command), opt.env
+
+
+def test_every_ftlayer_variable_the_code_reads_is_known() -> None:
+    used: set[str] = set()
+    for folder in ("ftlayer", "runtime", "scripts", "tests"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.is_file() and path.suffix in ("", ".py", ".sh"):
+                used |= set(re.findall(r"\bFTLAYER_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace")))
+    used -= {"FTLAYER_TIMOUT_S", "FTLAYER_NAMESPCE", "FTLAYER_ZZZ"}  # unknown on purpose in tests
+    assert used - known_env_vars() == set()
+
+
+def test_unknown_names_get_a_close_match_or_a_pointer() -> None:
+    env = {"FTLAYER_NAMESPCE": "x", "FTLAYER_ZZZ": "1", "FTLAYER_NAMESPACE": "ok", "OTHER_TIMOUT": "1"}
+    warnings = unknown_env_warnings(env)
+    assert warnings == [
+        "unknown environment variable FTLAYER_NAMESPCE is ignored; did you mean FTLAYER_NAMESPACE?",
+        "unknown environment variable FTLAYER_ZZZ is ignored (see ftlayer --help for the known ones)",
+    ]
+
+
+def test_defaults_are_converted_only_after_parsing_and_name_their_variable() -> None:
+    parser = argparse.ArgumentParser()
+    add_env_options(parser, "bench")  # building the parser reads no variable
+    args = parser.parse_args(["--repeats", "7"])
+    resolve_env_defaults(args, env={"FTLAYER_BENCH_RECORDS": "1_000", "FTLAYER_BENCH_NO_WRITE": "1",
+                                    "FTLAYER_BENCH_REPEATS": "junk"})  # given on the command line: not read
+    assert (args.records, args.repeats, args.no_write, args.e2e_repeats, args.out) == (1000, 7, True, 3, None)
+    args = parser.parse_args([])
+    with pytest.raises(CLIError, match=r"FTLAYER_BENCH_LATENCY_RATE='0'.*a number >= 1.*--latency-rate"):
+        resolve_env_defaults(args, env={"FTLAYER_BENCH_LATENCY_RATE": "0"})
+
+
+def test_build_parser_reads_no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for opt in ENV_OPTIONS:
+        monkeypatch.setenv(opt.env, "not a value")
+    build_parser()
