@@ -45,7 +45,8 @@ class KeyedStateStore:
         self.dirty: set[bytes] = set()
 
     def _client(self) -> Any:
-        return client_for(self.config.redis_url, self.config.connect_timeout_s)
+        return client_for(self.config.redis_url, self.config.connect_timeout_s,
+                          outage_budget_s=self.config.outage_budget_s)
 
     def load(self, keys: Iterable[Any]) -> None:
         """Fetch the state of keys not loaded yet in this task (one round trip)."""
