@@ -54,7 +54,9 @@ SCENARIOS: dict[str, Scenario] = {
     "batch-fails": Scenario(chaos_scenarios.batch_fails, 3000, "a whole micro-batch fails; the query restarts"),
     "kill-driver": Scenario(chaos_procs.kill_driver, 1500, "the driver SIGKILLed and restarted",
                             needs_spark=False),
-    "kill-redis": Scenario(chaos_procs.kill_redis, 3000, "the Redis server SIGKILLed, restarted from its AOF"),
+    "kill-redis": Scenario(chaos_procs.kill_redis, 3000, "the Redis server SIGKILLed, restarted from its AOF "
+                                                         "after 3 s"),
+    "long-outage": Scenario(chaos_procs.long_outage, 3000, "the Redis server down for 60 s mid-stream"),
     "drop-connections": Scenario(chaos_scenarios.drop_connections, 3000, "CLIENT KILL every 200 ms"),
     "duplicate-flushes": Scenario(chaos_scenarios.duplicate_flushes, 2000, "every flush sent twice"),
     "delayed-acks": Scenario(chaos_scenarios.delayed_acks, 2000, "acks delayed past the timeout"),
@@ -63,6 +65,10 @@ SCENARIOS: dict[str, Scenario] = {
                                                    "+ duplicate-flushes"),
     "soak": Scenario(chaos_scenarios.soak, 1_000_000, "the mixed faults for a long run (not for CI)"),
 }
+
+
+# scenarios that start (and kill) a Redis server of their own
+OWN_SERVER = frozenset({"kill-redis", "long-outage"})
 
 
 def run_scenario(
@@ -87,7 +93,7 @@ def run_scenario(
         msg = f"chaos scenario {name!r} takes no parameter {unknown[0]!r}"
         raise ChaosError(msg)
     strict = bool(params.pop("strict", False))
-    cfg = config if name == "kill-redis" else resolved(config)
+    cfg = config if name in OWN_SERVER else resolved(config)
     path = Path(workdir) if workdir is not None else new_workdir(name)
     path.mkdir(parents=True, exist_ok=True)
     ctx = ScenarioContext(name, spark, cfg, path, strict=strict, say=say or (lambda _m: None))
@@ -151,6 +157,9 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         runs = [{"durability": m} for m in modes]
         if config.redis_url:
             print("ftlayer chaos: kill-redis kills a server it starts itself; --redis-url is not used")
+    elif name in OWN_SERVER:
+        if config.redis_url:
+            print(f"ftlayer chaos: {name} kills a server it starts itself; --redis-url is not used")
     elif not config.redis_url:
         config = resolved(config)  # the embedded server (not killed by any other scenario)
     try:
@@ -178,7 +187,7 @@ def _run_cli(args: argparse.Namespace, *, name: str, config: FTConfig, records: 
             report.notes.append(f"work directory {workdir}")
         print(report.summary(), flush=True)
         ok = ok and report.ok
-    if generated and not args.keep and name != "kill-redis" and config.redis_url:
+    if generated and not args.keep and name not in OWN_SERVER and config.redis_url:
         _delete_namespace(config)  # only a namespace this command made up
     return 0 if ok else 1
 
