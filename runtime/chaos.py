@@ -33,7 +33,7 @@ from typing import Any
 
 from ftlayer.config import DURABILITY_MODES, FTConfig
 from ftlayer.connection import client_for, resolved
-from runtime import chaos_procs, chaos_scenarios
+from runtime import chaos_procs, chaos_scenarios, chaos_webhook
 from runtime.chaos_base import ChaosError, ScenarioContext, new_workdir
 from runtime.checker import Report
 
@@ -57,6 +57,8 @@ SCENARIOS: dict[str, Scenario] = {
     "kill-redis": Scenario(chaos_procs.kill_redis, 3000, "the Redis server SIGKILLed, restarted from its AOF "
                                                          "after 3 s"),
     "long-outage": Scenario(chaos_procs.long_outage, 3000, "the Redis server down for 60 s mid-stream"),
+    "webhook-driver-kill": Scenario(chaos_webhook.webhook_driver_kill, 1500, "a webhook-fed driver SIGKILLed under "
+                                    "load, restarted on the same port", needs_spark=False),
     "drop-connections": Scenario(chaos_scenarios.drop_connections, 3000, "CLIENT KILL every 200 ms"),
     "duplicate-flushes": Scenario(chaos_scenarios.duplicate_flushes, 2000, "every flush sent twice"),
     "delayed-acks": Scenario(chaos_scenarios.delayed_acks, 2000, "acks delayed past the timeout"),

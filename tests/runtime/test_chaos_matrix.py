@@ -118,6 +118,14 @@ def test_long_outage(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
     assert report.never_persisted == 0
 
 
+def test_webhook_driver_kill(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
+    """kill -9 of a driver fed by HTTP clients that retry every non-2xx answer: every record a client
+    got a 2xx for reaches the sink, after a restart on the same namespace, checkpoint and port."""
+    report = run_scenario("webhook-driver-kill", spark, ft_config, 1500, workdir=tmp_path)
+    _no_loss_no_leak(report)
+    assert report.records_in == report.delivered == 1500
+
+
 def test_drop_connections(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
     report = run_scenario("drop-connections", spark, ft_config, 3000, workdir=tmp_path)
     _no_loss_no_leak(report)
