@@ -47,14 +47,15 @@ def _driver(ctx: ScenarioContext, port: int, log_name: str) -> subprocess.Popen[
     )
 
 
-def webhook_driver_kill(ctx: ScenarioContext, records: int, threads: int = 6, kill_timeout_s: float = 240.0) -> Report:
+def webhook_driver_kill(ctx: ScenarioContext, records: int, threads: int = 6, pace_s: float = 0.03,
+                        kill_timeout_s: float = 240.0) -> Report:
     """SIGKILL a webhook-fed driver under load, restart it on the same port; 0 confirmed records lost."""
     from runtime.chaos_procs import pending_ids
 
     port = free_port()
     layer = ctx.layer()
     client = RetryingClient(f"http://127.0.0.1:{port}/", [default_value(i) for i in range(records)],
-                            threads=threads)
+                            threads=threads, pace_s=pace_s)
     first = _driver(ctx, port, "driver1.log")
     ctx.say(f"phase 1 driver started, webhook on port {port}")
     client.start()

@@ -40,8 +40,8 @@ class RetryingClient:
     """Posts each record until a 2xx comes back, from ``threads`` threads.
 
     Counters: ``confirmed`` (ids, in confirmation order), ``answers`` (status -> count, None =
-    connection error), ``retries`` (attempts beyond the first). ``on_confirm(i)`` is called
-    after each confirmation (e.g. to decide when to kill the driver).
+    connection error), ``retries`` (attempts beyond the first). ``pace_s``: each thread's pause
+    after a confirmation (a steady producer rather than a flood).
     """
 
     def __init__(
@@ -52,6 +52,7 @@ class RetryingClient:
         threads: int = 4,
         id_of: Callable[[Any], int] = lambda v: int(v["i"]),
         backoff_s: float = 0.2,
+        pace_s: float = 0.0,
     ) -> None:
         self.url = url
         self._todo = list(records)
@@ -59,6 +60,7 @@ class RetryingClient:
         self.threads = threads
         self.id_of = id_of
         self.backoff_s = backoff_s
+        self.pace_s = pace_s  # each thread waits this long after a confirmation (a steady producer)
         self.confirmed: list[int] = []
         self.answers: dict[int | None, int] = {}
         self.retries = 0
@@ -95,6 +97,8 @@ class RetryingClient:
     def _run(self) -> None:
         while (value := self._take()) is not None and not self._stop.is_set():
             self._send(value)
+            if self.pace_s:
+                self._stop.wait(self.pace_s)
 
     def start(self) -> RetryingClient:
         self._workers = [threading.Thread(target=self._run, name=f"webhook-client-{k}", daemon=True)
