@@ -118,6 +118,13 @@ class FTConfig:
         "DurabilityError (never retried: ingest stops with it)."))
     flush_batch_size: int = field(default=20_000, metadata=_doc(
         "Most records or XOR deltas sent in one server-side call (1-1000000)."))
+    ingest_batch_records: int = field(default=20_000, metadata=_doc(
+        "Most source records ingest takes before it persists them, if below flush_batch_size "
+        "(1-1000000); it bounds what a source without an ack hook can lose if the driver dies "
+        "(1: persist each record alone)."))
+    outage_budget_s: float = field(default=300.0, metadata=_doc(
+        "How long Spark tasks, the FT source and the FT service wait for an unreachable Redis, "
+        "retrying with backoff, before they give up, seconds (> 0). Ingest never gives up: it pauses."))
     connect_timeout_s: float = field(default=5.0, metadata=_doc(
         "Seconds to wait for the Redis server to answer (> 0)."))
     embedded_data_dir: str = field(default="", metadata=_doc(
@@ -161,6 +168,8 @@ class FTConfig:
         _at_least("max_pending", self.max_pending, 1)
         _at_least("waitaof_timeout_ms", self.waitaof_timeout_ms, 1)
         _between("flush_batch_size", self.flush_batch_size, 1, 1_000_000)
+        _between("ingest_batch_records", self.ingest_batch_records, 1, 1_000_000)
+        _positive("outage_budget_s", self.outage_budget_s)
         _between("metrics_port", self.metrics_port, 0, 65535)
         if not self.metrics_host.strip() or any(c.isspace() for c in self.metrics_host):
             _bad("metrics_host", self.metrics_host, "a host name or IP address without spaces")

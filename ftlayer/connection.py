@@ -21,11 +21,12 @@ from redis.retry import Retry
 
 from ftlayer.config import FTConfig, mask_url
 from ftlayer.errors import RedisUnavailableError
+from ftlayer.outage import OutageRetry
 from ftlayer.server import EmbeddedServer
 
 _lock = threading.Lock()
 _embedded: EmbeddedServer | None = None
-_clients: dict[tuple[int, str, float], redis.Redis] = {}
+_clients: dict[tuple[int, str, float, float], redis.Redis] = {}
 
 
 def embedded_server(config: FTConfig) -> EmbeddedServer:
@@ -50,14 +51,18 @@ def resolved(config: FTConfig) -> FTConfig:
     return config if config.redis_url else config.replace(redis_url=redis_url_for(config))
 
 
-def client_for(url: str, connect_timeout_s: float = 5.0, *, check: bool = True) -> redis.Redis:
+def client_for(
+    url: str, connect_timeout_s: float = 5.0, *, check: bool = True, outage_budget_s: float = 0.0
+) -> redis.Redis:
     """A cached redis-py client for ``url`` in this process; PINGs it once when created.
 
     Connection errors and timeouts are retried three times with backoff by
-    redis-py. That is safe because every ftlayer script is idempotent (persist
-    skips known ids, flushes carry tokens, fails and replays check state).
+    redis-py, or, with ``outage_budget_s`` > 0, for up to that many seconds
+    (:class:`~ftlayer.outage.OutageRetry`). That is safe because every ftlayer
+    script is idempotent (persist skips known ids, flushes carry tokens, fails
+    and replays check state).
     """
-    key = (os.getpid(), url, connect_timeout_s)
+    key = (os.getpid(), url, connect_timeout_s, outage_budget_s)
     with _lock:
         client = _clients.get(key)
     if client is not None:
@@ -68,7 +73,8 @@ def client_for(url: str, connect_timeout_s: float = 5.0, *, check: bool = True) 
             socket_connect_timeout=connect_timeout_s,
             socket_keepalive=True,
             health_check_interval=30,
-            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+            retry=(OutageRetry(outage_budget_s) if outage_budget_s > 0
+                   else Retry(ExponentialBackoff(cap=1.0, base=0.05), 3)),
             retry_on_error=[redis.ConnectionError, redis.TimeoutError],
         )
         if check:

@@ -143,3 +143,11 @@ class FailRecord(Exception):
         super().__init__(reason)
         self.reason = reason
         self.replay = replay
+
+
+class ServiceStoppedError(FTLayerError):
+    """The FT service gave up: Redis stayed unreachable for longer than ``outage_budget_s``."""
+
+
+class IngestStoppedError(FTLayerError):
+    """A source's ingest thread stopped on an error (the user source or one of its hooks raised)."""

@@ -46,11 +46,14 @@ class FTLayer:
         clock: Clock = time.time,
         on_expired: ExpiredCallback | None = None,
         owner: str | None = None,
+        outage_budget_s: float = 0.0,
     ) -> None:
         self.config = config
         self.source_id = source_id
         self.num_channels = num_channels or config.num_channels
-        self.store = SourceStore(config, topology, source, client=client, clock=clock)
+        # outage_budget_s > 0 (Spark tasks): commands wait out a Redis outage (ftlayer.outage)
+        self.store = SourceStore(config, topology, source, client=client, clock=clock,
+                                 outage_budget_s=outage_budget_s)
         self.acker = AckerTable(self.store)
         self.persistence = PersistenceLayer(self.store, self.num_channels)
         self.buckets = RotatingBucketMap(self.store, owner=owner, on_expired=on_expired)

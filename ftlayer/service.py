@@ -20,6 +20,14 @@ causes an extra rotation inside an interval, and rotations missed during an
 outage are caught up in order when Redis answers again; the timeout bound
 then stretches by the outage, never shrinks for records filed on schedule.
 
+Outages: a tick that fails (Redis unreachable, restarting) is retried with
+backoff (redis-py's ExponentialBackoff, up to 2 s between tries) for up to
+``outage_budget_s`` (300 s by default) of consecutive failures; then the
+service gives up: the thread ends and :attr:`FTService.error` holds a
+:class:`~ftlayer.errors.ServiceStoppedError` (``FTQuery.drained()`` raises
+it). Nothing is lost while it is down: state is in Redis, and a new service
+(or driver) resumes from it.
+
 The clock is injectable and :meth:`tick` is public, so tests drive rotations
 without sleeping.
 """
@@ -32,8 +40,9 @@ import time
 from collections.abc import Sequence
 
 import redis
+from redis.backoff import ExponentialBackoff
 
-from ftlayer.errors import FTLayerError, LeaseLostError
+from ftlayer.errors import FTLayerError, LeaseLostError, ServiceStoppedError
 from ftlayer.layer import FTLayer
 from ftlayer.store import Clock
 
@@ -55,6 +64,7 @@ class FTService:
         tick_s: float | None = None,
         trim_every_s: float = 2.0,
         lease_ttl_s: float | None = None,
+        outage_budget_s: float | None = None,
     ) -> None:
         if not layers:
             msg = "FTService needs at least one source"
@@ -70,6 +80,8 @@ class FTService:
         self._thread: threading.Thread | None = None
         self.rotations = 0
         self.errors = 0
+        self.outage_budget_s = outage_budget_s if outage_budget_s is not None else cfg.outage_budget_s
+        self.error: ServiceStoppedError | None = None  # set when the service gave up (module notes)
         self.trim_every_s = trim_every_s
         self._last_trim: dict[int, float] = {}
 
@@ -125,14 +137,41 @@ class FTService:
         return True
 
     def _run(self) -> None:
+        backoff = ExponentialBackoff(cap=max(2.0, self.tick_s), base=self.tick_s / 2)
+        failing_since: float | None = None
+        failures = 0
         while not self._stop.is_set():
-            self.run_once()
-            self._stop.wait(self.tick_s)
+            wait = self.tick_s
+            try:
+                self.tick()
+            except (FTLayerError, redis.RedisError) as exc:
+                # Redis down or restarting: retry with backoff; state is in Redis, nothing is lost
+                self.errors += 1
+                failures += 1
+                now = time.monotonic()
+                failing_since = now if failing_since is None else failing_since
+                if now - failing_since >= self.outage_budget_s:
+                    names = ", ".join(f"{ly.store.keys.topology}/{ly.store.keys.source}" for ly in self.layers)
+                    msg = (f"ftlayer service of {names} gave up: Redis failed for {now - failing_since:.0f} s, "
+                           f"beyond outage_budget_s={self.outage_budget_s:g}: {type(exc).__name__}: {exc}")
+                    self.error = ServiceStoppedError(msg)
+                    self.error.__cause__ = exc
+                    log.exception("%s", msg)
+                    return
+                if failures == 1:
+                    log.exception("ftlayer service tick failed; retrying with backoff")
+                wait = backoff.compute(failures)
+            else:
+                if failures:
+                    log.warning("ftlayer service is back after %d failed ticks", failures)
+                failing_since, failures = None, 0
+            self._stop.wait(wait)
 
     def start(self) -> FTService:
-        """Start the background thread (daemon). Idempotent."""
+        """Start the background thread (daemon). Idempotent; restarts a service that gave up."""
         if self._thread is None or not self._thread.is_alive():
             self._stop.clear()
+            self.error = None
             self._thread = threading.Thread(target=self._run, name="ftlayer-service", daemon=True)
             self._thread.start()
         return self

@@ -15,13 +15,15 @@ from typing import Any
 import redis
 
 from ftlayer.errors import FTLayerError
+from ftlayer.ingest_state import FIELDS as INGEST_FIELDS
+from ftlayer.ingest_state import IngestState, parse_state
 from ftlayer.keys import SourceKeys, check_name, sources_key
 from ftlayer.store import COUNTERS
 
 __all__ = ["Snapshot", "SourceName", "SourceStatus", "oldest_pending_age_ms", "registered_sources", "sample"]
 
 SourceName = tuple[str, str]  # (topology, source)
-_PER_SOURCE = 10  # commands per source in the sampling pipeline
+_PER_SOURCE = 11  # commands per source in the sampling pipeline
 
 
 def registered_sources(client: redis.Redis, namespace: str) -> list[SourceName]:
@@ -56,6 +58,7 @@ class SourceStatus:
     counters: dict[str, int]
     lease_owner: str | None
     lease_ttl_s: float | None
+    ingest: IngestState | None = None
 
     @property
     def name(self) -> str:
@@ -120,12 +123,13 @@ def sample(client: redis.Redis, namespace: str, sources: list[SourceName]) -> Sn
         pipe.get(k.lease)
         pipe.pttl(k.lease)
         pipe.hget(k.meta, "num_channels")
+        pipe.hmget(k.meta, *INGEST_FIELDS)
     replies = pipe.execute() if sources else []
     now_ms, mono = int(time.time() * 1000), time.monotonic()
     out: list[SourceStatus] = []
     for i, (topology, source) in enumerate(sources):
         part = replies[i * _PER_SOURCE : (i + 1) * _PER_SOURCE]
-        stats, pend, failed, dlq, gen, bgens, gtimes, owner, pttl, nch = part
+        stats, pend, failed, dlq, gen, bgens, gtimes, owner, pttl, nch, ingest = part
         counters = dict.fromkeys(COUNTERS, 0)
         counters.update({k.decode(): int(v) for k, v in stats.items()})
         counters["failed"] = counters["failed_explicit"] + counters["failed_timeout"]
@@ -141,5 +145,6 @@ def sample(client: redis.Redis, namespace: str, sources: list[SourceName]) -> Sn
             counters=counters,
             lease_owner=_decode(owner),
             lease_ttl_s=int(pttl) / 1000 if owner is not None and int(pttl) >= 0 else None,
+            ingest=parse_state(ingest),
         ))
     return Snapshot(now_ms, mono, out)

@@ -50,7 +50,11 @@ def unpack_ids(blob: bytes) -> list[int]:
 
 
 class SourceStore:
-    """Redis handle for one source of one topology. Picklable (the client is not pickled)."""
+    """Redis handle for one source of one topology. Picklable (the client is not pickled).
+
+    ``outage_budget_s`` > 0 makes this handle's commands wait out a Redis outage for up to
+    that long (:mod:`ftlayer.outage`); 0 keeps redis-py's three quick retries.
+    """
 
     def __init__(
         self,
@@ -60,8 +64,10 @@ class SourceStore:
         *,
         client: redis.Redis | None = None,
         clock: Clock = time.time,
+        outage_budget_s: float = 0.0,
     ) -> None:
         self.config = config
+        self.outage_budget_s = outage_budget_s  # > 0: commands wait out an outage (ftlayer.outage)
         self.keys = SourceKeys(config.namespace, topology, source)
         self.clock = clock
         self._url = config.redis_url or (None if client is not None else redis_url_for(config))
@@ -82,7 +88,8 @@ class SourceStore:
         """This process's client for the source's server."""
         if self._client is None:
             assert self._url is not None
-            self._client = client_for(self._url, self.config.connect_timeout_s)
+            self._client = client_for(self._url, self.config.connect_timeout_s,
+                                      outage_budget_s=self.outage_budget_s)
         return self._client
 
     def script(self, name: str) -> Script:

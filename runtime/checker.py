@@ -5,6 +5,10 @@
 - **lost**: emitted ids that were neither delivered (a sink line whose value has
   that ``"i"``) nor dead-lettered with a non-empty reason (a dead letter's payload
   is unpacked and its ``"i"`` read). The no-loss promise is ``lost == []``.
+  ``emitted_ids`` are what the *source produced* (a ScriptedSource's
+  ``emitted_ids``, a webhook client's confirmed ids), not what ingest persisted:
+  a record ingest took and never persisted is lost. **never_persisted** counts
+  them (produced records minus the sources' ``persisted`` counter).
 - **leaked**: per source, every key :meth:`~ftlayer.layer.FTLayer.leftovers`
   reports, and nonzero ``pending`` or ``failed_waiting``. The no-leak promise is
   ``leaked == []``. Run the checker after the query was stopped (``FTQuery.stop``
@@ -64,6 +68,7 @@ class Report:
     dead_letters: list[tuple[int | None, str]]  # (id or None if undecodable, reason)
     unexplained_dead_letters: list[int]
     lost: list[int]
+    never_persisted: int  # produced records the sources' persisted counter does not account for
     leaked: list[str]
     phantoms: list[int]
     faults: dict[str, int]  # fault -> ids it touched
@@ -94,7 +99,8 @@ class Report:
         verdict = "OK" if self.ok else "FAILED"
         lines = [
             f"chaos scenario {self.scenario}: {verdict}" + (" (strict)" if self.strict else ""),
-            f"  records in         {self.records_in}",
+            f"  records in         {self.records_in} produced by the source, "
+            f"{self.records_in - self.never_persisted} persisted by ingest",
             f"  delivered          {self.delivered} distinct ids in {self.lines} lines",
             f"  duplicates         {self.duplicates} ids ({self.extra_copies} extra copies)",
             f"  replays            {self.replay_lines} lines, {len(self.replayed_ids)} ids "
@@ -235,6 +241,7 @@ def check(
         dead_letters=dead,
         unexplained_dead_letters=sorted(i for i, _ in dead if i is not None and i not in touched),
         lost=sorted(emitted - counts.keys() - dead_ok),
+        never_persisted=max(0, len(emitted) - stats["persisted"]),
         leaked=leaked,
         phantoms=sorted(counts.keys() - emitted),
         faults={k: len(v) for k, v in affected.items()},

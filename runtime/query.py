@@ -11,6 +11,13 @@ FTQuery answers like PySpark's StreamingQuery: ``id``, ``runId``, ``name``,
 ``stop()`` are the Spark query's. ``stop()`` also stops ingest and the FT
 service, is idempotent, and runs on leaving a ``with`` block. Stopping never
 loses a persisted record: what is pending stays in Redis for the next run.
+
+Errors are never reported as drained: an ingest thread that stopped on an
+error (its source or a source hook raised) makes :meth:`FTQuery.drained`
+raise :class:`~ftlayer.errors.IngestStoppedError` once everything it had
+persisted is settled, and an FT service that gave up after its outage budget
+makes it raise :class:`~ftlayer.errors.ServiceStoppedError` at once. During a
+Redis outage (shorter than the budget) ``drained()`` is False, not an error.
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
+import redis
+
+from ftlayer.errors import IngestStoppedError, RedisUnavailableError
 from ftlayer.layer import FTLayer
 from ftlayer.service import FTService
 from runtime.driver.ingest import Ingestor
@@ -52,7 +62,11 @@ class FTProgress:
         return {layer.store.keys.source: layer.stats() for layer in self.layers}
 
     def settled(self) -> bool:
-        return all(s["pending"] == 0 and s["failed_waiting"] == 0 for s in self.stats().values())
+        try:
+            stats = self.stats()
+        except (RedisUnavailableError, redis.ConnectionError, redis.TimeoutError):
+            return False  # an outage: not drained; tasks and ingest wait for the server
+        return all(s["pending"] == 0 and s["failed_waiting"] == 0 for s in stats.values())
 
     def stop(self) -> None:
         self.service.stop()
@@ -154,18 +168,45 @@ class FTQuery:
     # --- FT figures -----------------------------------------------------------------------------
 
     def stats(self) -> dict[str, dict[str, int]]:
-        """Counters per source: FT on, persisted, acked, failed_*, replayed, pending, ...; FT off, see Feed.stats."""
-        return self.progress.stats()
+        """Counters per source: FT on, persisted, acked, failed_*, replayed, pending, ...; FT off, see
+        Feed.stats. Both add the driver's ingest figures: ``ingest_error`` (1 if ingest stopped on
+        an error, see :meth:`ingest_errors`), ``ingest_paused`` (1 while it waits for Redis or for
+        room) and ``ingest_pauses`` (outages it waited through)."""
+        stats = self.progress.stats()
+        for st, ing in zip(stats.values(), self.ingestors, strict=False):  # both in source order
+            st["ingest_error"] = int(ing.error is not None)
+            st["ingest_paused"] = int(ing.paused is not None)
+            st["ingest_pauses"] = ing.pauses
+        return stats
+
+    def ingest_errors(self) -> dict[str, BaseException]:
+        """Per source label, the error that stopped its ingest thread (empty if none did)."""
+        return {i.destination.label: i.error for i in self.ingestors if i.error is not None}
 
     def drained(self) -> bool:
         """Ingest finished and nothing in flight (FT on: nothing pending or waiting for replay;
-        FT off: every fed row committed, i.e. the batches holding it completed)."""
+        FT off: every fed row committed, i.e. the batches holding it completed).
+
+        Raises :class:`~ftlayer.errors.ServiceStoppedError` if the FT service gave up, and
+        :class:`~ftlayer.errors.IngestStoppedError` if an ingest thread stopped on an error,
+        once what it persisted is settled (it would otherwise look drained)."""
+        if self.service is not None and self.service.error is not None:
+            raise self.service.error
         if not all(i.done for i in self.ingestors):
             return False
-        return self.progress.settled()
+        settled = self.progress.settled()
+        failed = [i for i in self.ingestors if i.error is not None]
+        if settled and failed:
+            first = failed[0]
+            msg = (f"ingest of source {first.destination.label!r} stopped on an error after {first.ingested} "
+                   f"records (those are settled; the rest of the source was never read): "
+                   f"{type(first.error).__name__}: {first.error}")
+            raise IngestStoppedError(msg) from first.error
+        return settled
 
     def await_drained(self, timeout_s: float = 120.0, poll_s: float = 0.25) -> bool:
-        """Wait until :meth:`drained` (True) or the timeout (False). Raises if the query died."""
+        """Wait until :meth:`drained` (True) or the timeout (False). Raises if the query died, the
+        FT service gave up or an ingest thread stopped on an error (see :meth:`drained`)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             exc = self.query.exception()

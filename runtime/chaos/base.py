@@ -17,7 +17,7 @@ import contextlib
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,8 +169,9 @@ def run_query(
         return restarts
 
 
-def finish(ctx: ScenarioContext, layers: list[FTLayer], sink: Any, source: ScriptedSource | range) -> Report:
-    """Run the checker and attach the scenario's notes and elapsed time."""
+def finish(ctx: ScenarioContext, layers: list[FTLayer], sink: Any, source: ScriptedSource | Iterable[int]) -> Report:
+    """Run the checker and attach the scenario's notes and elapsed time. ``source``: what the source
+    produced (a ScriptedSource's emitted ids, or the ids themselves)."""
     emitted = source.emitted_ids if isinstance(source, ScriptedSource) else source
     report = check(layers, sink, emitted, ctx.faults, strict=ctx.strict, scenario=ctx.name)
     report.notes.extend(ctx.notes)

@@ -30,8 +30,12 @@ from ftlayer.config import FTConfig
 from ftlayer.connection import resolved
 from runtime.chaos import procs as chaos_procs
 from runtime.chaos import scenarios as chaos_scenarios
+from runtime.chaos import webhook as chaos_webhook
 from runtime.chaos.base import ChaosError, ScenarioContext, new_workdir
 from runtime.checker import Report
+
+# scenarios that start (and kill) a Redis server of their own
+OWN_SERVER = frozenset({"kill-redis", "long-outage"})
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,11 @@ SCENARIOS: dict[str, Scenario] = {
     "batch-fails": Scenario(chaos_scenarios.batch_fails, 3000, "a whole micro-batch fails; the query restarts"),
     "kill-driver": Scenario(chaos_procs.kill_driver, 1500, "the driver SIGKILLed and restarted",
                             needs_spark=False),
-    "kill-redis": Scenario(chaos_procs.kill_redis, 3000, "the Redis server SIGKILLed, restarted from its AOF"),
+    "kill-redis": Scenario(chaos_procs.kill_redis, 3000, "the Redis server SIGKILLed, restarted from its AOF "
+                                                         "after 3 s"),
+    "long-outage": Scenario(chaos_procs.long_outage, 3000, "the Redis server down for 60 s mid-stream"),
+    "webhook-driver-kill": Scenario(chaos_webhook.webhook_driver_kill, 1500, "a webhook-fed driver SIGKILLed under "
+                                    "load, restarted on the same port", needs_spark=False),
     "drop-connections": Scenario(chaos_scenarios.drop_connections, 3000, "CLIENT KILL every 200 ms"),
     "duplicate-flushes": Scenario(chaos_scenarios.duplicate_flushes, 2000, "every flush sent twice"),
     "delayed-acks": Scenario(chaos_scenarios.delayed_acks, 2000, "acks delayed past the timeout"),
@@ -83,7 +91,7 @@ def run_scenario(
         msg = f"chaos scenario {name!r} takes no parameter {unknown[0]!r}"
         raise ChaosError(msg)
     strict = bool(params.pop("strict", False))
-    cfg = config if name == "kill-redis" else resolved(config)
+    cfg = config if name in OWN_SERVER else resolved(config)
     path = Path(workdir) if workdir is not None else new_workdir(name)
     path.mkdir(parents=True, exist_ok=True)
     ctx = ScenarioContext(name, spark, cfg, path, strict=strict, say=say or (lambda _m: None))

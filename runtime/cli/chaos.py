@@ -17,7 +17,7 @@ from typing import Any
 from ftlayer.config import DURABILITY_MODES, FTConfig
 from ftlayer.connection import client_for, resolved
 from runtime.chaos.base import new_workdir
-from runtime.chaos.runner import SCENARIOS, run_scenario
+from runtime.chaos.runner import OWN_SERVER, SCENARIOS, run_scenario
 from runtime.cli.common import connection_options, load_config
 from runtime.cli.env import add_env_options
 
@@ -56,6 +56,9 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         runs = [{"durability": m} for m in modes]
         if config.redis_url:
             print("ftlayer chaos: kill-redis kills a server it starts itself; --redis-url is not used")
+    elif name in OWN_SERVER:
+        if config.redis_url:
+            print(f"ftlayer chaos: {name} kills a server it starts itself; --redis-url is not used")
     elif not config.redis_url:
         config = resolved(config)  # the embedded server (not killed by any other scenario)
     try:
@@ -83,7 +86,7 @@ def _run_cli(args: argparse.Namespace, *, name: str, config: FTConfig, records: 
             report.notes.append(f"work directory {workdir}")
         print(report.summary(), flush=True)
         ok = ok and report.ok
-    if generated and not args.keep and name != "kill-redis" and config.redis_url:
+    if generated and not args.keep and name not in OWN_SERVER and config.redis_url:
         _delete_namespace(config)  # only a namespace this command made up
     return 0 if ok else 1
 

@@ -24,8 +24,12 @@ Contract:
   ``num_channels``, ``pending``, ``oldest_pending_age_s``,
   ``failed_waiting``, ``dead_letters``, ``bucket_gen``, ``counters`` (every
   ``ftlayer.store.COUNTERS`` name plus ``failed`` = explicit + timeout),
-  ``rates_per_s`` (``RATE_COUNTERS``, per second, null without a window) and
-  ``service`` (``alive``, ``owner``, ``lease_ttl_s``).
+  ``rates_per_s`` (``RATE_COUNTERS``, per second, null without a window),
+  ``service`` (``alive``, ``owner``, ``lease_ttl_s``) and ``ingest``
+  (``state``, ``detail``, ``since_ms``, as the driver's ingest thread last
+  recorded them, see :mod:`ftlayer.ingest_state`; null if never recorded).
+- The INGEST column shows ``ERROR: <error>`` for an ingest thread that
+  stopped on an error (its source raised): such a source is never drained.
 - The Redis URL is shown with its password masked.
 """
 
@@ -93,6 +97,9 @@ def to_json(config: FTConfig, prev: Snapshot | None, cur: Snapshot) -> dict[str,
                 "counters": s.counters,
                 "rates_per_s": r[s.name],
                 "service": {"alive": s.service_alive, "owner": s.lease_owner, "lease_ttl_s": s.lease_ttl_s},
+                "ingest": None if s.ingest is None else {
+                    "state": s.ingest.state, "detail": s.ingest.detail, "since_ms": s.ingest.since_ms,
+                },
             }
             for s in cur.sources
         ],
@@ -104,6 +111,14 @@ def _service(s: SourceStatus) -> str:
         return "DOWN (no rotator lease)"
     ttl = "no expiry" if s.lease_ttl_s is None else f"{s.lease_ttl_s:.1f}s left"
     return f"alive (owner {s.lease_owner}, lease {ttl})"
+
+
+def _ingest(s: SourceStatus) -> str:
+    if s.ingest is None:
+        return "-"
+    if s.ingest.failed:
+        return f"ERROR: {s.ingest.detail[:120]}"
+    return s.ingest.state if not s.ingest.detail else f"{s.ingest.state} ({s.ingest.detail[:80]})"
 
 
 def _rate(v: float | None) -> str:
@@ -123,16 +138,17 @@ def render_human(config: FTConfig, prev: Snapshot | None, cur: Snapshot) -> str:
             "(check --namespace / FTLAYER_NAMESPACE, or the --topology / --source filters)"
         )
     state = render_table(
-        ["SOURCE", "PENDING", "OLDEST PENDING", "FAILED WAITING", "IN DLQ", "BUCKET GEN", "CHANNELS", "FT SERVICE"],
+        ["SOURCE", "PENDING", "OLDEST PENDING", "FAILED WAITING", "IN DLQ", "BUCKET GEN", "CHANNELS", "FT SERVICE",
+         "INGEST"],
         [
             [
                 s.name, str(s.pending), format_duration(s.oldest_pending_age_s), str(s.failed_waiting),
                 str(s.dead_letters), str(s.bucket_gen), "-" if s.num_channels is None else str(s.num_channels),
-                _service(s),
+                _service(s), _ingest(s),
             ]
             for s in cur.sources
         ],
-        align="lrrrrrrl",
+        align="lrrrrrrll",
     )
     r = rates(prev, cur)
     rows: list[list[str]] = []

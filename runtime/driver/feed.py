@@ -351,7 +351,7 @@ class FeedDestination:
     def __init__(self, feed: Feed, config: FTConfig, label: str = "feed") -> None:
         self.feed = feed
         self.num_channels = feed.num_channels
-        self.batch_size = config.flush_batch_size
+        self.batch_size = min(config.flush_batch_size, config.ingest_batch_records)
         self.max_pending = config.max_pending
         self.label = label
         self.rejected = 0

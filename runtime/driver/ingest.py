@@ -10,22 +10,46 @@ A user source is plain Python, one of:
 
 The :class:`Ingestor` thread pulls records, gives each a RecordId and key hash
 (the source's key selector), routes it to a channel (fields by that key, else
-round-robin) and persists it in batches of at most ``flush_batch_size``,
+round-robin) and persists it in batches of at most ``flush_batch_size`` (or
+``ingest_batch_records``, if smaller),
 waiting at most ``linger_s`` to fill a batch. A record becomes visible to
 Spark only after its batch is persisted. Backpressure: while ``max_pending``
 records are pending, the thread waits, so a fast source cannot flood Redis.
 
-Contract on errors: an exception from the user source stops ingest and is kept
-in ``Ingestor.error`` (the query keeps running and drains what was persisted);
-a :class:`~ftlayer.errors.DurabilityError` (a WAITAOF that timed out in
-'waitaof' mode: the batch reached the server, its fsync is unconfirmed) stops
-ingest too and is kept in ``Ingestor.error``, never retried, since a retry
-would persist the batch again under new ids; any other Redis error is retried
-with backoff, holding the batch, so nothing read from
-the source is dropped while the process lives, unless ``stop()`` is called
-while Redis is unreachable: the batch held then (at most ``flush_batch_size``
-records, never reported as persisted) is abandoned, logged and counted in
-``Ingestor.abandoned``. A record whose key selector
+Optional hooks of a source object (sources that can confirm upstream):
+
+- ``ack(values)``: called on the ingest thread once the values are safe: every
+  value of a batch, in the order the source gave them, after the batch was
+  persisted (durable as the durability mode promises; FT off: after it was
+  put in the in-driver feed, which promises nothing) or, for a value ingest
+  rejects, after it was dead-lettered. Each value is acked exactly once per
+  ingest thread; a value is never acked before it is safe. A source confirms
+  upstream here (an HTTP 2xx, an MQTT PUBACK, a committed file offset, a
+  queue ack); see :mod:`runtime.driver.webhook`. An exception from ``ack`` stops
+  ingest like an exception from the source.
+- ``ingest_paused(reason)``: called when ingest starts waiting (``reason`` says
+  why: backpressure, or Redis unreachable) and with None when it goes on, so a
+  push source can refuse new work meanwhile (the webhook answers 503).
+
+Loss window of a source without ``ack``: values ingest took from the source
+and had not persisted yet are lost if the driver process dies: at most one
+batch (at most ``flush_batch_size`` values, or ``ingest_batch_records`` if
+that is smaller: set it to 1 to hold one value at a time, at the cost of one
+persist call per record), plus whatever the source itself buffers.
+
+Contract on errors: an exception from the user source (or a hook) stops ingest
+and is kept in ``Ingestor.error`` (the query keeps running and drains what was
+persisted; ``FTQuery.drained()`` then raises instead of reporting drained).
+A :class:`~ftlayer.errors.DurabilityError` (a WAITAOF that timed out in 'waitaof'
+mode: the batch reached the server, its fsync is unconfirmed) stops ingest and
+is kept in ``Ingestor.error``, never retried, since a retry would persist the
+batch again under new ids. Any other Redis error (unreachable, restarting, a script refused) never stops ingest:
+it pauses (``Ingestor.paused`` says why; counted in ``Ingestor.pauses``) and
+retries with backoff, holding the batch, for as long as the outage lasts, so
+nothing read from the source is dropped while the process lives, unless
+``stop()`` is called while Redis is unreachable: the batch held then (at most
+one batch, never reported as persisted nor acked) is
+abandoned, logged and counted in ``Ingestor.abandoned``. A record whose key selector
 raises, or whose value cannot be serialized, is never persisted for
 processing: it is handed to the destination's ``reject`` (FT on: a dead letter
 with the reason, ``ftlayer dlq`` shows it; FT off: dropped, logged and counted)
@@ -46,9 +70,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
+import redis
+from redis.backoff import ExponentialBackoff
+
 from ftlayer.errors import DurabilityError, FTLayerError, SerializationError
 from ftlayer.frames import SemiDeserializedRecord, encode_source_frames
 from ftlayer.ids import new_ids
+from ftlayer.ingest_state import write_state
 from ftlayer.keyhash import NO_KEY_HASH, key_hash
 from ftlayer.layer import FTLayer
 from partitioners.factory import partitioner_for, source_strategy
@@ -59,6 +87,12 @@ log = logging.getLogger(__name__)
 
 KeySelector = Callable[[Any], Any]
 MAX_REPR_CHARS = 4096
+# errors of the destination that pause ingest instead of stopping it: an outage, a server
+# restarting or loading its AOF, a script refused (raw redis-py errors included: a command
+# outside a script, such as HLEN, WAITAOF or XADD, raises them unwrapped)
+RETRYABLE: tuple[type[BaseException], ...] = (FTLayerError, redis.RedisError)
+# waits between retries while paused: 25 ms doubling to 2 s (redis-py's backoff)
+PAUSE_BACKOFF = ExponentialBackoff(cap=2.0, base=0.0125)
 
 
 def source_iterator(source: Any, stop: threading.Event) -> Iterator[Any]:
@@ -123,7 +157,8 @@ class PersistDestination:
     def __init__(self, layer: FTLayer) -> None:
         self.layer = layer
         self.num_channels = layer.num_channels
-        self.batch_size = layer.config.flush_batch_size
+        # the loss window of a source without ack (module notes): flush_batch_size, or less
+        self.batch_size = min(layer.config.flush_batch_size, layer.config.ingest_batch_records)
         self.max_pending = layer.config.max_pending
         self.label = layer.store.keys.prefix
         self._rejecting: tuple[Any, str, SemiDeserializedRecord] | None = None  # a reject being retried
@@ -151,6 +186,10 @@ class PersistDestination:
     def pending_count(self) -> int:
         return self.layer.pending_count()
 
+    def report_state(self, state: str, detail: str) -> None:
+        """Record the ingest state for ``ftlayer status`` (:mod:`ftlayer.ingest_state`)."""
+        write_state(self.layer.store, state, detail)
+
 
 class Ingestor:
     """Driver-side thread that persists one source's records (see module contract)."""
@@ -176,7 +215,10 @@ class Ingestor:
         self.ingested = 0
         self.rejected = 0  # records set aside by reject() (key selector raised, not serializable)
         self.abandoned = 0  # records read but never persisted because stop() came during an outage
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None  # why ingest stopped for good (the source or a hook raised)
+        self.paused: str | None = None  # why ingest waits right now (backpressure, Redis unreachable)
+        self.pauses = 0  # how many times it started waiting for Redis to come back
+        self._pause_kind: str | None = None
         self._stop = threading.Event()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -185,6 +227,52 @@ class Ingestor:
     def done(self) -> bool:
         """True once the source ended (or failed) and everything read was persisted."""
         return self._done.is_set()
+
+    # --- pauses and hooks (see the module notes) --------------------------------------
+    def _report(self, state: str, detail: str = "") -> None:
+        report = getattr(self.destination, "report_state", None)
+        if report is None:
+            return
+        try:
+            report(state, detail)
+        except RETRYABLE:  # best effort: the next change of state writes again
+            log.debug("could not record ingest state %s of %s", state, self.destination.label)
+
+    def _pause(self, kind: str, detail: str) -> None:
+        """Ingest waits (``kind``: "outage" or "backpressure"); tell the source and status once per change."""
+        self.paused = f"{kind}: {detail}"
+        if kind == self._pause_kind:
+            return
+        self._pause_kind = kind
+        if kind == "outage":
+            self.pauses += 1
+            log.warning("ingest of %s paused: %s; retrying until it answers", self.destination.label, detail)
+        else:  # an outage cannot be recorded in Redis; backpressure can
+            self._report("paused", self.paused)
+        self._tell_source(self.paused)
+
+    def _resume(self) -> None:
+        if self._pause_kind is None:
+            return
+        if self._pause_kind == "outage":
+            log.warning("ingest of %s resumed after the outage", self.destination.label)
+        self.paused = self._pause_kind = None
+        self._report("running")
+        self._tell_source(None)
+
+    def _tell_source(self, reason: str | None) -> None:
+        hook = getattr(self.source, "ingest_paused", None)
+        if callable(hook):
+            try:
+                hook(reason)
+            except Exception:  # advisory only: a broken hook must not stop ingest
+                log.exception("ingest_paused hook of the source of %s failed", self.destination.label)
+
+    def _ack(self, values: list[Any]) -> None:
+        """The source's ``ack`` hook, if any, with values that are now safe (see the module notes)."""
+        ack = getattr(self.source, "ack", None)
+        if values and callable(ack):
+            ack(values)
 
     def _prepare(self, values: list[Any]) -> tuple[list[bytes], list[int], list[int]]:
         """Packed value, key hash and channel of every value (fields by key, else round-robin).
@@ -217,20 +305,25 @@ class Ingestor:
         self._retrying("dead-lettering a rejected record", lambda: self.destination.reject(value, reason))
 
     def _retrying(self, what: str, call: Callable[[], None]) -> None:
-        """``call()`` until it succeeds: an FTLayerError (Redis down) is retried with backoff until stop()."""
-        delay = 0.05
+        """``call()`` until it succeeds: a Redis error pauses ingest and is retried with backoff
+        for as long as it lasts; only ``stop()`` ends the wait (the error is then raised)."""
+        failures = 0
         while True:
             try:
                 call()
             except DurabilityError:  # the write reached the server; a retry would persist it again
                 raise
-            except FTLayerError:
+            except RETRYABLE as exc:
                 if self._stop.is_set():
                     raise
-                log.exception("%s failed; retrying in %.2f s", what, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                failures += 1
+                if failures == 1:
+                    log.warning("%s of %s failed (%s: %s); retrying with backoff", what,
+                                self.destination.label, type(exc).__name__, exc)
+                self._pause("outage", f"{what}: {type(exc).__name__}: {exc}")
+                self._stop.wait(PAUSE_BACKOFF.compute(failures))
             else:
+                self._resume()
                 return
 
     def _persist(self, values: list[Any]) -> None:
@@ -240,18 +333,28 @@ class Ingestor:
             self.ingested += len(payloads)
 
     def _wait_for_room(self) -> None:
+        """Wait while ``max_pending`` records are pending (backpressure) or Redis cannot say."""
+        failures = 0
         while not self._stop.is_set():
             try:
-                if self.destination.pending_count() < self.max_pending:
-                    return
-            except FTLayerError:
-                pass
+                pending = self.destination.pending_count()
+            except RETRYABLE as exc:
+                failures += 1
+                self._pause("outage", f"counting pending records: {type(exc).__name__}: {exc}")
+                self._stop.wait(PAUSE_BACKOFF.compute(failures))
+                continue
+            failures = 0
+            if pending < self.max_pending:
+                self._resume()
+                return
+            self._pause("backpressure", f"{pending} records pending (max_pending {self.max_pending})")
             time.sleep(0.02)
 
     def run(self) -> None:
         """Ingest until the source ends or ``stop()``; usable without the thread (tests)."""
         batch: list[Any] = []
         started = time.monotonic()
+        self._report("running")
         try:
             for value in source_iterator(self.source, self._stop):
                 if value is not None:
@@ -262,7 +365,8 @@ class Ingestor:
                 if batch and (full or value is None or time.monotonic() - started >= self.linger_s):
                     self._wait_for_room()
                     self._persist(batch)
-                    batch = []
+                    done, batch = batch, []
+                    self._ack(done)
                 if value is None:
                     time.sleep(self.linger_s)
                 if self._stop.is_set():
@@ -270,19 +374,37 @@ class Ingestor:
         except DurabilityError as exc:
             self._durability_failed(exc)
             batch = []  # it reached the server; persisting it again would duplicate it under new ids
-        except Exception as exc:  # a broken user source stops ingest, not the query
-            self.error = exc
-            log.exception("user source of %s failed; ingest stopped", self.destination.label)
+        except Exception as exc:
+            if self._stop.is_set() and isinstance(exc, RETRYABLE):
+                pass  # stop() during an outage: _finish abandons the batch held (module contract)
+            else:  # a broken user source (or hook) stops ingest, not the query
+                self.error = exc
+                log.exception("user source of %s failed; ingest stopped", self.destination.label)
         finally:
+            self._finish(batch)
+
+    def _finish(self, batch: list[Any]) -> None:
+        """Persist (and ack) the batch still held, record the final state, mark done."""
+        try:
             if batch:
                 try:
                     self._persist(batch)
                 except DurabilityError as exc:
                     self._durability_failed(exc)
-                except FTLayerError:  # stop() during an outage: see the module contract
+                except RETRYABLE:  # stop() during an outage: see the module contract
                     self.abandoned += len(batch)
                     log.exception("ingest of %s stopped while Redis was unreachable: %d records read from the "
-                              "source were never persisted", self.destination.label, len(batch))
+                                  "source were never persisted", self.destination.label, len(batch))
+                else:
+                    self._ack(batch)
+        except Exception as exc:  # the source's ack hook raised
+            self.error = self.error or exc
+            log.exception("ack hook of the source of %s failed; ingest stopped", self.destination.label)
+        finally:
+            if self.error is not None:
+                self._report("error", f"{type(self.error).__name__}: {self.error}")
+            else:
+                self._report("stopped" if self._stop.is_set() else "ended")
             self._done.set()
 
     def _durability_failed(self, exc: DurabilityError) -> None:

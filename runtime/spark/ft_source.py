@@ -68,7 +68,10 @@ never start an embedded server), ``namespace``, ``topology``, ``source``,
 (stream entries of the first server-side read call of a partition, default 8;
 later calls double or halve it, up to 4096, aiming at about 10,000 records per
 call, since one entry holds the ids of one persist call, 1 to
-``flush_batch_size`` of them) and ``connect_timeout_s``.
+``flush_batch_size`` of them), ``connect_timeout_s`` and ``outage_budget_s``
+(default 300: every Redis command of the source, in the source runner and in
+``read``, waits out an outage with backoff for up to that many seconds before
+it raises; see :mod:`ftlayer.outage`).
 """
 
 from __future__ import annotations
@@ -118,6 +121,7 @@ START_ID = "0-0"  # "nothing read yet": no real stream entry has id 0-0
 DEFAULT_READ_PAGE_ENTRIES = 8  # first page of a read; later pages adapt (see read())
 MAX_READ_PAGE_ENTRIES = 4096
 READ_TARGET_RECORDS = 10_000  # records per server-side read call that paging aims at
+DEFAULT_OUTAGE_BUDGET_S = FTConfig().outage_budget_s
 # An offset: channel key ("ch<c>") -> Redis stream id ("<ms>-<seq>"). JSON-serializable.
 Offset = dict[str, str]
 
@@ -174,6 +178,7 @@ class FTSourceOptions:
     max_records_per_batch: int | None = None
     read_page_entries: int = DEFAULT_READ_PAGE_ENTRIES
     connect_timeout_s: float = 5.0
+    outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> FTSourceOptions:
@@ -207,21 +212,26 @@ class FTSourceOptions:
         page = DEFAULT_READ_PAGE_ENTRIES
         if raw_page:
             page = integer("read_page_entries", raw_page, 1, MAX_READ_PAGE_ENTRIES)
-        timeout = 5.0
-        if opts.get("connect_timeout_s", "").strip():
+        def seconds(name: str, default: float) -> float:
+            if not opts.get(name, "").strip():
+                return default
             try:
-                timeout = float(opts["connect_timeout_s"])
+                return float(opts[name])
             except ValueError as exc:
-                msg = f"invalid FT source option connect_timeout_s={opts['connect_timeout_s']!r}: expected seconds"
+                msg = f"invalid FT source option {name}={opts[name]!r}: expected seconds"
                 raise ConfigError(msg) from exc
-        parsed = cls(url, required("namespace"), topology, source, num_channels, max_records, page, timeout)
-        parsed.config()  # validates redis_url, namespace and the timeout
+
+        timeout = seconds("connect_timeout_s", 5.0)
+        budget = seconds("outage_budget_s", DEFAULT_OUTAGE_BUDGET_S)
+        parsed = cls(url, required("namespace"), topology, source, num_channels, max_records, page, timeout, budget)
+        parsed.config()  # validates redis_url, namespace, the timeout and the budget
         return parsed
 
     def config(self) -> FTConfig:
         """The FTConfig the source's Redis handle is built from."""
         return FTConfig(
-            redis_url=self.redis_url, namespace=self.namespace, connect_timeout_s=self.connect_timeout_s
+            redis_url=self.redis_url, namespace=self.namespace, connect_timeout_s=self.connect_timeout_s,
+            outage_budget_s=self.outage_budget_s,
         )
 
 
@@ -257,7 +267,8 @@ class FTStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """This process's persistence layer of the source (client created on first use)."""
         if self._persistence is None:
             o = self.opts
-            store = SourceStore(o.config(), o.topology, o.source)
+            # every command waits out a Redis outage: an error in latestOffset kills the query at once
+            store = SourceStore(o.config(), o.topology, o.source, outage_budget_s=o.outage_budget_s)
             self._persistence = PersistenceLayer(store, o.num_channels)
         return self._persistence
 
@@ -482,6 +493,7 @@ def read_stream(
         "source": source,
         "num_channels": str(num_channels),
         "connect_timeout_s": repr(cfg.connect_timeout_s),
+        "outage_budget_s": repr(cfg.outage_budget_s),
     }
     if max_records_per_batch is not None:
         options["max_records_per_batch"] = str(max_records_per_batch)

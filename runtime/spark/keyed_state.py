@@ -59,7 +59,8 @@ class KeyedStateStore:
         self.dirty: set[bytes] = set()
 
     def _client(self) -> Any:
-        return client_for(self.config.redis_url, self.config.connect_timeout_s)
+        return client_for(self.config.redis_url, self.config.connect_timeout_s,
+                          outage_budget_s=self.config.outage_budget_s)
 
     def _field(self, key: Any) -> bytes:
         try:

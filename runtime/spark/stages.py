@@ -95,7 +95,9 @@ class TaskEnv:
 
     def layers(self) -> dict[int, FTLayer]:
         return {
-            i: FTLayer(self.config, self.topology, name, source_id=i, num_channels=self.num_channels)
+            # tasks wait out a Redis outage (outage_budget_s) rather than spend their attempts
+            i: FTLayer(self.config, self.topology, name, source_id=i, num_channels=self.num_channels,
+                       outage_budget_s=self.config.outage_budget_s)
             for i, name in enumerate(self.sources)
         }
 

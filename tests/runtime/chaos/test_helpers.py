@@ -147,3 +147,18 @@ def test_chaos_cli_options_name_their_env_vars() -> None:
             assert "[env FTLAYER_" in (action.help or ""), action.option_strings
     args = parser.parse_args(["chaos", "fail-rate", "--records", "10"])
     assert args.scenario == "fail-rate" and int(args.records) == 10
+
+
+def test_checker_counts_what_the_source_produced_not_what_ingest_persisted(
+    scenario: tuple[FTLayer, CollectingSink, list[Any]],
+) -> None:
+    """Records 5 and 6 were produced by the source (a client got them accepted, a generator yielded
+    them) but ingest never persisted them: they are lost, and counted as never persisted."""
+    layer, sink, records = scenario
+    layer.ack({records[4].record_id.source_record_id: records[4].record_id.current_record_id})
+    _deliver(sink, [{"i": 4}])
+    layer.persistence.trim_done()
+    assert check(layer, sink, range(5), {}).ok
+    report = check(layer, sink, range(7), {})
+    assert report.lost == [5, 6] and report.never_persisted == 2 and not report.ok
+    assert "7 produced by the source, 5 persisted by ingest" in report.summary()

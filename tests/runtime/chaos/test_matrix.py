@@ -72,16 +72,26 @@ def test_kill_driver(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
     assert report.stats["failed_timeout"] > 0 and report.expected_replays
 
 
+def _lived_through_the_outage(report: Report, down_s: float) -> None:
+    """The server was down for at least ``down_s`` (beyond redis-py's own ~0.7 s of retries), and the
+    query never died: tasks, the FT source and the FT service waited for the server."""
+    (note,) = [n for n in report.notes if "SIGKILLed" in n]
+    back_after = float(note.split("back after ")[1].split(" s")[0])
+    assert back_after >= down_s, note
+    assert not any("query died" in n for n in report.notes), report.summary()
+    assert any(what.startswith("the query lived through the outage") and held for what, held in report.expectations)
+
+
 @pytest.mark.parametrize("durability", ["none", "everysec", "waitaof"])
 def test_kill_redis(spark: Any, ft_config: FTConfig, tmp_path: Path, durability: str) -> None:
     fsync = "always" if durability == "waitaof" else "everysec"
     server = EmbeddedServer(data_dir=tmp_path / "redis", appendfsync=fsync).start()
     try:
         report = run_scenario("kill-redis", spark, ft_config, 3000, workdir=tmp_path / "run",
-                              durability=durability, server=server)
+                              durability=durability, server=server, down_s=3.0)
     finally:
         server.stop()
-    assert any("SIGKILLed" in n for n in report.notes), report.summary()
+    _lived_through_the_outage(report, 3.0)
     if durability == "waitaof":
         _no_loss_no_leak(report)
         assert report.lost_in_window == []
@@ -92,6 +102,28 @@ def test_kill_redis(spark: Any, ft_config: FTConfig, tmp_path: Path, durability:
         # lost_in_window holds them, report.lost those outside the window (must be none)
         _no_loss_no_leak(report)
         assert report.delivered + len(report.lost_in_window) == 3000
+
+
+def test_long_outage(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
+    """The server is down for 60 s in the middle of the stream (SIGKILL, restart from its AOF):
+    every record the source produced is delivered and the query never dies."""
+    server = EmbeddedServer(data_dir=tmp_path / "redis", appendfsync="always").start()
+    try:
+        report = run_scenario("long-outage", spark, ft_config, 3000, workdir=tmp_path / "run", server=server)
+    finally:
+        server.stop()
+    _no_loss_no_leak(report)
+    _lived_through_the_outage(report, 60.0)
+    assert report.records_in == report.delivered == 3000
+    assert report.never_persisted == 0
+
+
+def test_webhook_driver_kill(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
+    """kill -9 of a driver fed by HTTP clients that retry every non-2xx answer: every record a client
+    got a 2xx for reaches the sink, after a restart on the same namespace, checkpoint and port."""
+    report = run_scenario("webhook-driver-kill", spark, ft_config, 1500, workdir=tmp_path)
+    _no_loss_no_leak(report)
+    assert report.records_in == report.delivered == 1500
 
 
 def test_drop_connections(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:

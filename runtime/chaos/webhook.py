@@ -1,0 +1,140 @@
+"""The webhook-driver-kill chaos scenario: a driver fed by HTTP is SIGKILLed under load and restarted.
+
+The driver program (``python -m runtime.chaos.webhook``) runs the chaos topology with a
+:class:`~runtime.driver.webhook.WebhookSource` on a fixed port, until the harness creates
+``<workdir>/end``; then it ends the source, drains, and exits 0 (1 if it did not drain).
+
+The harness starts it, and a :class:`~runtime.chaos.webhook_client.RetryingClient` posts the records
+from several threads, retrying every non-2xx answer and every connection error. Once a third
+of the records are confirmed (and some are acked, some pending), the driver and its Spark JVM
+are SIGKILLed: requests in flight fail, records ingest had taken and not persisted are never
+confirmed. A second driver with the same topology, namespace, checkpoint and port starts; the
+client keeps retrying until every record is confirmed. The checker's produced ids are the
+client's confirmed ids: every one must reach the sink (records the dead driver had persisted
+time out under the new driver and are replayed; the ids pending at the kill are recorded as
+the fault's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from ftlayer.config import FTConfig
+from ftlayer.server import free_port
+from runtime.chaos.base import TRIGGER_S, ChaosError, ScenarioContext, build, finish
+from runtime.chaos.faults import ChaosMap
+from runtime.chaos.webhook_client import RetryingClient
+from runtime.checker import Report
+from runtime.testing import CollectingSink, default_value
+
+END_FILE = "end"
+
+
+def _driver(ctx: ScenarioContext, port: int, log_name: str) -> subprocess.Popen[str]:
+    cfg = ctx.config
+    log = (ctx.workdir / log_name).open("w")
+    return subprocess.Popen(
+        [sys.executable, "-m", "runtime.chaos.webhook", "--redis-url", cfg.redis_url, "--namespace", cfg.namespace,
+         "--workdir", str(ctx.workdir), "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
+    )
+
+
+def webhook_driver_kill(ctx: ScenarioContext, records: int, threads: int = 6, pace_s: float = 0.03,
+                        kill_timeout_s: float = 240.0) -> Report:
+    """SIGKILL a webhook-fed driver under load, restart it on the same port; 0 confirmed records lost."""
+    from runtime.chaos.procs import pending_ids
+
+    port = free_port()
+    layer = ctx.layer()
+    client = RetryingClient(f"http://127.0.0.1:{port}/", [default_value(i) for i in range(records)],
+                            threads=threads, pace_s=pace_s)
+    first = _driver(ctx, port, "driver1.log")
+    ctx.say(f"phase 1 driver started, webhook on port {port}")
+    client.start()
+    try:
+        deadline = time.monotonic() + kill_timeout_s
+        while time.monotonic() < deadline:
+            st = layer.stats()
+            if len(client.confirmed) >= records // 3 and st["acked"] > 0 and st["pending"] > 0:
+                break
+            if first.poll() is not None:
+                msg = f"chaos webhook-driver-kill: phase 1 ended (exit {first.returncode}) before it could be killed"
+                raise ChaosError(msg)
+            time.sleep(0.05)
+        else:
+            msg = f"chaos webhook-driver-kill: phase 1 never reached the kill point: {layer.stats()}"
+            raise ChaosError(msg)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)  # the driver and its Spark JVM, mid-request
+        first.wait(30)
+    confirmed_at_kill = len(client.confirmed)
+    at_kill = layer.stats()
+    ctx.faults.record("webhook-driver-kill", pending_ids(layer))
+    ctx.notes.append(f"driver killed with {confirmed_at_kill} records confirmed, {at_kill['pending']} pending, "
+                     f"{at_kill['acked']} acked")
+    ctx.say(f"driver killed ({confirmed_at_kill} confirmed, {at_kill['pending']} pending); starting phase 2")
+    second = _driver(ctx, port, "driver2.log")
+    try:
+        all_confirmed = client.join(600)
+    finally:
+        client.stop()
+        (ctx.workdir / END_FILE).touch()
+    out, _ = second.communicate(timeout=600)
+    ctx.say(f"phase 2 driver exited {second.returncode}")
+    ctx.notes.append(f"client: answers {dict(sorted(client.answers.items(), key=str))}, retries {client.retries}")
+    ctx.notes.append(f"restarted driver: exit {second.returncode}: {out.strip().splitlines()[-1:] or ''}")
+    report = finish(ctx, [layer], CollectingSink(ctx.out_dir), sorted(client.confirmed))
+    report.expect(f"killed under load ({confirmed_at_kill}/{records} confirmed, {at_kill['pending']} pending)",
+                  confirmed_at_kill < records and at_kill["pending"] > 0)
+    report.expect(f"the client retried refused or failed requests ({client.retries})", client.retries > 0)
+    report.expect(f"every record was confirmed in the end ({len(set(client.confirmed))}/{records})",
+                  all_confirmed and set(client.confirmed) == set(range(records)))
+    report.expect("the restarted driver drained and exited 0", second.returncode == 0)
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The driver program: run until ``<workdir>/end`` exists, then end the source and drain."""
+    from runtime.chaos.driver_app import warm_python_workers
+    from runtime.driver.webhook import WebhookSource
+    from runtime.spark.session import local_session
+
+    p = argparse.ArgumentParser(prog="python -m runtime.chaos.webhook")
+    p.add_argument("--redis-url", required=True)
+    p.add_argument("--namespace", required=True)
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--timeout-s", type=float, default=8.0, help="the topology's record timeout")
+    p.add_argument("--sleep-ms", type=float, default=5.0, help="processing time per record")
+    args = p.parse_args(argv)
+    cfg = FTConfig(redis_url=args.redis_url, namespace=args.namespace, timeout_s=args.timeout_s, num_buckets=3)
+    workdir = Path(args.workdir)
+    spark = local_session("ftlayer-chaos-webhook")
+    warm_python_workers(spark)
+    hooks = WebhookSource(port=args.port, reply_timeout_s=30.0)
+    topo = build(cfg, hooks, ChaosMap([], sleep_s=args.sleep_ms / 1000), CollectingSink(workdir / "out"), keyed=False)
+    query = topo.start(spark, checkpoint_location=str(workdir / "checkpoint"), trigger_interval_s=TRIGGER_S,
+                       max_records_per_batch=400)
+    print("started", flush=True)
+    while not (workdir / END_FILE).exists() and query.query.exception() is None:
+        time.sleep(0.1)
+    hooks.end()
+    ok = query.await_drained(300)
+    if ok:
+        query.query.processAllAvailable()
+    query.stop()
+    print("drained" if ok else "not drained", query.stats(), flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

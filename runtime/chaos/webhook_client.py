@@ -1,0 +1,122 @@
+"""A webhook client that retries until confirmed: what a well-behaved producer does (tests and chaos).
+
+:func:`post` sends one JSON record and returns the HTTP status (or None on a connection error).
+:class:`RetryingClient` posts records from several threads and retries every non-2xx answer and
+every connection error (waiting ``Retry-After`` when given) until the record is confirmed; its
+``confirmed`` list is the ground truth a checker compares the sink with: every id in it must
+arrive (see :mod:`runtime.driver.webhook` for why).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+from urllib.parse import urlsplit
+
+
+def post(url: str, value: Any, timeout_s: float = 60.0) -> tuple[int | None, float | None]:
+    """POST ``value`` as JSON; (status, Retry-After seconds or None), or (None, None) if the
+    connection failed (refused, reset, timed out)."""
+    parts = urlsplit(url)
+    body = json.dumps(value).encode()
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout_s)
+    try:
+        conn.request("POST", parts.path or "/", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        after = resp.getheader("Retry-After")
+        return resp.status, float(after) if after else None
+    except (OSError, http.client.HTTPException):
+        return None, None
+    finally:
+        conn.close()
+
+
+class RetryingClient:
+    """Posts each record until a 2xx comes back, from ``threads`` threads.
+
+    Counters: ``confirmed`` (ids, in confirmation order), ``answers`` (status -> count, None =
+    connection error), ``retries`` (attempts beyond the first). ``pace_s``: each thread's pause
+    after a confirmation (a steady producer rather than a flood).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        records: Iterable[Any],
+        *,
+        threads: int = 4,
+        id_of: Callable[[Any], int] = lambda v: int(v["i"]),
+        backoff_s: float = 0.2,
+        pace_s: float = 0.0,
+    ) -> None:
+        self.url = url
+        self._todo = list(records)
+        self._next = 0
+        self.threads = threads
+        self.id_of = id_of
+        self.backoff_s = backoff_s
+        self.pace_s = pace_s  # each thread waits this long after a confirmation (a steady producer)
+        self.confirmed: list[int] = []
+        self.answers: dict[int | None, int] = {}
+        self.retries = 0
+        self._lock = threading.Lock()
+        self._workers: list[threading.Thread] = []
+        self._stop = threading.Event()
+
+    def _take(self) -> Any | None:
+        with self._lock:
+            if self._next >= len(self._todo):
+                return None
+            value = self._todo[self._next]
+            self._next += 1
+            return value
+
+    def _send(self, value: Any) -> None:
+        attempt = 0
+        while not self._stop.is_set():
+            status, after = post(self.url, value)
+            with self._lock:
+                self.answers[status] = self.answers.get(status, 0) + 1
+                if attempt:
+                    self.retries += 1
+            attempt += 1
+            if status is not None and 200 <= status < 300:
+                with self._lock:
+                    self.confirmed.append(self.id_of(value))
+                return
+            if status is not None and 400 <= status < 500:
+                msg = f"webhook refused record {self.id_of(value)} with {status}; not retrying"
+                raise RuntimeError(msg)
+            self._stop.wait(after if after is not None else self.backoff_s)
+
+    def _run(self) -> None:
+        while (value := self._take()) is not None and not self._stop.is_set():
+            self._send(value)
+            if self.pace_s:
+                self._stop.wait(self.pace_s)
+
+    def start(self) -> RetryingClient:
+        self._workers = [threading.Thread(target=self._run, name=f"webhook-client-{k}", daemon=True)
+                         for k in range(self.threads)]
+        for w in self._workers:
+            w.start()
+        return self
+
+    @property
+    def done(self) -> bool:
+        return all(not w.is_alive() for w in self._workers)
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait until every record is confirmed; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        for w in self._workers:
+            w.join(max(0.0, deadline - time.monotonic()))
+        return self.done
+
+    def stop(self) -> None:
+        self._stop.set()

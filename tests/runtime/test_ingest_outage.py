@@ -1,0 +1,69 @@
+"""Ingest through Redis outages on a real server that is SIGKILLed and restarted from its AOF.
+
+The server runs with ``appendfsync always`` so that a kill loses nothing acknowledged: every
+record the source produced must then be persisted exactly once, whatever the outage did.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ftlayer.config import FTConfig
+from ftlayer.layer import FTLayer
+from ftlayer.server import EmbeddedServer
+from runtime.chaos.procs import pending_ids
+from runtime.driver.ingest import Ingestor
+from runtime.testing import EOF, Emit, Pause, ScriptedSource, Step
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
+    srv = EmbeddedServer(data_dir=tmp_path / "redis", appendfsync="always").start()
+    yield srv
+    srv.stop()
+
+
+def _paced(records: int, step: int, pause_s: float) -> list[Step]:
+    script: list[Step] = []
+    for _ in range(0, records, step):
+        script += [Emit(step), Pause(pause_s)]
+    return [*script, EOF]
+
+
+def _wait(cond: object, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():  # type: ignore[operator]
+            return
+        time.sleep(0.02)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_ingest_pauses_through_a_3s_outage_and_resumes(server: EmbeddedServer) -> None:
+    """A 3 s outage (longer than redis-py's own ~0.7 s of retries) hits HLEN, PERSIST and
+    WAITAOF: ingest pauses, resumes when the server is back, and persists every record the
+    source produced, before and after the outage."""
+    cfg = FTConfig(redis_url=server.url, namespace="outage", durability="waitaof", flush_batch_size=50)
+    layer = FTLayer(cfg, "ing", "outage", num_channels=2).open()
+    source = ScriptedSource(_paced(2000, 50, 0.05), chunk=50)
+    ing = Ingestor(layer, source, linger_s=0.005).start()
+    try:
+        _wait(lambda: layer.stats()["persisted"] >= 400, 60, "400 records persisted")
+        server.kill()
+        time.sleep(3.0)
+        assert not ing.done, "ingest must wait for the server, not stop"
+        assert ing.paused is not None, "ingest reports that it is paused during the outage"
+        server.start()
+        _wait(lambda: ing.done, 120, "ingest to finish after the outage")
+    finally:
+        ing.stop()
+    assert ing.error is None, ing.error
+    assert ing.pauses >= 1 and ing.paused is None
+    st = layer.stats()
+    print(f"produced {source.emitted}, persisted {st['persisted']}, ingest pauses {ing.pauses}")
+    assert source.emitted == ing.ingested == st["persisted"] == 2000
+    assert sorted(pending_ids(layer)) == list(range(2000))
