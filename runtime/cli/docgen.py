@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ftlayer.config import FTConfig
 
-CONFIG_DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+CONFIG_DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
 def configuration_markdown() -> str:

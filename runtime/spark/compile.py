@@ -9,19 +9,24 @@ operators fans out: each consumer reads its own copy with its own child id.
 The sink is the last stage. A driver-side FT service rotates timeout buckets
 and replays failures; it stops with the query. With FT off the sources feed
 in-driver feeds instead (:mod:`runtime.driver.feed`) and no FT service runs.
+
+State (:mod:`ftlayer.state`): with no ``redis_url`` the embedded server runs on the
+topology's state directory (``<state_dir>/<topology>/redis``), and with no
+checkpoint location the query checkpoints to ``<state_dir>/<topology>/checkpoint``,
+so a re-run of the same program resumes. A non-local Spark master with no
+``redis_url`` is refused before anything starts.
 """
 
 from __future__ import annotations
 
 import functools
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from ftlayer.connection import resolved
 from ftlayer.errors import TopologyError
 from ftlayer.layer import FTLayer
 from ftlayer.service import FTService
+from ftlayer.state import TopologyState, check_reachable_redis
 from partitioners.factory import replay_partitioner_for
 from runtime.driver.feed import Feed, FeedDestination, FeedProgress, FeedServer
 from runtime.driver.ingest import BatchDestination, Ingestor
@@ -45,7 +50,10 @@ class Compiler:
         self.topology = topology
         self.spark = spark
         # FT off: no Redis URL is resolved, so no embedded server is started either
-        cfg = resolved(topology.config) if topology.config.ft_on else topology.config
+        cfg = topology.config
+        self._state: TopologyState | None = None
+        if cfg.ft_on and not cfg.redis_url:
+            cfg = cfg.replace(redis_url=self._embedded_url())
         self.config = cfg
         self.n = cfg.num_channels
         names = tuple(s.name for s in topology.sources)
@@ -55,6 +63,17 @@ class Compiler:
         self._stage_ids = 0
         self._max_records: int | None = None
         self._feeds: list[FeedServer] = []
+
+    def state(self) -> TopologyState:
+        """The topology's state directory in this process (opened, and locked, on first use)."""
+        if self._state is None:
+            self._state = TopologyState.open(self.topology.config, self.topology.name)
+        return self._state
+
+    def _embedded_url(self) -> str:
+        """URL of the topology's embedded server (on its state directory); refused on a cluster."""
+        check_reachable_redis(str(self.spark.conf.get("spark.master", "local") or "local"), self.topology.config)
+        return self.state().embedded_server(self.topology.config).url
 
     def _next_stage(self) -> int:
         self._stage_ids += 1
@@ -154,7 +173,7 @@ class Compiler:
         ingestors: list[Ingestor] = []
         try:
             writer = self._writer(sinks[0])
-            checkpoint = checkpoint or tempfile.mkdtemp(prefix=f"ftlayer-{topo.name}-ckpt-")
+            checkpoint = checkpoint or self.state().checkpoint()
             if self.config.ft_on:
                 progress = FTProgress(layers, FTService(layers).start())
                 progress.observers = TopologyObservers.start(
@@ -178,7 +197,8 @@ class Compiler:
     def _writer(self, sink_node: SinkNode) -> Any:
         sink = sink_node.sink
         if isinstance(sink, RedisHashSink) and sink.url is None:
-            sink.url = resolved(self.config).redis_url  # the user's output server (FT off too)
+            # the user's output server (FT off too)
+            sink.url = self.config.redis_url or self._embedded_url()
         parent = sink_node.parents[0]
         if isinstance(sink, ForeachBatchSink):
             df = self.input_df(parent, sink_node)
