@@ -1,59 +1,59 @@
 """Spark >= 4.0: admission control is detected at run time, with a fallback where pyspark lacks it.
 
 pyspark 4.0 has no ``pyspark.sql.streaming.datasource`` and calls ``latestOffset()`` with no
-arguments. These tests hide that module (as on 4.0), re-import the FT and feed sources, and
-drive the reader the way the 4.0 source runner does, against a real Redis. The installed
+arguments. The first test hides that module (as on 4.0) in a fresh interpreter, imports the FT
+and feed sources, and drives the reader the way the 4.0 source runner does, against a real Redis. The installed
 pyspark (4.3) path is covered by test_ft_source.py through Spark itself.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
+import json
+import os
+import subprocess
 import sys
-from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
 
-import pytest
 import redis
 
 from ftlayer.config import FTConfig
 from ftlayer.layer import FTLayer
 from serialization.serializers import make_record
 
-MODULES = ("runtime.spark.admission", "runtime.spark.ft_source", "runtime.spark.feed_source")
+ROOT = Path(__file__).resolve().parents[3]
+
+# runs in its own interpreter: the sources are imported with the admission module hidden, as on
+# pyspark 4.0 (re-importing them in the test process would swap the classes other tests hold)
+AS_ON_4_0 = """
+import inspect, json, sys
+import pyspark.sql.datasource  # 4.3's imports the hidden module; 4.0's does not have it to import
+sys.modules["pyspark.sql.streaming.datasource"] = None
+from runtime.spark import admission, feed_source, ft_source
+url, ns = sys.argv[1], sys.argv[2]
+options = {"redis_url": url, "namespace": ns, "topology": "adm", "source": "src", "num_channels": "2",
+           "max_records_per_batch": "5"}
+reader = ft_source.FTSource(options).streamReader(ft_source.source_schema())
+start = reader.initialOffset()
+end = reader.latestOffset()  # what pyspark 4.0's runner calls: no start, no limit
+rows = [r for p in reader.partitions(start, end) for b in reader.read(p) for r in b.to_pylist()]
+reader.commit(end)
+feed_params = inspect.signature(feed_source.FeedStreamReader.latestOffset).parameters
+print(json.dumps({"has": admission.HAS_ADMISSION_CONTROL, "rows": len(rows), "tails": end == reader.tails(),
+                  "feed_limit_param": "limit" in feed_params}))
+"""
 
 
-@pytest.fixture
-def without_admission_control(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    importlib.import_module("pyspark.sql.datasource")  # 4.3's imports the hidden module; 4.0's does not
-    monkeypatch.setitem(sys.modules, "pyspark.sql.streaming.datasource", None)  # import fails, as on 4.0
-    try:
-        yield {name.rsplit(".", 1)[1]: importlib.reload(importlib.import_module(name)) for name in MODULES}
-    finally:
-        monkeypatch.undo()
-        for name in MODULES:
-            importlib.reload(importlib.import_module(name))
-
-
-def test_sources_import_and_read_without_admission_control(
-    without_admission_control: dict[str, Any], ft_config: FTConfig, redis_client: redis.Redis
-) -> None:
-    admission, ft_source = without_admission_control["admission"], without_admission_control["ft_source"]
-    assert admission.HAS_ADMISSION_CONTROL is False
+def test_sources_import_and_read_without_admission_control(ft_config: FTConfig, redis_client: redis.Redis) -> None:
     layer = FTLayer(ft_config, "adm", "src", num_channels=2).open()
     layer.persist([make_record(layer, {"i": i}, key=f"k{i}") for i in range(30)])
-    options = {"redis_url": ft_config.redis_url, "namespace": ft_config.namespace, "topology": "adm",
-               "source": "src", "num_channels": "2", "max_records_per_batch": "5"}
-    reader = ft_source.FTSource(options).streamReader(ft_source.source_schema())
-    start = reader.initialOffset()
-    end = reader.latestOffset()  # what pyspark 4.0's runner calls: no start, no limit
-    assert end == reader.tails()  # every record available (no cap without admission control)
-    rows = [row for p in reader.partitions(start, end) for b in reader.read(p) for row in b.to_pylist()]
-    assert len(rows) == 30
-    reader.commit(end)
-    feed_reader = without_admission_control["feed_source"].FeedStreamReader
-    assert "limit" in inspect.signature(feed_reader.latestOffset).parameters
+    proc = subprocess.run([sys.executable, "-c", AS_ON_4_0, ft_config.redis_url, ft_config.namespace],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    # no admission control detected; every record available in one batch (no cap), read and committed
+    assert got == {"has": False, "rows": 30, "tails": True, "feed_limit_param": True}
 
 
 def test_installed_pyspark_gets_admission_control() -> None:
