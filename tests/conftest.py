@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import redis
 
-from ftlayer.config import FTConfig
+from ftlayer.config import TEMP_STATE_DIR, FTConfig
 from ftlayer.server import EmbeddedServer
 
 
@@ -57,7 +57,7 @@ def redis_client(redis_server_url: str, namespace: str) -> Iterator[redis.Redis]
 
 @pytest.fixture
 def ft_config(redis_server_url: str, namespace: str) -> FTConfig:
-    return FTConfig(redis_url=redis_server_url, namespace=namespace, timeout_s=5.0)
+    return FTConfig(redis_url=redis_server_url, namespace=namespace, timeout_s=5.0, state_dir=TEMP_STATE_DIR)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ftlayer.config import FTConfig
+from ftlayer.config import TEMP_STATE_DIR, FTConfig
 from runtime.sinks import CallableSink
 from runtime.topology import Topology
 
@@ -62,7 +62,7 @@ class Run:
 def run_ftlayer(spark: Any, config: FTConfig, records: int, payload_bytes: int, *, ft_on: bool) -> Run:
     """One FT-on or FT-off run: start, wait until drained, stop."""
     cfg = config.replace(status="on" if ft_on else "off", namespace="bench" + uuid.uuid4().hex[:8],
-                         max_pending=config.max_pending)
+                         max_pending=config.max_pending, state_dir=TEMP_STATE_DIR)  # throw-away runs
     topo = Topology("bench", cfg)
     source = (make_value(i, payload_bytes) for i in range(records))
     (topo.source("events", source).map(first_map).key_by(lambda e: e["user"]).map(second_map)

@@ -54,7 +54,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from ftlayer.config import FTConfig
+from ftlayer.config import TEMP_STATE_DIR, FTConfig
 from ftlayer.connection import client_for, resolved
 from ftlayer.errors import FTLayerError
 from runtime.bench.e2e import first_map, make_value, second_map
@@ -303,7 +303,7 @@ def bench_latency(
     drain or lost a record.
     """
     say = progress or (lambda _msg: None)
-    cfg = resolved(config.replace(status="on", namespace="lat" + uuid.uuid4().hex[:10]))
+    cfg = resolved(config.replace(status="on", namespace="lat" + uuid.uuid4().hex[:10], state_dir=TEMP_STATE_DIR))
     url = cfg.redis_url
     key = f"{cfg.namespace}:bench:latency"
     measured = max(1, round(rate_per_s * duration_s))

@@ -82,7 +82,9 @@ def run(records: int, fail_every: int, timeout_s: float, spark: Any = None) -> i
     work = Path(tempfile.mkdtemp(prefix="ftlayer-demo-"))
     marks = work / "marks"
     marks.mkdir()
-    cfg = FTConfig.load(env=os.environ).replace(timeout_s=timeout_s, max_replays=3)
+    # the demo's state (embedded server's AOF) lives in its own fresh work dir: its report
+    # counts this run only, so it must not resume an earlier run's counters
+    cfg = FTConfig.load(env=os.environ).replace(timeout_s=timeout_s, max_replays=3, state_dir=str(work / "state"))
     if spark is None:
         from runtime.spark.session import local_session
 

@@ -9,12 +9,17 @@ operators fans out: each consumer reads its own copy with its own child id.
 The sink is the last stage. A driver-side FT service rotates timeout buckets
 and replays failures; it stops with the query. With FT off the sources feed
 in-driver feeds instead (:mod:`runtime.driver.feed`) and no FT service runs.
+
+State (:mod:`ftlayer.state`): with no ``redis_url`` the embedded server runs on the
+topology's state directory (``<state_dir>/<topology>/redis``), and with no
+checkpoint location the query checkpoints to ``<state_dir>/<topology>/checkpoint``,
+so a re-run of the same program resumes. A non-local Spark master with no
+``redis_url`` is refused before anything starts.
 """
 
 from __future__ import annotations
 
 import functools
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,10 +27,10 @@ from typing import Any
 import redis
 
 from ftlayer.config import FTConfig
-from ftlayer.connection import resolved
 from ftlayer.errors import TopologyError
 from ftlayer.layer import FTLayer
 from ftlayer.service import FTService
+from ftlayer.state import TopologyState, check_reachable_redis
 from partitioners.factory import replay_partitioner_for
 from runtime.driver.feed import Feed, FeedDestination, FeedProgress, FeedServer
 from runtime.driver.ingest import BatchDestination, Ingestor
@@ -94,7 +99,10 @@ class Compiler:
         # spark.ftlayer.* of the session beat file and env, not options set in code (runtime.spark.conf)
         cfg = effective_config(topology.config, spark)
         # FT off: no Redis URL is resolved, so no embedded server is started either
-        cfg = resolved(cfg) if cfg.ft_on else cfg
+        self._state: TopologyState | None = None
+        self._base = cfg  # the config the state directory and the embedded server follow
+        if cfg.ft_on and not cfg.redis_url:
+            cfg = cfg.replace(redis_url=self._embedded_url())
         self.config = cfg
         self.n = cfg.num_channels
         names = tuple(s.name for s in topology.sources)
@@ -104,6 +112,17 @@ class Compiler:
         self._stage_ids = 0
         self._max_records: int | None = None
         self._feeds: list[FeedServer] = []
+
+    def state(self) -> TopologyState:
+        """The topology's state directory in this process (opened, and locked, on first use)."""
+        if self._state is None:
+            self._state = TopologyState.open(self._base, self.topology.name)
+        return self._state
+
+    def _embedded_url(self) -> str:
+        """URL of the topology's embedded server (on its state directory); refused on a cluster."""
+        check_reachable_redis(str(self.spark.conf.get("spark.master", "local") or "local"), self._base)
+        return self.state().embedded_server(self._base).url
 
     def _next_stage(self) -> int:
         self._stage_ids += 1
@@ -199,7 +218,7 @@ class Compiler:
         ingestors: list[Ingestor] = []
         try:
             writer = self._writer(sinks)
-            checkpoint = checkpoint or tempfile.mkdtemp(prefix=f"ftlayer-{topo.name}-ckpt-")
+            checkpoint = checkpoint or self.state().checkpoint()
             if self.config.ft_on:
                 progress = FTProgress(layers, FTService(layers).start())
                 progress.observers = TopologyObservers.start(
@@ -236,7 +255,8 @@ class Compiler:
         """One executor sink's stage: write, then ack (with the last operators fused in front)."""
         sink = sink_node.sink
         if isinstance(sink, RedisHashSink) and sink.url is None:
-            sink.url = resolved(self.config).redis_url  # the user's output server (FT off too)
+            # the user's output server (FT off too)
+            sink.url = self.config.redis_url or self._embedded_url()
         parent = sink_node.parents[0]
         ops: tuple[Op, ...] = ()
         if isinstance(parent, OpNode) and len(parent.consumers) == 1:

@@ -51,16 +51,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
 
 from ftlayer.errors import ConfigError
 from runtime.driver.feed import DEFAULT_READ_BYTES, FeedServer, recv_message, send_message
+from runtime.spark.admission import AvailableNowBase, max_rows, read_all, read_max_rows
 from runtime.spark.arrow_codec import SOURCE_COLUMNS, SOURCE_SCHEMA_DDL, arrow_schema
 
 if TYPE_CHECKING:
@@ -206,7 +201,7 @@ def chunk_batch(chunk: Sequence[Any], channel: int, after: int, until: int) -> A
     return batch.slice(lo - first, max(0, hi - lo + 1))
 
 
-class FeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class FeedStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[misc]
     """Stream reader of one feed (see the module notes)."""
 
     def __init__(self, options: FeedOptions) -> None:
@@ -244,21 +239,28 @@ class FeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> Offset:
         return {"feed": self.opts.feed_id, **{_ch(c): 0 for c in range(self.opts.num_channels)}}
 
-    def getDefaultReadLimit(self) -> ReadLimit:
+    def getDefaultReadLimit(self) -> Any:
         n = self.opts.max_records_per_batch
-        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+        return read_all() if n is None else read_max_rows(n)
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._tails()
 
-    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
-        """The tails (capped by the AvailableNow target and ``limit``); commits ``start`` first."""
+    def latestOffset(self, start: Offset | None = None, limit: Any = None) -> Offset:
+        """The tails (capped by the AvailableNow target and ``limit``); commits ``start`` first.
+
+        Without admission control (pyspark 4.0: no arguments) it returns the tails.
+        """
+        if start is None:
+            tails = self._last_tails = self._tails()
+            return tails
         self._check(start, "start")
         tails = self._last_tails = self._tails(trim_upto=start)
         begin = self._from(start)
         share = None
-        if isinstance(limit, ReadMaxRows):
-            share = max(1, math.ceil(limit.max_rows / self.opts.num_channels))
+        cap = max_rows(limit)
+        if cap is not None:
+            share = max(1, math.ceil(cap / self.opts.num_channels))
         end: Offset = {"feed": self.opts.feed_id}
         for c in range(self.opts.num_channels):
             k = _ch(c)

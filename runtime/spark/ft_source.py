@@ -37,7 +37,8 @@ Offsets, partitions, commit
   early could not lose a record anyway: a pending record stays in ``pend`` and
   is replayed when it times out.
 
-Admission control (Spark >= 4.2): with option ``max_records_per_batch`` the
+Admission control (where pyspark has it, see :mod:`runtime.spark.admission`; pyspark 4.0
+calls ``latestOffset()`` with no arguments and gets the tails, uncapped): with option ``max_records_per_batch`` the
 default read limit is ``ReadMaxRows(n)``. ``latestOffset`` then takes whole
 stream entries from each channel until that channel's share (``ceil(n /
 num_channels)`` records, counting every record id filed in an entry, completed
@@ -82,12 +83,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
 
 from ftlayer.config import FTConfig
@@ -96,6 +91,7 @@ from ftlayer.errors import ConfigError, FrameError
 from ftlayer.keys import check_name
 from ftlayer.persistence import PEND_PREFIX, PersistenceLayer
 from ftlayer.store import SourceStore
+from runtime.spark.admission import AvailableNowBase, max_rows, read_all, read_max_rows
 from runtime.spark.arrow_codec import SOURCE_COLUMNS, SOURCE_SCHEMA_DDL, frames_to_record_batch, split_bad_frames
 
 if TYPE_CHECKING:
@@ -245,7 +241,7 @@ class ChannelPartition(InputPartition):
         self.end = end
 
 
-class FTStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[misc]
     """Stream reader of one ftlayer source (see the module notes for offsets and processes)."""
 
     def __init__(self, options: FTSourceOptions) -> None:
@@ -332,25 +328,30 @@ class FTStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Every channel at ``"0-0"``: read each stream from its beginning."""
         return {channel_key(c): START_ID for c in self.channels}
 
-    def getDefaultReadLimit(self) -> ReadLimit:
+    def getDefaultReadLimit(self) -> Any:
         """``ReadMaxRows(max_records_per_batch)`` if that option is set, else read all available."""
         n = self.opts.max_records_per_batch
-        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+        return read_all() if n is None else read_max_rows(n)
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Trigger.AvailableNow: remember the current tails; no batch reads past them."""
         self._check_once()
         self._target = self.tails()
 
-    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
+    def latestOffset(self, start: Offset | None = None, limit: Any = None) -> Offset:
         """The end offset of the next batch: the tails, capped by the AvailableNow target and ``limit``.
 
         Spark asks for the batch after ``start`` only once every batch up to
         ``start`` has completed, so the same round trip trims the streams up to
         ``start`` (Spark itself calls :meth:`commit` for a batch only when it
         plans the next one, which would leave the last batch's entries behind).
+        Without admission control (pyspark 4.0 calls it with no arguments) it
+        returns the tails: no cap, no trim.
         """
         self._check_once()
+        if start is None:
+            tails = self._last_tails = self.tails()
+            return tails
         self._check_offset(start, "start")
         tails = self._last_tails = self.tails(trim_upto=start)
         end: Offset = {}
@@ -358,8 +359,9 @@ class FTStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             k = channel_key(c)
             tail = tails[k] if self._target is None else _min_id(tails[k], self._target[k])
             end[k] = _max_id(start[k], tail)
-        if isinstance(limit, ReadMaxRows):
-            end = self._capped(start, end, limit.max_rows)
+        cap = max_rows(limit)
+        if cap is not None:
+            end = self._capped(start, end, cap)
         return end
 
     def reportLatestOffset(self) -> Offset:
