@@ -46,6 +46,7 @@ from ftlayer.record import MAX_PAYLOAD_BYTES, NO_CHANNEL, SemiDeserializedRecord
 
 __all__ = [
     "BODY_FIXED_SIZE",
+    "FAILED_PREFIX",
     "FRAME_VERSION",
     "HEADER_SIZE",
     "MAX_PAYLOAD_BYTES",
@@ -62,6 +63,8 @@ __all__ = [
     "OFFSET_SOURCE_ID",
     "OFFSET_SOURCE_RECORD_ID",
     "OFFSET_VERSION",
+    "PEND_GEN_OFFSET",
+    "PEND_PREFIX",
     "SemiDeserializedRecord",
     "SemiDeserializedSerializer",
     "encode_frame",
@@ -84,6 +87,13 @@ OFFSET_REPLAY_COUNT = 40
 OFFSET_CHANNEL = 42
 OFFSET_CRC = 44
 OFFSET_PAYLOAD = 48
+
+# A ``pend`` value (ftlayer.keys) is ``ack value (8) | bucket gen u32 (4) | frame``; the Lua
+# in ftlayer.scripts reads both layouts through names generated from these constants.
+PEND_GEN_OFFSET = 8
+PEND_PREFIX = 12
+# A ``failed`` value is ``failed at, ms f64 (8) | reason length u16 (2) | reason | frame``.
+FAILED_PREFIX = 10
 
 _U32 = struct.Struct(">I")
 _CRC_COVERED = struct.Struct(">BBHqqqqHH")  # bytes [4:44)

@@ -32,7 +32,13 @@ from dataclasses import dataclass
 from ftlayer.acker_table import AckerTable
 from ftlayer.channels import check_channel_count
 from ftlayer.errors import ChannelCountMismatchError, FrameError, InvalidArgumentError
-from ftlayer.frames import NO_CHANNEL, SemiDeserializedRecord, SemiDeserializedSerializer
+from ftlayer.frames import (
+    NO_CHANNEL,
+    OFFSET_SOURCE_RECORD_ID,
+    PEND_PREFIX,
+    SemiDeserializedRecord,
+    SemiDeserializedSerializer,
+)
 from ftlayer.script_bounds import (
     READ_MAX_RECORDS,
     SCRIPT_BUDGET_MS,
@@ -46,7 +52,6 @@ _SERIALIZER = SemiDeserializedSerializer()
 log = logging.getLogger(__name__)
 
 
-PEND_PREFIX = 12  # a `pend` value is ack (8) | bucket gen (4) | frame
 
 
 def _stream_pos(entry_id: str) -> tuple[float, float]:
@@ -224,7 +229,7 @@ class PersistenceLayer:
         undecodable. Idempotent (a record no longer pending is skipped).
         Returns how many records were failed.
         """
-        start = PEND_PREFIX + 8  # a frame's source_record_id sits at bytes 8..16
+        start = PEND_PREFIX + OFFSET_SOURCE_RECORD_ID
         named = [(v[start : start + 8], v, reason) for v, reason in bad if len(v) >= start + 8]
         if not named:
             return 0

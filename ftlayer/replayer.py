@@ -27,7 +27,7 @@ from typing import Protocol
 
 from ftlayer.acker_table import NO_REPLAY_FLAG
 from ftlayer.errors import FrameError, PartitioningError
-from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
+from ftlayer.frames import FAILED_PREFIX, SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.ids import RecordId, new_ids
 from ftlayer.keyhash import pmod
 from ftlayer.script_bounds import CALL_MAX_BYTES, CALL_MAX_RECORDS
@@ -35,7 +35,8 @@ from ftlayer.store import SourceStore
 
 log = logging.getLogger(__name__)
 _SERIALIZER = SemiDeserializedSerializer()
-_FAILED_HEADER = struct.Struct(">dH")
+_FAILED_HEADER = struct.Struct(">dH")  # FAILED_PREFIX bytes (ftlayer.frames), read by the Lua too
+assert _FAILED_HEADER.size == FAILED_PREFIX
 
 
 class ReplayRouter(Protocol):

@@ -5,10 +5,14 @@ library is 32-bit, so ids and ack values never become Lua numbers. They travel
 and are stored as 8-byte big-endian strings; XOR is done on the two 32-bit
 halves (``struct.unpack('>I4I4')`` then ``bit.bxor``), which is exact.
 
-The frame offsets used below come from ``ftlayer.frames`` (1-based in
-Lua): source_record_id at 9..16, current_record_id at 17..24, replay count
-(u16) at 41, channel (u16) at 43. A ``pend`` value is
-``ack (8) | bucket gen (u32) | frame``, so its frame starts at byte 13.
+Layouts are defined once: every script starts with :data:`LAYOUT`, Lua
+locals generated from the constants of ``ftlayer.frames`` that the encoder
+uses (1-based): ``F_SID``/``F_CID`` (source and current record id, 8 bytes
+each), ``F_REPLAY`` and ``F_CHANNEL`` (u16), ``F_HEADER`` and ``F_BODY_MIN``,
+and for a ``pend`` value (``ack (8) | bucket gen (u32) | frame``) ``P_GEN``
+and ``P_FRAME``, and for a ``failed`` value (``failed_ms f64 | reason
+length u16 | reason | frame``) ``FL_REASON``. No script spells an offset as a number
+(``tests/ftlayer/test_frame_layout.py`` checks it).
 
 Every script is idempotent under a client retry: persist skips ids already
 present, flushes carry a token, fails and replays act only on entries still in
@@ -16,6 +20,27 @@ the state they expect, rotate can be tied to an expected generation.
 """
 
 from __future__ import annotations
+
+from ftlayer.frames import (
+    BODY_FIXED_SIZE,
+    FAILED_PREFIX,
+    HEADER_SIZE,
+    OFFSET_CHANNEL,
+    OFFSET_CURRENT_RECORD_ID,
+    OFFSET_REPLAY_COUNT,
+    OFFSET_SOURCE_RECORD_ID,
+    PEND_GEN_OFFSET,
+    PEND_PREFIX,
+)
+
+LAYOUT = f"""
+-- frame and pend-value layout, generated from ftlayer.frames (1-based)
+local F_SID, F_CID = {OFFSET_SOURCE_RECORD_ID + 1}, {OFFSET_CURRENT_RECORD_ID + 1}
+local F_REPLAY, F_CHANNEL = {OFFSET_REPLAY_COUNT + 1}, {OFFSET_CHANNEL + 1}
+local F_HEADER, F_BODY_MIN = {HEADER_SIZE}, {BODY_FIXED_SIZE}
+local P_GEN, P_FRAME = {PEND_GEN_OFFSET + 1}, {PEND_PREFIX + 1}
+local FL_REASON = {FAILED_PREFIX + 1}
+"""
 
 # Shared helpers, prepended to the scripts that fail or persist records. They
 # expect K_PEND, K_GEN, K_BCNT, K_FAILED, K_DUE, K_STATS and PREFIX to be set.
@@ -44,11 +69,11 @@ local NO_REPLAY = 32768  -- top bit of a reason length: dead-letter without repl
 local function fail_entry(sid, v, reason, now_ms, b_init, b_mult, b_max, no_replay)
   -- move a pending record to `failed`, due for replay after its backoff (due now, with the
   -- NO_REPLAY bit on its stored reason length, if it is to be dead-lettered at once)
-  local g = struct.unpack('>I4', v, 9)
+  local g = struct.unpack('>I4', v, P_GEN)
   redis.call('HDEL', K_PEND, sid)
   bucket_done(g)
-  local frame = string.sub(v, 13)
-  local rc = struct.unpack('>I2', frame, 41)
+  local frame = string.sub(v, P_FRAME)
+  local rc = struct.unpack('>I2', frame, F_REPLAY)
   local delay = b_init * (b_mult ^ math.min(rc, 64))
   if delay > b_max then delay = b_max end
   local rlen = #reason
@@ -61,11 +86,11 @@ local function split_frames(blob, nch)
   -- split concatenated frames; nil plus an error if one is malformed or off-range
   local frames, pos, n = {}, 1, #blob
   while pos <= n do
-    if pos + 47 > n then return nil, 'truncated frame at byte ' .. pos end
+    if pos + F_HEADER - 1 > n then return nil, 'truncated frame at byte ' .. pos end
     local len = struct.unpack('>I4', blob, pos)
-    if len < 44 or pos + 3 + len > n then return nil, 'bad frame length at byte ' .. pos end
+    if len < F_BODY_MIN or pos + 3 + len > n then return nil, 'bad frame length at byte ' .. pos end
     local frame = string.sub(blob, pos, pos + 3 + len)
-    local ch = struct.unpack('>I2', frame, 43)
+    local ch = struct.unpack('>I2', frame, F_CHANNEL)
     if ch >= nch then return nil, 'channel ' .. ch .. ' out of range 0..' .. (nch - 1) end
     frames[#frames + 1] = frame
     pos = pos + 4 + len
@@ -82,17 +107,17 @@ local function persist_frames(frames)
   local all, per_ch, count, seen = {}, {}, 0, {}
   for base = 1, #frames, CHUNK do
     local sids = {}
-    for i = base, math.min(#frames, base + CHUNK - 1) do sids[#sids + 1] = string.sub(frames[i], 9, 16) end
+    for i = base, math.min(#frames, base + CHUNK - 1) do sids[#sids + 1] = string.sub(frames[i], F_SID, F_SID + 7) end
     local have, kv = redis.call('HMGET', K_PEND, unpack(sids)), {}
     for j, sid in ipairs(sids) do
       if not have[j] and not seen[sid] then  -- already pending: a retried call
         seen[sid] = true
         local frame = frames[base + j - 1]
         kv[#kv + 1] = sid
-        kv[#kv + 1] = string.sub(frame, 17, 24) .. genb .. frame
+        kv[#kv + 1] = string.sub(frame, F_CID, F_CID + 7) .. genb .. frame
         count = count + 1
         all[#all + 1] = sid
-        local ch = struct.unpack('>I2', frame, 43)
+        local ch = struct.unpack('>I2', frame, F_CHANNEL)
         local t = per_ch[ch]
         if t == nil then t = {}; per_ch[ch] = t end
         t[#t + 1] = sid
@@ -195,11 +220,11 @@ for base = 0, n - 1, CHUNK do
       local r1, r2 = bit.bxor(a1, d1), bit.bxor(a2, d2)
       if r1 == 0 and r2 == 0 then
         done[#done + 1] = sid
-        bucket_done(struct.unpack('>I4', v, 9))
+        bucket_done(struct.unpack('>I4', v, P_GEN))
         acked[#acked + 1] = sid
       else
         kv[#kv + 1] = sid
-        kv[#kv + 1] = struct.pack('>i4i4', r1, r2) .. string.sub(v, 9)
+        kv[#kv + 1] = struct.pack('>i4i4', r1, r2) .. string.sub(v, P_GEN)
       end
     end
   end
@@ -274,7 +299,7 @@ while not stop do
       local sid = string.sub(blob, p, p + 7)
       p, n = p + 8, n + 1
       local v = redis.call('HGET', K_PEND, sid)
-      if v and struct.unpack('>I4', v, 9) == eg then
+      if v and struct.unpack('>I4', v, P_GEN) == eg then
         fail_entry(sid, v, 'timeout', now, b_init, b_mult, b_max, false)
         bytes = bytes + #v
         out[#out + 1] = sid
@@ -309,12 +334,14 @@ REPLAY = (
 local nch, blob = tonumber(ARGV[2]), ARGV[3]
 local olds, frames, pos = {}, {}, 1
 while pos <= #blob do
-  if pos + 55 > #blob then return redis.error_reply('ftlayer replay: truncated entry at byte ' .. pos) end
+  if pos + 8 + F_HEADER - 1 > #blob then return redis.error_reply('ftlayer replay: truncated entry at byte ' .. pos) end
   local old = string.sub(blob, pos, pos + 7)
   local len = struct.unpack('>I4', blob, pos + 8)
   local frame = string.sub(blob, pos + 8, pos + 11 + len)
-  if len < 44 or #frame ~= len + 4 then return redis.error_reply('ftlayer replay: bad frame at byte ' .. pos) end
-  local ch = struct.unpack('>I2', frame, 43)
+  if len < F_BODY_MIN or #frame ~= len + 4 then
+    return redis.error_reply('ftlayer replay: bad frame at byte ' .. pos)
+  end
+  local ch = struct.unpack('>I2', frame, F_CHANNEL)
   if ch >= nch then return redis.error_reply('ftlayer replay: channel ' .. ch .. ' out of range') end
   olds[#olds + 1] = old
   frames[#frames + 1] = frame
@@ -336,7 +363,8 @@ for p = 1, #dead - 7, 8 do
     local t, rlen = struct.unpack('>dI2', v)
     if rlen >= NO_REPLAY then rlen = rlen - NO_REPLAY end
     redis.call('XADD', KEYS[7], '*', 'sid', old, 'failed_ms', string.format('%.0f', t),
-      'dead_ms', ARGV[5], 'reason', string.sub(v, 11, 10 + rlen), 'frame', string.sub(v, 11 + rlen))
+      'dead_ms', ARGV[5], 'reason', string.sub(v, FL_REASON, FL_REASON - 1 + rlen),
+      'frame', string.sub(v, FL_REASON + rlen))
     redis.call('HDEL', K_FAILED, old)
     redis.call('ZREM', K_DUE, old)
     dead_n = dead_n + 1
@@ -482,13 +510,17 @@ REQUEUE = (
 local nch, blob = tonumber(ARGV[2]), ARGV[3]
 local ids, frames, pos = {}, {}, 1
 while pos <= #blob do
-  local idlen = pos + 49 <= #blob and struct.unpack('>I2', blob, pos) or 0
+  local idlen = pos + 1 + F_HEADER <= #blob and struct.unpack('>I2', blob, pos) or 0
   local fpos = pos + 2 + idlen
-  if idlen == 0 or fpos + 47 > #blob then return redis.error_reply('ftlayer requeue: truncated at byte ' .. pos) end
+  if idlen == 0 or fpos + F_HEADER - 1 > #blob then
+    return redis.error_reply('ftlayer requeue: truncated at byte ' .. pos)
+  end
   local len = struct.unpack('>I4', blob, fpos)
   local frame = string.sub(blob, fpos, fpos + 3 + len)
-  if len < 44 or #frame ~= len + 4 then return redis.error_reply('ftlayer requeue: bad frame at byte ' .. pos) end
-  local ch = struct.unpack('>I2', frame, 43)
+  if len < F_BODY_MIN or #frame ~= len + 4 then
+    return redis.error_reply('ftlayer requeue: bad frame at byte ' .. pos)
+  end
+  local ch = struct.unpack('>I2', frame, F_CHANNEL)
   if ch >= nch then return redis.error_reply('ftlayer requeue: channel ' .. ch .. ' out of range') end
   ids[#ids + 1] = string.sub(blob, pos + 2, pos + 1 + idlen)
   frames[#frames + 1] = frame
@@ -496,7 +528,7 @@ while pos <= #blob do
 end
 local take, seen = {}, {}
 for i, eid in ipairs(ids) do
-  local sid = string.sub(frames[i], 9, 16)
+  local sid = string.sub(frames[i], F_SID, F_SID + 7)
   if not seen[sid] and redis.call('HEXISTS', K_PEND, sid) == 0 and redis.call('XDEL', KEYS[7], eid) == 1 then
     seen[sid] = true
     take[#take + 1] = frames[i]
@@ -547,3 +579,12 @@ local ms, seq = string.match(done_upto, '(%d+)-(%d+)')
 return {redis.call('XTRIM', KEYS[1], 'MINID', ms .. '-' .. (tonumber(seq) + 1)), more}
 """
 )
+
+
+#: Every script the store may run; each gets :data:`LAYOUT` in front of it.
+SCRIPT_NAMES = (
+    "PERSIST", "FLUSH", "ROTATE", "EXPIRE", "REPLAY", "READ_CHANNEL", "LEASE", "RELEASE", "TRIM_DONE", "REQUEUE",
+    "DEAD_LETTER", "RESCALE",
+)
+for _name in SCRIPT_NAMES:
+    globals()[_name] = LAYOUT + globals()[_name]

@@ -30,10 +30,7 @@ COUNTERS = (
     "dead_lettered", "requeued", "late_deltas", "duplicate_flushes",
 )
 OWNER_TAG = "ftlayer"  # the "by" of an owner record that ftlayer wrote
-_SCRIPT_NAMES = (
-    "PERSIST", "FLUSH", "ROTATE", "EXPIRE", "REPLAY", "READ_CHANNEL", "LEASE", "RELEASE", "TRIM_DONE", "REQUEUE",
-    "DEAD_LETTER", "RESCALE",
-)
+_SCRIPT_NAMES = scripts.SCRIPT_NAMES
 
 
 def pack_ids(ids: Sequence[int]) -> bytes:

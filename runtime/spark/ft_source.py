@@ -88,8 +88,9 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, St
 from ftlayer.config import FTConfig
 from ftlayer.connection import resolved
 from ftlayer.errors import ConfigError, FrameError
+from ftlayer.frames import PEND_PREFIX
 from ftlayer.keys import check_name
-from ftlayer.persistence import PEND_PREFIX, PersistenceLayer
+from ftlayer.persistence import PersistenceLayer
 from ftlayer.store import SourceStore
 from runtime.spark.admission import AvailableNowBase, max_rows, read_all, read_max_rows
 from runtime.spark.arrow_codec import SOURCE_COLUMNS, SOURCE_SCHEMA_DDL, frames_to_record_batch, split_bad_frames
