@@ -18,9 +18,10 @@ import redis
 
 from ftlayer.acker_table import AckerTable, FlushResult
 from ftlayer.config import FTConfig
-from ftlayer.dead_letters import DeadLetters
+from ftlayer.dead_letters import DeadLetter, DeadLetters, RequeueResult
 from ftlayer.errors import InvalidIdError
 from ftlayer.frames import SemiDeserializedRecord
+from ftlayer.keys import SourceKeys
 from ftlayer.persistence import PersistenceLayer
 from ftlayer.replayer import Replayer, ReplayResult, ReplayRouter
 from ftlayer.rotating_map import ExpiredCallback, RotateResult, RotatingBucketMap
@@ -110,6 +111,10 @@ class FTLayer:
         """Rotate the timeout buckets once; still-pending records of the expired one fail."""
         return self.buckets.rotate(use_lease=use_lease)
 
+    def persist_frames(self, frames: Sequence[bytes]) -> int:
+        """Persist frames ingest encoded itself (``ftlayer.frames.encode_source_frames``); as :meth:`persist`."""
+        return self.persistence.persist_frames(frames)
+
     def replay_due(self) -> ReplayResult:
         """Replay (or dead-letter) every failure whose backoff has passed."""
         return self.replayer.replay_all_due()
@@ -120,6 +125,54 @@ class FTLayer:
 
     def stats(self) -> dict[str, int]:
         return self.store.stats()
+
+    # --- dead letters ---------------------------------------------------------------
+    def dead_letter(self, record: SemiDeserializedRecord, reason: str) -> str:
+        """Set aside a record that never became pending (at most once per record); its entry id."""
+        return self.dead_letters.add(record, reason)
+
+    def dead_letter_count(self) -> int:
+        return self.dead_letters.count()
+
+    def list_dead_letters(self, count: int = 100, after: str = "-") -> list[DeadLetter]:
+        """Up to ``count`` dead letters after entry id ``after``, oldest first."""
+        return self.dead_letters.list(count=count, after=after)
+
+    def get_dead_letter(self, entry_id: str) -> DeadLetter | None:
+        return self.dead_letters.get(entry_id)
+
+    def purge_dead_letters(self, entry_ids: Sequence[str]) -> int:
+        """Delete dead letters; returns how many existed."""
+        return self.dead_letters.purge(entry_ids)
+
+    def requeue_dead_letters(self, entry_ids: Sequence[str], num_channels: int | None = None) -> RequeueResult:
+        """Persist dead letters again as new records (replay count 0), routed over ``num_channels``
+        (default: the count the source recorded, else this layer's)."""
+        n = num_channels or self.recorded_channels() or self.num_channels
+        return self.dead_letters.requeue(entry_ids, n)
+
+    def recorded_channels(self) -> int | None:
+        """The channel count the source's data was written with, or None if none is recorded."""
+        return self.store.recorded_channels()
+
+    # --- names and inspection ----------------------------------------------------------
+    @property
+    def keys(self) -> SourceKeys:
+        """The source's key names (read-only inspection: status, benchmarks, chaos checks)."""
+        return self.store.keys
+
+    @property
+    def client(self) -> redis.Redis:
+        """The connection this layer uses (read-only inspection; state changes go through the methods)."""
+        return self.store.client
+
+    def trim_channel(self, channel: int) -> None:
+        """Trim a channel stream to its tail (tools that persist without a query reading them)."""
+        self.persistence.trim(channel, self.persistence.channel_tail(channel))
+
+    def disconnect(self) -> None:
+        """Close this layer's pooled connections (they reopen on the next call)."""
+        self.store.client.connection_pool.disconnect()
 
     def leftovers(self) -> list[str]:
         """Key suffixes still holding state that a drained source should not have."""

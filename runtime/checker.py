@@ -169,7 +169,7 @@ def dead_letters_of(layer: FTLayer, id_of: IdOf = default_id, page: int = 1000) 
     out: list[tuple[int | None, str]] = []
     after = "-"
     while True:
-        batch = layer.dead_letters.list(count=page, after=after)
+        batch = layer.list_dead_letters(count=page, after=after)
         for dl in batch:
             rid: int | None = None
             if dl.record is not None:
@@ -216,7 +216,7 @@ def check(
     stats: Counter[str] = Counter()
     leaked: list[str] = []
     for layer in layers:
-        name = layer.store.keys.source
+        name = layer.keys.source
         dead += dead_letters_of(layer, id_of)
         st = layer.stats()
         stats.update({k: v for k, v in st.items() if k != "gen"})

@@ -59,7 +59,7 @@ class FTProgress:
     observers: TopologyObservers | None = None  # metrics exporter + progress listener
 
     def stats(self) -> dict[str, dict[str, int]]:
-        return {layer.store.keys.source: layer.stats() for layer in self.layers}
+        return {layer.keys.source: layer.stats() for layer in self.layers}
 
     def settled(self) -> bool:
         try:

@@ -156,17 +156,17 @@ def bench_memory(url: str, n: int, payload_bytes: int) -> dict[str, Any]:
     layer.persist(records)
     # the channel index is trimmed when Spark commits; measure the steady state after that
     for ch in range(2):
-        layer.persistence.trim(ch, layer.persistence.channel_tail(ch))
+        layer.trim_channel(ch)
     # Close the writer's connections first: their query buffers still hold the last
     # persist call's arguments and would be counted as if they were per-record state.
-    layer.store.client.connection_pool.disconnect()
+    layer.disconnect()
     client.execute_command("MEMORY", "PURGE")  # type: ignore[no-untyped-call]
     after = int(client.info("memory")["used_memory"])
     per_record = (after - before) / n
     key_bytes = 0
-    for key in client.scan_iter(match=layer.store.keys.prefix + "*", count=1000):
+    for key in client.scan_iter(match=layer.keys.prefix + "*", count=1000):
         key_bytes += int(client.execute_command("MEMORY", "USAGE", key, "SAMPLES", "0") or 0)  # type: ignore[no-untyped-call]
-    pend_usage = int(client.execute_command("MEMORY", "USAGE", layer.store.keys.pend, "SAMPLES", "0"))  # type: ignore[no-untyped-call]
+    pend_usage = int(client.execute_command("MEMORY", "USAGE", layer.keys.pend, "SAMPLES", "0"))  # type: ignore[no-untyped-call]
     _cleanup(url, cfg.namespace)
     return {
         "pending_records": n,

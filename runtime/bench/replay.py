@@ -135,14 +135,14 @@ class Driver:
 
 def channel_entries(layer: FTLayer) -> dict[int, list[tuple[str, int]]]:
     """Per channel, every stream entry as (stream id, record ids filed in it)."""
-    client = layer.store.client
+    client = layer.client
     out: dict[int, list[tuple[str, int]]] = {}
     for c in range(layer.num_channels):
         entries: list[tuple[str, int]] = []
         after = "-"
         while True:
             page = cast("list[tuple[bytes, dict[bytes, bytes]]]",
-                        client.xrange(layer.store.keys.channel(c), after, "+", count=1000))
+                        client.xrange(layer.keys.channel(c), after, "+", count=1000))
             for entry_id, fields in page:
                 eid = entry_id.decode()
                 entries.append((eid, len(fields.get(b"i", b"")) // 8))  # 8 bytes per record id

@@ -172,7 +172,7 @@ def _measure_point(
             raise ScalingBenchError(msg)
     finally:
         if layer is not None:
-            layer.store.client.connection_pool.disconnect()
+            layer.disconnect()
         delete_namespace(client, namespace)
         client.close()
     return {
@@ -231,14 +231,14 @@ def _persist(
 def _memory(client: redis.Redis, layer: FTLayer, n: int, before: int, payload_len: int) -> dict[str, float]:
     """Memory figures at n pending records (see the module contract for the method)."""
     for ch in range(layer.num_channels):
-        layer.persistence.trim(ch, layer.persistence.channel_tail(ch))
+        layer.trim_channel(ch)
     # The writer's connections still hold the last persist call's arguments in their
     # query buffers; they would be counted as per-record state.
-    layer.store.client.connection_pool.disconnect()
+    layer.disconnect()
     _purge(client)
     growth = _used_memory(client) - before
     key_bytes = 0
-    for key in client.scan_iter(match=layer.store.keys.prefix + "*", count=1000):
+    for key in client.scan_iter(match=layer.keys.prefix + "*", count=1000):
         key_bytes += int(client.execute_command("MEMORY", "USAGE", key, "SAMPLES", "0") or 0)  # type: ignore[no-untyped-call]
     return {
         "used_memory_bytes": growth,

@@ -39,7 +39,7 @@ def pending_ids(layer: FTLayer) -> list[int]:
     """The ``"i"`` of every record pending in ``layer`` right now (decoded from ``pend``)."""
     serializer = SemiDeserializedSerializer()
     out: list[int] = []
-    for _sid, raw in layer.store.client.hscan_iter(layer.store.keys.pend, count=1000):
+    for _sid, raw in layer.client.hscan_iter(layer.keys.pend, count=1000):
         record = serializer.decode(raw[12:])  # ack value (8) | bucket gen (4) | frame
         out.append(int(unpack_payload(record.payload)["i"]))
     return out

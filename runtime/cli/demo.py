@@ -124,7 +124,7 @@ def report(query: FTQuery, sink: JsonLinesSink, records_in: int, marks: Path) ->
     st = layer.stats()
     lines = sink.read_all()
     delivered = Counter(line["value"]["i"] for line in lines)
-    dead = layer.dead_letters.list(10_000)
+    dead = layer.list_dead_letters(10_000)
     dead_i = {int(unpack_payload(d.record.payload).split("|")[0]) for d in dead if d.record}
     bots = {i for i in range(records_in) if i % 40 == 7}
     # a record is accounted for if it was delivered, filtered as a bot, or dead-lettered

@@ -35,10 +35,11 @@ from typing import Any
 import redis
 
 from ftlayer.config import FTConfig, mask_url
-from ftlayer.dead_letters import DeadLetter, DeadLetters, check_entry_ids
+from ftlayer.dead_letters import DeadLetter, check_entry_ids
 from ftlayer.errors import SerializationError
 from ftlayer.keys import owner_key
-from ftlayer.store import SourceStore, owner_record
+from ftlayer.layer import FTLayer
+from ftlayer.store import owner_record
 from runtime.cli.common import (
     CLIError,
     connect_configured,
@@ -58,16 +59,16 @@ _PAGE = 1000
 _SHOWN = 20  # ids listed before "... and N more" when asking to purge
 
 
-def _dead_letters(config: FTConfig, topology: str, source: str) -> DeadLetters:
-    return DeadLetters(SourceStore(config, topology, source))
+def _dead_letters(config: FTConfig, topology: str, source: str) -> FTLayer:
+    return FTLayer(config, topology, source)
 
 
-def _all_ids(dl: DeadLetters) -> list[str]:
+def _all_ids(dl: FTLayer) -> list[str]:
     """Every entry id in the dlq now, oldest first (read in pages)."""
     ids: list[str] = []
     after = "-"
     while True:
-        page = dl.list(count=_PAGE, after=after)
+        page = dl.list_dead_letters(count=_PAGE, after=after)
         ids.extend(d.entry_id for d in page)
         if len(page) < _PAGE:
             return ids
@@ -135,9 +136,9 @@ def cmd_list(args: argparse.Namespace, config: FTConfig, client: redis.Redis) ->
     more: list[str] = []
     for t, s in sources:
         dl = _dead_letters(config, t, s)
-        entries = dl.list(count=args.limit)
+        entries = dl.list_dead_letters(count=args.limit)
         found.extend((t, s, d) for d in entries)
-        total = dl.count()
+        total = dl.dead_letter_count()
         if total > len(entries):
             more.append(f"{t}/{s}: showing {len(entries)} of {total} (raise --limit)")
     if args.json:
@@ -167,7 +168,7 @@ def cmd_list(args: argparse.Namespace, config: FTConfig, client: redis.Redis) ->
 def cmd_show(args: argparse.Namespace, config: FTConfig, client: redis.Redis) -> int:
     """Print one dead letter in full."""
     t, s = one_source(client, config, args.topology, args.source)
-    d = _dead_letters(config, t, s).get(check_entry_ids([args.entry_id])[0])
+    d = _dead_letters(config, t, s).get_dead_letter(check_entry_ids([args.entry_id])[0])
     if d is None:
         print(f"ftlayer: no dead letter {args.entry_id} in {t}/{s}", file=sys.stderr)
         return 1
@@ -197,7 +198,7 @@ def cmd_show(args: argparse.Namespace, config: FTConfig, client: redis.Redis) ->
     return 0
 
 
-def _targets(args: argparse.Namespace, dl: DeadLetters) -> list[str]:
+def _targets(args: argparse.Namespace, dl: FTLayer) -> list[str]:
     if bool(args.entry_ids) == bool(args.all):
         msg = f"ftlayer dlq {args.dlq_command}: give either ENTRY_ID... or --all"
         raise CLIError(msg)
@@ -211,14 +212,14 @@ def cmd_requeue(args: argparse.Namespace, config: FTConfig, client: redis.Redis)
         _require_owner(client, config, "requeue every dead letter", args.force)
     dl = _dead_letters(config, t, s)
     ids = _targets(args, dl)
-    num_channels = dl.store.recorded_channels()
+    num_channels = dl.recorded_channels()
     if num_channels is None:
         msg = f"source {t}/{s} has no recorded channel count (meta); cannot route requeued records"
         raise CLIError(msg)
     if not ids:
         print(f"no dead letters to requeue in {t}/{s}")
         return 0
-    result = dl.requeue(ids, num_channels)
+    result = dl.requeue_dead_letters(ids, num_channels)
     print(f"requeued {result.requeued} of {len(ids)} dead letter(s) of {t}/{s} (new ids, replay count 0)")
     if result.missing:
         print(f"not in the dlq: {' '.join(result.missing)}")
@@ -242,7 +243,7 @@ def cmd_purge(args: argparse.Namespace, config: FTConfig, client: redis.Redis) -
     ids = _targets(args, dl)
     missing: list[str] = []
     if not args.all:
-        present = {i for i in ids if dl.get(i) is not None}
+        present = {i for i in ids if dl.get_dead_letter(i) is not None}
         missing = [i for i in ids if i not in present]
         if missing:
             print(f"not in the dlq of {t}/{s}: {' '.join(missing)}")
@@ -266,7 +267,7 @@ def cmd_purge(args: argparse.Namespace, config: FTConfig, client: redis.Redis) -
         if answer.strip() != "yes":
             print("nothing deleted")
             return 1
-    deleted = sum(dl.purge(ids[i : i + _PAGE]) for i in range(0, len(ids), _PAGE))
+    deleted = sum(dl.purge_dead_letters(ids[i : i + _PAGE]) for i in range(0, len(ids), _PAGE))
     print(f"deleted {deleted} dead letter(s) from {t}/{s}")
     return 1 if missing or deleted < len(ids) else 0
 

@@ -160,13 +160,13 @@ class PersistDestination:
         # the loss window of a source without ack (module notes): flush_batch_size, or less
         self.batch_size = min(layer.config.flush_batch_size, layer.config.ingest_batch_records)
         self.max_pending = layer.config.max_pending
-        self.label = layer.store.keys.prefix
+        self.label = layer.keys.prefix
         self._rejecting: tuple[Any, str, SemiDeserializedRecord] | None = None  # a reject being retried
 
     def put(self, payloads: list[bytes], hashes: list[int], channels: list[int]) -> None:
         # hot path: frames straight from the parts; channels come from the source's partitioner
         frames = encode_source_frames(self.layer.source_id, new_ids(2 * len(payloads)), hashes, payloads, channels)
-        self.layer.persistence.persist_frames(frames)
+        self.layer.persist_frames(frames)
 
     def reject(self, value: Any, reason: str) -> None:
         # Ingest retries a failed reject with the same value: reuse the record built for it, so
@@ -180,7 +180,7 @@ class PersistDestination:
             except SerializationError:  # keep what can be kept: the value's repr
                 record = make_record(self.layer, repr(value)[:MAX_REPR_CHARS], channel=0)
             self._rejecting = (value, reason, record)
-        self.layer.dead_letters.add(record, reason)
+        self.layer.dead_letter(record, reason)
         self._rejecting = None
 
     def pending_count(self) -> int:
