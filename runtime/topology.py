@@ -43,6 +43,7 @@ from partitioners.factory import source_strategy
 from runtime.graph import Graph, KeyByNode, Node, OpNode, SinkNode, SourceNode, StateNode, UnionNode
 from runtime.query import FTQuery
 from runtime.sinks import CallableSink, ExecutorSink, ForeachBatchSink
+from runtime.sources import is_source
 from runtime.spark.compile import Compiler
 from runtime.trigger import trigger_from
 
@@ -128,6 +129,12 @@ class Topology:
         check_name("source", name)
         if any(s.name == name for s in self._graph.sources):
             msg = f"topology {self.name!r} already has a source named {name!r}"
+            raise TopologyError(msg)
+        if not is_source(source):
+            msg = (
+                f"topology {self.name!r}, source {name!r}: {type(source).__name__!r} is no source: give an "
+                "iterable, a callable, or an object with poll() (see runtime.sources)"
+            )
             raise TopologyError(msg)
         strategy = partitioning or source_strategy(key is not None)
         if strategy not in SOURCE_STRATEGIES:

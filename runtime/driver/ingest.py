@@ -80,6 +80,7 @@ from ftlayer.ingest_state import write_state
 from ftlayer.keyhash import NO_KEY_HASH, key_hash
 from ftlayer.layer import FTLayer
 from partitioners.factory import partitioner_for, source_strategy
+from runtime.sources import AckingSource, PausableSource, PollSource
 from serialization.payload import pack_payload
 from serialization.serializers import make_record
 
@@ -97,9 +98,10 @@ PAUSE_BACKOFF = ExponentialBackoff(cap=2.0, base=0.0125)
 
 def source_iterator(source: Any, stop: threading.Event) -> Iterator[Any]:
     """Adapt any supported user source to an iterator that yields records or None (idle)."""
-    if hasattr(source, "poll"):
-        if hasattr(source, "open"):
-            source.open()
+    if isinstance(source, PollSource):
+        opener = getattr(source, "open", None)  # optional in the contract
+        if callable(opener):
+            opener()
         try:
             while not stop.is_set():
                 got = source.poll()
@@ -112,8 +114,9 @@ def source_iterator(source: Any, stop: threading.Event) -> Iterator[Any]:
                 if not produced:
                     yield None
         finally:
-            if hasattr(source, "close"):
-                source.close()
+            closer = getattr(source, "close", None)
+            if callable(closer):
+                closer()
     elif callable(source) and not isinstance(source, Iterable):
         while not stop.is_set():
             try:
@@ -261,18 +264,16 @@ class Ingestor:
         self._tell_source(None)
 
     def _tell_source(self, reason: str | None) -> None:
-        hook = getattr(self.source, "ingest_paused", None)
-        if callable(hook):
+        if isinstance(self.source, PausableSource):
             try:
-                hook(reason)
+                self.source.ingest_paused(reason)
             except Exception:  # advisory only: a broken hook must not stop ingest
                 log.exception("ingest_paused hook of the source of %s failed", self.destination.label)
 
     def _ack(self, values: list[Any]) -> None:
         """The source's ``ack`` hook, if any, with values that are now safe (see the module notes)."""
-        ack = getattr(self.source, "ack", None)
-        if values and callable(ack):
-            ack(values)
+        if values and isinstance(self.source, AckingSource):
+            self.source.ack(values)
 
     def _prepare(self, values: list[Any]) -> tuple[list[bytes], list[int], list[int]]:
         """Packed value, key hash and channel of every value (fields by key, else round-robin).
