@@ -9,6 +9,10 @@ one poison record that always fails, and kills one Python worker with
 terminal, a ``[demo]`` line every 2 s otherwise; see ``runtime.driver.progress``) and
 ends with a report: records in, delivered, duplicates, replays, dead letters, lost (must
 be 0) and acker entries left (must be 0). Exit status 1 if either is not 0.
+
+Console: each injected fault is announced in one line of its own when it happens; Spark's
+own log (the killed worker's stack traces included) goes to ``spark.log`` in the demo's
+work directory (:mod:`runtime.spark.spark_logs`); the report is the last thing printed.
 """
 
 from __future__ import annotations
@@ -78,6 +82,30 @@ def progress(query: FTQuery, bar: TaskProgress) -> None:
     })
 
 
+class FaultAnnouncer:
+    """One line per injected fault, when the driver first sees it (marks files, dead letters)."""
+
+    def __init__(self, marks: Path, fail_every: int, poison: int, kill_at: int, spark_log: Path) -> None:
+        self.marks, self.fail_every, self.poison, self.kill_at = marks, fail_every, poison, kill_at
+        self.spark_log = spark_log
+        self.said: set[str] = set()
+
+    def lines(self, stats: dict[str, int]) -> list[str]:
+        """The announcements that became due since the last call."""
+        due: list[tuple[str, str]] = []
+        if "kill" not in self.said and (self.marks / "kill").exists():
+            due.append(("kill", f"fault: a Python worker was killed (os._exit) at record {self.kill_at}; Spark "
+                                f"retries its task; the stack traces are in {self.spark_log}"))
+        if "fail" not in self.said and self.fail_every and any(self.marks.glob("f*")):
+            due.append(("fail", f"fault: every {self.fail_every}th record raises FailRecord once; ftlayer "
+                                "replays each of them"))
+        if "poison" not in self.said and stats["failed_explicit"] and stats["replayed"] and stats["dead_lettered"]:
+            due.append(("poison", f"fault: poison record {self.poison} failed on every replay and was "
+                                  "dead-lettered"))
+        self.said.update(kind for kind, _ in due)
+        return [line for _, line in due]
+
+
 def run(records: int, fail_every: int, timeout_s: float, spark: Any = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="ftlayer-demo-"))
     marks = work / "marks"
@@ -85,13 +113,16 @@ def run(records: int, fail_every: int, timeout_s: float, spark: Any = None) -> i
     # the demo's state (embedded server's AOF) lives in its own fresh work dir: its report
     # counts this run only, so it must not resume an earlier run's counters
     cfg = FTConfig.load(env=os.environ).replace(timeout_s=timeout_s, max_replays=3, state_dir=str(work / "state"))
+    spark_log = work / "spark.log"
     if spark is None:
         from runtime.spark.session import local_session
+        from runtime.spark.spark_logs import log_to_file
 
-        spark = local_session("ftlayer-demo")
+        spark = local_session("ftlayer-demo", conf=log_to_file(spark_log))
     topo = Topology("clicks", cfg)
     sink = JsonLinesSink(work / "out")
     parse = Parse(marks, fail_every, poison=records // 2 + 1, kill_at=records // 3)
+    faults = FaultAnnouncer(marks, fail_every, parse.poison, parse.kill_at, spark_log)
     (
         topo.source("events", click_events(records))
         .map(parse)
@@ -104,6 +135,7 @@ def run(records: int, fail_every: int, timeout_s: float, spark: Any = None) -> i
                        max_records_per_batch=5000)
     bar = TaskProgress("demo", total=records)  # a rich bar on a terminal, a line every 2 s otherwise
     bar.log(f"topology 'clicks' started; FT on; Redis namespace '{cfg.namespace}'; output {work}")
+    bar.log(f"Spark's log goes to {spark_log}")
     try:
         deadline = time.monotonic() + 120 + 10 * timeout_s
         while not query.drained() and time.monotonic() < deadline:
@@ -111,8 +143,12 @@ def run(records: int, fail_every: int, timeout_s: float, spark: Any = None) -> i
             if failure is not None:
                 raise failure
             progress(query, bar)
+            for line in faults.lines(next(iter(query.stats().values()))):
+                bar.log(line)
             time.sleep(0.5)
         progress(query, bar)
+        for line in faults.lines(next(iter(query.stats().values()))):
+            bar.log(line)
     finally:
         bar.close()
         query.stop()

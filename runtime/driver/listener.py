@@ -24,12 +24,20 @@ the (password-free) reason at WARNING; the listener never raises into Spark.
 A listener sees every query of the session: with ``query_name`` it logs
 only the progress of that query (``Topology.start`` names its query
 ``ftlayer-<topology>``).
+
+Clean stops: Spark calls the listener from its JVM listener bus through Py4J.
+A call still running when the Python process exits is cut off, and the JVM logs
+it as an ERROR with a Py4J stack trace. :func:`detach` therefore unregisters
+the listener and then waits (bounded) until no call is running and none has
+started for a short quiet period, so the process can exit with no such call.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,6 +55,8 @@ from ftlayer.status import sample
 from ftlayer.store import SourceStore
 
 LOGGER_NAME = "ftlayer.progress"
+QUIET_S = 0.3  # detach: no callback may have started this long before it returns
+DETACH_WAIT_S = 10.0  # detach: the longest it waits for running callbacks
 FT_FIGURES = ("pending", "acked", "failed", "replayed", "dead_lettered")
 _SHOWN = {"dead_lettered": "deadLettered"}
 
@@ -75,10 +85,36 @@ class FTProgressListener(StreamingQueryListener):
         self.batches_logged = 0
         self._query_ids: set[str] = set()  # ids of the queries this listener reports on
         self.closed = False  # set before detaching: Spark's listener bus may still deliver late events
+        self._calls = threading.Condition()
+        self._running = 0  # callbacks from the JVM running now
+        self._last_call = 0.0  # monotonic time the last callback started
 
     def close(self) -> None:
         """Ignore every event from now on (Spark delivers events asynchronously, even after removal)."""
         self.closed = True
+
+    def _enter(self) -> None:
+        with self._calls:
+            self._running += 1
+            self._last_call = time.monotonic()
+
+    def _exit(self) -> None:
+        with self._calls:
+            self._running -= 1
+            self._calls.notify_all()
+
+    def wait_idle(self, quiet_s: float = QUIET_S, timeout_s: float = DETACH_WAIT_S) -> bool:
+        """Wait until no callback runs and none started in the last ``quiet_s``; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._calls:
+            while True:
+                now = time.monotonic()
+                quiet_until = self._last_call + quiet_s
+                if self._running == 0 and now >= quiet_until:
+                    return True
+                if now >= deadline:
+                    return False
+                self._calls.wait(min(deadline, max(quiet_until, now + 0.01)) - now)
 
     def ft_figures(self) -> dict[str, dict[str, int]]:
         """``{"topology/source": {pending, acked, failed, replayed, dead_lettered}}`` read now."""
@@ -127,10 +163,21 @@ class FTProgressListener(StreamingQueryListener):
         return True
 
     def onQueryStarted(self, event: QueryStartedEvent) -> None:
-        if self._mine(event.name, event.id):
-            self.log.debug("query=%s started (id %s, run %s)", event.name, event.id, event.runId)
+        self._enter()
+        try:
+            if not self.closed and self._mine(event.name, event.id):
+                self.log.debug("query=%s started (id %s, run %s)", event.name, event.id, event.runId)
+        finally:
+            self._exit()
 
     def onQueryProgress(self, event: QueryProgressEvent) -> None:
+        self._enter()
+        try:
+            self._on_progress(event)
+        finally:
+            self._exit()
+
+    def _on_progress(self, event: QueryProgressEvent) -> None:
         progress = event.progress
         if self.closed or not self._mine(progress.name, progress.id):
             return
@@ -144,15 +191,20 @@ class FTProgressListener(StreamingQueryListener):
         self.batches_logged += 1
 
     def onQueryIdle(self, event: Any) -> None:
-        return None
+        self._enter()
+        self._exit()
 
     def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:
-        if self.query_name is not None and str(event.id) not in self._query_ids:
-            return
-        if event.exception:
-            self.log.warning("query %s terminated with an exception: %s", event.id, event.exception)
-        else:
-            self.log.debug("query %s terminated", event.id)
+        self._enter()
+        try:
+            if self.closed or (self.query_name is not None and str(event.id) not in self._query_ids):
+                return
+            if event.exception:
+                self.log.warning("query %s terminated with an exception: %s", event.id, event.exception)
+            else:
+                self.log.debug("query %s terminated", event.id)
+        finally:
+            self._exit()
 
 
 def attach(
@@ -169,5 +221,12 @@ def attach(
 
 
 def detach(spark: Any, listener: FTProgressListener) -> None:
-    """Unregister a listener returned by :func:`attach` (events already queued may still arrive)."""
+    """Unregister a listener returned by :func:`attach` and wait until no callback of it runs.
+
+    Events already queued may still arrive; a closed listener ignores them. Waiting for running
+    callbacks (bounded, see :meth:`FTProgressListener.wait_idle`) lets the process exit without
+    cutting one off, which the JVM would log as an ERROR with a Py4J stack trace.
+    """
+    listener.close()
     spark.streams.removeListener(listener)
+    listener.wait_idle()

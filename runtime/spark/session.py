@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from ftlayer.errors import FTLayerError
@@ -12,9 +13,11 @@ from ftlayer.errors import FTLayerError
 __all__ = ["local_session"]
 
 
-def local_session(app_name: str, master: str = "local[2,4]") -> Any:
+def local_session(app_name: str, master: str = "local[2,4]", conf: Mapping[str, str] | None = None) -> Any:
     """A local SparkSession (2 cores, up to 4 attempts per task), quiet logs, Arrow on.
 
+    ``conf`` adds Spark conf entries (e.g. :func:`runtime.spark.spark_logs.log_to_file`); like
+    every entry here, they apply only if this call creates the session.
     Raises FTLayerError with a clear message when ``java`` is missing.
     """
     if shutil.which("java") is None:
@@ -24,8 +27,11 @@ def local_session(app_name: str, master: str = "local[2,4]") -> Any:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     session = (
-        SparkSession.builder.master(master)
+        builder.master(master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import redis
 
@@ -17,10 +18,10 @@ def test_demo_reports_nothing_lost_and_nothing_left(tmp_path) -> None:  # type: 
     env.pop("FTLAYER_REDIS_URL", None)
     proc = subprocess.run(
         [sys.executable, "-m", "runtime.cli.demo", "--records", "3000", "--fail-every", "25"],
-        capture_output=True, text=True, timeout=600, env=env, check=False,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, env=env, check=False,
     )
-    out = proc.stdout
-    assert proc.returncode == 0, out + proc.stderr[-3000:]
+    out = proc.stdout  # the console as a user sees it: stdout and stderr interleaved
+    assert proc.returncode == 0, out[-5000:]
     assert re.search(r"^lost\s+0 ", out, re.M) and re.search(r"^acker entries left\s+0 ", out, re.M)
     assert re.search(r"^worker killed\s+yes", out, re.M)
     assert re.search(r"^dead letters\s+1 ", out, re.M)  # the poison record, with its reason
@@ -29,6 +30,19 @@ def test_demo_reports_nothing_lost_and_nothing_left(tmp_path) -> None:  # type: 
     replays = int(re.search(r"^replays\s+(\d+)", out, re.M).group(1))  # type: ignore[union-attr]
     assert 3 < replays <= 3000 // 25 + 3
     assert re.search(r"^leftover state\s+none", out, re.M)
+    # clean stop: the report is the last thing on the console, nothing after it
+    lines = out.rstrip("\n").splitlines()
+    start = lines.index("== ftlayer demo report ==")
+    assert [line.split()[0] for line in lines[start + 1:]] == [
+        "records", "records", "duplicates", "replays", "dead", "worker", "lost", "acker", "leftover"]
+    # no Spark ERROR line or stack trace anywhere on the console: they go to the demo's spark.log
+    noisy = [line for line in lines[:start] if re.search(r"ERROR|Traceback|Exception|^\s+at ", line)]
+    assert noisy == [], "\n".join(noisy[:20])
+    # each injected fault is announced in one line of its own
+    for fault in ("a Python worker was killed", "raises FailRecord once", "poison record"):
+        assert sum("fault:" in line and fault in line for line in lines) == 1, fault
+    spark_log = Path(re.search(r"Spark's log goes to (\S+)", out).group(1))  # type: ignore[union-attr]
+    assert "ERROR" in spark_log.read_text()  # the killed worker's task failure, with its stack trace
 
 
 def test_ftlayer_redis_runs_in_the_foreground_until_ctrl_c(tmp_path) -> None:  # type: ignore[no-untyped-def]
