@@ -10,7 +10,7 @@ from ftlayer.config import FTConfig
 from ftlayer.layer import FTLayer
 from tests.ftlayer.script_latency import ScriptTimes
 from tests.ftlayer.test_bounded_scripts import persist_raw
-from tests.runtime.test_ft_source import CHANNELS, SRC, TOPO, read_partition, reader_for
+from tests.runtime.spark.test_ft_source import CHANNELS, SRC, TOPO, read_partition, reader_for
 
 
 def test_reader_reads_200k_records_in_big_entries_in_bounded_calls(

@@ -23,7 +23,7 @@ from runtime.driver.metrics import (
     observe_complete_latency,
 )
 from serialization.serializers import make_record
-from tests.runtime.test_cli_status import _busy_source
+from tests.runtime.cli.test_status import _busy_source
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
