@@ -32,6 +32,7 @@ COUNTERS = (
 OWNER_TAG = "ftlayer"  # the "by" of an owner record that ftlayer wrote
 _SCRIPT_NAMES = (
     "PERSIST", "FLUSH", "ROTATE", "EXPIRE", "REPLAY", "READ_CHANNEL", "LEASE", "RELEASE", "TRIM_DONE", "REQUEUE",
+    "BATCH_SETTLE",
 )
 
 
