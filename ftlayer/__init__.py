@@ -35,6 +35,13 @@ _LAZY: dict[str, str] = {
     "ForeachBatchSink": "runtime.sinks",
     "SinkContext": "runtime.sinks",
     "local_session": "runtime.spark.session",
+    # the DataFrame path (readStream ... writeStream with record-level fault tolerance)
+    "read_stream": "runtime.dataframe",
+    "ingest": "runtime.dataframe",
+    "acking": "runtime.dataframe",
+    "udf": "runtime.dataframe",
+    "map_in_pandas": "runtime.dataframe",
+    "with_metadata": "runtime.dataframe",
 }
 
 __all__ = [
@@ -52,7 +59,13 @@ __all__ = [
     "Stream",
     "Topology",
     "__version__",
+    "acking",
+    "ingest",
     "local_session",
+    "map_in_pandas",
+    "read_stream",
+    "udf",
+    "with_metadata",
 ]
 
 

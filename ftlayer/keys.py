@@ -32,12 +32,19 @@ key suffix        type    contents
 ``lease``         string  owner token of the rotator lease (with PX expiry)
 ``tok:<token>``   string  applied flush token (with PX expiry); ``tok:dl:<sid>`` holds the
                           dlq entry id of a record dead-lettered by ingest (retry guard)
+``dfb:<q>:<b>``   list    DataFrame path: packed source_record_ids that the read tasks of
+                          batch ``b`` of streaming query ``q`` emitted (one element per
+                          page of a task, at most 4096 ids each; PX expiry); settled
+                          (acked or failed) and emptied by the batch's acking point
 ================  ======  ===============================================================
 
 Namespace-level (no hash tag): ``<namespace>:sources`` (set of ``topology/source``)
 and ``<namespace>:owner`` (who created the namespace: JSON ``{"created_ms": ..., "by":
 "ftlayer"}``, set once by the first source's registration; the CLI's destructive
 commands refuse a namespace without it unless ``--force``).
+``<namespace>:dfq:<query id>`` (set of ``topology/source`` that the DataFrame path's
+read tasks of that streaming query read from; PX expiry) tells an acking point
+which sources' ``dfb`` keys to settle.
 """
 
 from __future__ import annotations
@@ -128,6 +135,10 @@ class SourceKeys:
     def token(self, token: str) -> str:
         return self.key(f"tok:{token}")
 
+    def batch_reads(self, query_id: str, batch_id: int) -> str:
+        """Ids emitted by the read tasks of one micro-batch of one query (DataFrame path)."""
+        return self.key(f"dfb:{check_name('query id', query_id)}:{int(batch_id)}")
+
 
 def sources_key(namespace: str) -> str:
     """Set of ``topology/source`` names registered in the namespace."""
@@ -137,3 +148,8 @@ def sources_key(namespace: str) -> str:
 def owner_key(namespace: str) -> str:
     """Who created the namespace (a token written once)."""
     return f"{namespace}:owner"
+
+
+def query_sources_key(namespace: str, query_id: str) -> str:
+    """Set of ``topology/source`` read by a streaming query on the DataFrame path."""
+    return f"{namespace}:dfq:{check_name('query id', query_id)}"

@@ -581,10 +581,65 @@ return {redis.call('XTRIM', KEYS[1], 'MINID', ms .. '-' .. (tonumber(seq) + 1)),
 )
 
 
+BATCH_SETTLE = (
+    r"""
+-- batch_settle: ack (or fail) every still-pending record a micro-batch's read tasks emitted.
+-- KEYS: pend, gen, bcnt, failed, due, stats, batch key (dfb:<query>:<batch>)
+-- ARGV: prefix, mode ('ack' | 'fail'), max list elements to take in this call, fail reason,
+--       now ms, backoff initial ms, backoff multiplier, backoff max ms
+-- Returns: {records settled in this call, list elements left}. The caller repeats
+-- until nothing is left (bounded work per call: each element holds at most 4096 ids).
+-- An id no longer pending (acked, failed by a row function or a timeout) is skipped,
+-- so an id listed twice (a retried task) settles once and a failed record is never acked.
+"""
+    + _STATE_KEYS
+    + _COMMON
+    + r"""
+local mode, budget, reason = ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local now, b_init, b_mult, b_max = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local settled, seen = 0, {}
+while budget > 0 do
+  local blob = redis.call('LPOP', KEYS[7])
+  if not blob then break end
+  budget = budget - 1
+  local n = math.floor(#blob / 8)
+  for base = 0, n - 1, CHUNK do
+    local sids = {}
+    for i = base, math.min(n - 1, base + CHUNK - 1) do
+      local sid = string.sub(blob, 8 * i + 1, 8 * i + 8)
+      if not seen[sid] then seen[sid] = true; sids[#sids + 1] = sid end
+    end
+    if #sids > 0 then
+      local vals, done = redis.call('HMGET', K_PEND, unpack(sids)), {}
+      for j, sid in ipairs(sids) do
+        local v = vals[j]
+        if v then
+          if mode == 'fail' then
+            fail_entry(sid, v, reason, now, b_init, b_mult, b_max, false)
+          else
+            done[#done + 1] = sid
+            bucket_done(struct.unpack('>I4', v, P_GEN))
+          end
+          settled = settled + 1
+        end
+      end
+      if #done > 0 then redis.call('HDEL', K_PEND, unpack(done)) end
+    end
+  end
+end
+settle_buckets()
+if settled > 0 then
+  redis.call('HINCRBY', K_STATS, mode == 'fail' and 'failed_explicit' or 'acked', settled)
+end
+return {settled, redis.call('LLEN', KEYS[7])}
+"""
+)
+
+
 #: Every script the store may run; each gets :data:`LAYOUT` in front of it.
 SCRIPT_NAMES = (
     "PERSIST", "FLUSH", "ROTATE", "EXPIRE", "REPLAY", "READ_CHANNEL", "LEASE", "RELEASE", "TRIM_DONE", "REQUEUE",
-    "DEAD_LETTER", "RESCALE",
+    "DEAD_LETTER", "RESCALE", "BATCH_SETTLE",
 )
 for _name in SCRIPT_NAMES:
     globals()[_name] = LAYOUT + globals()[_name]

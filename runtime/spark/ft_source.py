@@ -467,9 +467,19 @@ class FTSource(DataSource):
         return FTStreamReader(FTSourceOptions.parse(self.options))
 
 
+REGISTERED_ATTR = "_ftlayer_format"  # set on a session once format "ftlayer" is registered in it
+
+
 def register(spark: SparkSession) -> None:
-    """Register :class:`FTSource` with the session (``format("ftlayer")``); safe to repeat."""
+    """Register :class:`FTSource` with the session (``format("ftlayer")``); safe to repeat.
+
+    A session that already has the format keeps it: the typed source
+    (``runtime.spark.typed_source``) registers a subclass that reads both schemas.
+    """
+    if getattr(spark, REGISTERED_ATTR, False):
+        return
     spark.dataSource.register(FTSource)
+    setattr(spark, REGISTERED_ATTR, True)
 
 
 def read_stream(

@@ -1,0 +1,129 @@
+"""FT-wrapped row functions: an exception in one row fails that row's source record, never the task.
+
+- :func:`udf` ``(fn, returnType)`` gives a callable whose call on columns is a
+  Spark UDF over ``_ftlayer.sid``, ``_ftlayer.source`` and those columns. A row
+  where ``fn`` raises returns null and its source record fails at once (one
+  flush call with the reason): it is replayed under a new id with backoff, then
+  dead-lettered after ``max_replays``. The batch's acking point then skips it
+  (no longer pending). The task never fails because of ``fn``.
+- :func:`map_in_pandas` ``(df, fn, schema)`` runs ``fn(pandas.DataFrame) ->
+  pandas.DataFrame`` on each Arrow batch of ``df`` (which must carry
+  ``_ftlayer``). If ``fn`` raises, the batch is re-run one row at a time: rows
+  that raise again fail their record (and produce no output), the other rows'
+  outputs are kept. Cost: one extra pass per poisoned batch.
+
+Failing a record needs Redis: if that call fails too, the error is logged and
+the record times out and replays instead (at-least-once still holds). The
+config is the one given, else the last source opened in the driver process
+(``runtime.dataframe.sources.last_config``), captured when the UDF is built.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from ftlayer.acker_table import AckerTable
+from ftlayer.config import FTConfig
+from ftlayer.errors import FTLayerError
+from ftlayer.store import SourceStore
+from runtime.dataframe.sources import last_config, parse_schema
+from runtime.spark.payload_columns import METADATA_COLUMN
+
+if TYPE_CHECKING:
+    import pandas as pd  # type: ignore[import-untyped]
+    from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import DataType, StructType
+
+__all__ = ["FTUdf", "fail_record", "map_in_pandas", "udf"]
+
+log = logging.getLogger(__name__)
+MAX_REASON_CHARS = 1000
+_stores: dict[tuple[str, str, str], SourceStore] = {}  # per executor process
+
+
+def fail_record(config: FTConfig, source: str, sid: int, exc: BaseException, where: str) -> None:
+    """Fail one source record (``source`` = ``topology/name``) for ``exc``; logs instead of raising."""
+    key = (config.redis_url, config.namespace, source)
+    store = _stores.get(key)
+    if store is None:
+        topology, _, name = source.partition("/")
+        store = _stores[key] = SourceStore(config, topology, name)
+    reason = f"{where}: {type(exc).__name__}: {exc}"[:MAX_REASON_CHARS]
+    try:
+        AckerTable(store).xor({}, fails={int(sid): reason})
+    except FTLayerError:
+        log.exception("could not fail record %d of %s; it will time out and replay", sid, source)
+
+
+class FTUdf:
+    """A row function as a Spark UDF whose exceptions fail the row's source record (see module notes)."""
+
+    def __init__(self, fn: Callable[..., Any], return_type: DataType | str, config: FTConfig | None) -> None:
+        from pyspark.sql import functions as F
+
+        cfg = config if config is not None else last_config()
+        where = f"udf {getattr(fn, '__name__', 'fn')}"
+
+        def guarded(sid: int, source: str, *args: Any) -> Any:
+            try:
+                return fn(*args)
+            except Exception as exc:  # one row's failure is its record's failure, not the task's
+                fail_record(cfg, source, sid, exc, where)
+                return None
+
+        self.fn = fn
+        self._udf = F.udf(guarded, return_type)
+
+    def __call__(self, *cols: Column | str) -> Column:
+        from pyspark.sql import functions as F
+
+        meta = F.col(METADATA_COLUMN)
+        return self._udf(meta.getField("sid"), meta.getField("source"), *cols)
+
+
+def udf(fn: Callable[..., Any], return_type: DataType | str, *, config: FTConfig | None = None) -> FTUdf:
+    """``ftlayer.udf(fn, returnType)``: call it on columns like ``F.udf``; see :class:`FTUdf`."""
+    return FTUdf(fn, return_type, config)
+
+
+def map_in_pandas(df: DataFrame, fn: Callable[[pd.DataFrame], pd.DataFrame], schema: StructType | str, *,
+                  config: FTConfig | None = None) -> DataFrame:
+    """``df.mapInArrow`` of ``fn`` over pandas frames, isolating poison rows (see module notes).
+
+    ``fn`` sees ``_ftlayer`` as a column of dicts. The output has ``schema``'s
+    columns; pass a schema with ``_ftlayer`` (``with_metadata``) and return that
+    column to keep acking per row downstream.
+    """
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+    cfg = config if config is not None else last_config()
+    st = parse_schema(schema)
+    arrow_schema = to_arrow_schema(st)
+    where = f"map_in_pandas {getattr(fn, '__name__', 'fn')}"
+
+    def to_batch(pdf: pd.DataFrame) -> Any:
+        return pa.RecordBatch.from_pandas(pdf, schema=arrow_schema, preserve_index=False)
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
+            pdf = batch.to_pandas()
+            try:
+                yield to_batch(fn(pdf))
+                continue
+            except Exception:  # isolate the poison rows: re-run one row at a time
+                pass
+            for i in range(len(pdf)):
+                row = pdf.iloc[i : i + 1].reset_index(drop=True)
+                try:
+                    out = to_batch(fn(row))
+                except Exception as exc:
+                    meta = row[METADATA_COLUMN].iloc[0]
+                    fail_record(cfg, meta["source"], meta["sid"], exc, where)
+                    continue
+                if out.num_rows:
+                    yield out
+
+    return df.mapInArrow(run, st)
+

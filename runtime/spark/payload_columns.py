@@ -1,0 +1,158 @@
+"""Payloads to typed columns: the msgpack value of each source record as a row of a user schema.
+
+Contract of :func:`decode_batch` (used by the typed FT source's ``read()``):
+
+- a payload that unpacks to a dict gives one row: field ``f`` of the schema
+  takes ``value[f]`` (missing keys are null; extra keys are ignored); any
+  other value fills a one-field schema's single column;
+- a value that does not fit (a non-dict for a schema of several fields, a
+  value Arrow cannot convert to the column's type without loss, a null in a
+  non-nullable field, a payload that does not unpack) makes that record *bad*:
+  it is left out of the batch and reported with a reason naming the column, so
+  the caller can fail that record alone (replayed, then dead-lettered);
+- timestamps may be given as ``datetime``, epoch seconds (int or float) or ISO
+  8601 strings; dates as ``date`` or ISO strings. Naive datetimes are UTC.
+- the metadata column :data:`METADATA_COLUMN` (if the schema has it) is
+  ``struct<sid, origin, replay, key_hash, source>`` of the record.
+
+Cost: one ``pa.array`` per column per page; only a page with a bad value is
+re-checked row by row.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable
+from typing import Any
+
+from pyspark.sql.types import (
+    DataType,
+    DateType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from serialization.payload import unpack_payload
+
+__all__ = ["METADATA_COLUMN", "METADATA_DDL", "decode_batch", "metadata_type", "user_fields"]
+
+METADATA_COLUMN = "_ftlayer"
+METADATA_DDL = "sid long, origin long, replay int, key_hash long, source string"
+
+
+def metadata_type() -> StructType:
+    """The type of the ``_ftlayer`` column."""
+    # built by hand: StructType.fromDDL needs a SparkSession, and the source runner has none
+    return StructType([
+        StructField("sid", LongType()), StructField("origin", LongType()), StructField("replay", IntegerType()),
+        StructField("key_hash", LongType()), StructField("source", StringType()),
+    ])
+
+
+def user_fields(schema: StructType) -> StructType:
+    """``schema`` without the metadata column."""
+    return StructType([f for f in schema.fields if f.name != METADATA_COLUMN])
+
+
+def _to_datetime(v: Any) -> Any:
+    if isinstance(v, bool):
+        return v  # refused by Arrow, as it should be
+    if isinstance(v, (int, float)):
+        return _dt.datetime.fromtimestamp(v, _dt.timezone.utc)
+    if isinstance(v, str):
+        parsed = _dt.datetime.fromisoformat(v)
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=_dt.timezone.utc)
+    return v
+
+
+def _to_date(v: Any) -> Any:
+    return _dt.date.fromisoformat(v) if isinstance(v, str) else v
+
+
+def _converter(dt: DataType) -> Callable[[Any], Any] | None:
+    if isinstance(dt, (TimestampType, TimestampNTZType)):
+        return _to_datetime
+    if isinstance(dt, DateType):
+        return _to_date
+    return None
+
+
+def _arrow_schema(schema: StructType) -> Any:
+    """The Arrow schema Spark checks a Python data source's batches against (timestamps in UTC)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+def decode_batch(raw: Any, schema: StructType, source: str) -> tuple[Any, list[int], dict[int, str]]:
+    """Decode one FT source page (``pyarrow.RecordBatch`` of the raw source schema).
+
+    Returns ``(batch, emitted sids, bad {sid: reason})``: ``batch`` has the
+    columns of ``schema`` (in order) for the records that fit, ``emitted`` their
+    source record ids in row order.
+    """
+    import pyarrow as pa
+
+    fields = user_fields(schema)
+    names = [f.name for f in fields.fields]
+    arrow_schema = _arrow_schema(schema)
+    types = [arrow_schema.field(n).type for n in names]
+    convs = [_converter(f.dataType) for f in fields.fields]
+    sids: list[int] = raw.column("sid").to_pylist()
+    bad: dict[int, str] = {}
+    rows: list[list[Any] | None] = []
+    for sid, payload in zip(sids, raw.column("payload").to_pylist(), strict=True):
+        try:
+            value = unpack_payload(payload)
+            row = [value.get(n) for n in names] if isinstance(value, dict) else [value]
+            if len(row) != len(names):  # zip(strict=True) below would say so less clearly
+                bad[sid] = f"payload is a {type(value).__name__}, not a dict of the {len(names)} columns"
+                rows.append(None)
+                continue
+            rows.append([v if c is None or v is None else c(v) for v, c in zip(row, convs, strict=True)])
+        except Exception as exc:  # a value that does not unpack or convert: this record only
+            bad[sid] = f"payload does not fit the schema: {type(exc).__name__}: {exc}"
+            rows.append(None)
+    columns: list[Any] = []
+    for j, (field, typ) in enumerate(zip(fields.fields, types, strict=True)):
+        values = [None if r is None else r[j] for r in rows]
+        try:
+            col = pa.array(values, type=typ)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            col = None
+            for i, v in enumerate(values):  # isolate the rows whose value does not fit this column
+                try:
+                    pa.array([v], type=typ)
+                except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+                    bad.setdefault(sids[i], f"column {field.name!r} ({field.dataType.simpleString()}): "
+                                            f"{type(exc).__name__}: {exc}")
+                    rows[i] = None
+            values = [None if r is None else r[j] for r in rows]
+            col = pa.array(values, type=typ)
+        if not field.nullable:
+            for i, v in enumerate(values):
+                if v is None and rows[i] is not None:
+                    bad[sids[i]] = f"column {field.name!r} is not nullable and the value is missing"
+                    rows[i] = None
+        columns.append(col)
+    keep = [i for i, r in enumerate(rows) if r is not None]
+    out_cols: list[Any] = []
+    idx = pa.array(keep, type=pa.int64())
+    by_name = dict(zip(names, columns, strict=True))
+    for f in schema.fields:
+        if f.name == METADATA_COLUMN:
+            meta = pa.StructArray.from_arrays(
+                [raw.column("sid"), raw.column("origin"), raw.column("replay"), raw.column("key_hash"),
+                 pa.array([source] * raw.num_rows, type=pa.string())],
+                fields=list(arrow_schema.field(METADATA_COLUMN).type),
+            )
+            out_cols.append(meta.take(idx))
+        else:
+            out_cols.append(by_name[f.name].take(idx))
+    batch = pa.RecordBatch.from_arrays(out_cols, schema=arrow_schema)
+    return batch, [sids[i] for i in keep], bad

@@ -1,0 +1,112 @@
+"""The typed FT source: ``format("ftlayer")`` with a user schema (the DataFrame path).
+
+``spark.readStream.format("ftlayer").options(...).schema(s).load()`` with ``s``
+other than the raw source schema gives one row per persisted source record in
+``s``'s columns (decoded by :mod:`runtime.spark.payload_columns`), plus the
+metadata struct ``_ftlayer`` if ``s`` declares it (``ftlayer.read_stream``
+always does). Offsets, partitions, paging and commit are those of
+:class:`~runtime.spark.ft_source.FTStreamReader`.
+
+What ``read()`` adds, per page of a channel:
+
+- records whose value does not fit the schema are failed at once (one flush
+  call, reason naming the column): they are replayed with backoff and then
+  dead-lettered, and never reach Spark; the query goes on;
+- the ids of the records it emits are filed for the micro-batch
+  (:meth:`ftlayer.batch_acks.BatchAcks.record`: one round trip, before the
+  rows are handed to Spark) under the query id and batch id that Spark puts in
+  the task's local properties (``sql.streaming.queryId``,
+  ``streaming.sql.batchId``). The acking point settles them
+  (``runtime.dataframe.acking``). Outside a streaming query nothing is filed and
+  the records time out and replay as usual.
+
+The reader never acks anything itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.types import StructType
+
+from ftlayer.acker_table import AckerTable
+from ftlayer.batch_acks import BatchAcks
+from ftlayer.errors import ConfigError
+from runtime.spark.ft_source import (
+    REGISTERED_ATTR,
+    ChannelPartition,
+    FTSource,
+    FTSourceOptions,
+    FTStreamReader,
+    source_schema,
+)
+from runtime.spark.payload_columns import METADATA_COLUMN, decode_batch, metadata_type
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = [
+    "BATCH_ID_PROPERTY", "QUERY_ID_PROPERTY", "FTDataSource", "TypedStreamReader", "batch_identity", "register",
+]
+
+QUERY_ID_PROPERTY = "sql.streaming.queryId"  # stable across restarts from the same checkpoint
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
+
+def batch_identity(get: Any) -> tuple[str, int] | None:
+    """``(query id, batch id)`` from a ``getLocalProperty`` callable, or None outside a streaming batch."""
+    qid, bid = get(QUERY_ID_PROPERTY), get(BATCH_ID_PROPERTY)
+    if not qid or bid is None or bid == "":
+        return None
+    return str(qid), int(bid)
+
+
+class TypedStreamReader(FTStreamReader):
+    """FT stream reader that decodes payloads into ``schema`` and files emitted ids per batch."""
+
+    def __init__(self, options: FTSourceOptions, schema: StructType) -> None:
+        super().__init__(options)
+        meta = [f for f in schema.fields if f.name == METADATA_COLUMN]
+        if meta and meta[0].dataType != metadata_type():
+            msg = (f"column {METADATA_COLUMN!r} of an FT source schema must be "
+                   f"{metadata_type().simpleString()!r}; got {meta[0].dataType.simpleString()!r}")
+            raise ConfigError(msg)
+        if len(schema.fields) == len(meta):
+            msg = "an FT source schema needs at least one column besides _ftlayer"
+            raise ConfigError(msg)
+        self.schema = schema
+
+    def read(self, partition: ChannelPartition) -> Iterator[Any]:  # type: ignore[override]
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        ident = batch_identity(ctx.getLocalProperty) if ctx is not None else None
+        store = self.persistence.store
+        source = f"{self.opts.topology}/{self.opts.source}"
+        acks = BatchAcks(store)
+        for raw in super().read(partition):
+            batch, emitted, bad = decode_batch(raw, self.schema, source)
+            if bad:
+                AckerTable(store).xor({}, fails=bad)
+            if ident is not None:
+                acks.record(ident[0], ident[1], emitted)
+            if batch.num_rows:
+                yield batch
+
+
+class FTDataSource(FTSource):
+    """``format("ftlayer")`` for both paths: the raw source schema (the Topology compiler) or a user schema."""
+
+    def streamReader(self, schema: StructType) -> FTStreamReader:
+        raw = source_schema()
+        if [(f.name, f.dataType) for f in schema.fields] == [(f.name, f.dataType) for f in raw.fields]:
+            return FTStreamReader(FTSourceOptions.parse(self.options))
+        return TypedStreamReader(FTSourceOptions.parse(self.options), schema)
+
+
+def register(spark: SparkSession) -> None:
+    """Register :class:`FTDataSource` as ``format("ftlayer")`` in the session; safe to repeat."""
+    if getattr(spark, REGISTERED_ATTR, None) != "typed":
+        spark.dataSource.register(FTDataSource)
+        setattr(spark, REGISTERED_ATTR, "typed")

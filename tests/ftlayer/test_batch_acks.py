@@ -1,0 +1,44 @@
+"""Batch acks on a real server: settle a micro-batch's records without XOR deltas."""
+
+from __future__ import annotations
+
+from ftlayer.batch_acks import IDS_PER_ELEMENT, BatchAcks, query_sources
+from ftlayer.layer import FTLayer
+from serialization.serializers import make_record
+
+
+def _persisted(layer: FTLayer, n: int) -> list[int]:
+    recs = [make_record(layer, i, key=f"k{i}") for i in range(n)]
+    layer.persist(recs)
+    return [r.record_id.source_record_id for r in recs]
+
+
+def test_ack_completes_listed_records_and_skips_failed_ones(layer: FTLayer) -> None:
+    sids = _persisted(layer, 10_000)
+    acks = BatchAcks(layer.store)
+    acks.record("q1", 7, sids[:6000])
+    acks.record("q1", 7, sids[:6000])  # a retried task files its ids again
+    acks.record("q1", 7, sids[6000:9000])
+    assert layer.fail(sids[:10], "row function raised") == 10  # failed by a row function first
+    assert acks.settle("q1", 7, "ack") == 9000 - 10
+    stats = layer.stats()
+    assert stats["acked"] == 8990
+    assert stats["failed_explicit"] == 10
+    assert layer.pending_count() == 1000  # not listed: still pending
+    assert not layer.store.client.exists(layer.store.keys.batch_reads("q1", 7))
+    assert acks.settle("q1", 7, "ack") == 0  # idempotent
+    assert query_sources(layer.store.client, layer.config.namespace, "q1") == ["topo/src"]
+    # the bucket counts follow: only the 1000 unlisted records remain filed
+    counts = {k: int(v) for k, v in layer.store.client.hgetall(layer.store.keys.bcnt).items()}
+    assert sum(counts.values()) == 1000
+
+
+def test_fail_moves_listed_records_to_replay(layer: FTLayer) -> None:
+    sids = _persisted(layer, 3 * IDS_PER_ELEMENT + 5)
+    acks = BatchAcks(layer.store)
+    acks.record("q2", 0, sids)
+    assert acks.settle("q2", 0, "fail", "write failed: boom") == len(sids)
+    assert layer.pending_count() == 0
+    assert layer.store.client.hlen(layer.store.keys.failed) == len(sids)
+    assert layer.stats()["acked"] == 0
+    assert acks.settle("q2", 0, "ack") == 0  # the failed batch acks nothing later
