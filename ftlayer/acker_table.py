@@ -13,10 +13,12 @@ and out once (when acked). Contract of :meth:`AckerTable.xor`:
   (completed, or failed and handed to the replayer) changes nothing and is
   counted as late. A late ack never resurrects a record.
 - **Idempotent per token.** A call with a flush token that was already applied
-  is skipped whole and reports ``applied=False``. Tokens expire after
-  ``token_ttl_ms``; a delta applied twice after that cancels itself out (XOR is
-  an involution), which can only delay completion into a timeout and replay,
-  never complete a record early or lose it.
+  is skipped whole and reports ``applied=False``. Tokens are kept per batch
+  (``ftlayer.flush_tokens``: one hash per micro-batch of a query, deleted when
+  the batch commits) and expire after ``token_ttl_ms`` at the latest; a delta
+  applied twice after that cancels itself out (XOR is an involution), which can
+  only delay completion into a timeout and replay, never complete a record
+  early or lose it.
 - **Order-free.** Deltas commute: flushes of different tasks may land in any
   order.
 - **Bad input is refused whole.** Every id and delta must be a signed 64-bit
@@ -42,6 +44,7 @@ from typing import Any
 
 from ftlayer.errors import InvalidArgumentError, InvalidIdError
 from ftlayer.script_bounds import FLUSH_MAX_RECORDS
+from ftlayer.flush_tokens import FlushToken, as_token
 from ftlayer.store import SourceStore, unpack_ids
 
 MAX_REASON_BYTES = 8192
@@ -167,7 +170,7 @@ class AckerTable:
         self,
         deltas: Mapping[int, int] | Iterable[tuple[int, int]],
         *,
-        token: str | None = None,
+        token: str | FlushToken | None = None,
         fails: Mapping[int, str] | None = None,
         no_replay: Collection[int] = (),
     ) -> FlushResult:
@@ -208,17 +211,20 @@ class AckerTable:
         # Only now, with every chunk packed and checked, does the first one go out.
         result = FlushResult()
         for i, blob in enumerate(packed):
-            chunk_token = None if token is None else (token if chunks == 1 else f"{token}#{i}")
+            chunk_token = None
+            if token is not None:
+                whole = as_token(token)
+                chunk_token = whole if chunks == 1 else FlushToken(whole.batch, f"{whole.task}#{i}")
             result = result.merge(self._flush(blob, packed_fails if i == 0 else b"", chunk_token))
         return result
 
-    def ack(self, current_ids: Mapping[int, int], *, token: str | None = None) -> FlushResult:
+    def ack(self, current_ids: Mapping[int, int], *, token: str | FlushToken | None = None) -> FlushResult:
         """Ack records: ``{source_record_id: current_record_id}`` XORed out (a sink's ack)."""
         return self.xor(current_ids, token=token)
 
-    def _flush(self, deltas: bytes, fails: bytes, token: str | None) -> FlushResult:
+    def _flush(self, deltas: bytes, fails: bytes, token: FlushToken | None) -> FlushResult:
         store = self.store
-        keys = [*store.state_keys, store.keys.token(token or "-")]
+        keys = [*store.state_keys, store.keys.token(token.batch if token else "-")]
         args = [
             store.keys.prefix,
             "1" if token is not None else "0",
@@ -227,6 +233,7 @@ class AckerTable:
             fails,
             store.now_ms(),
             *store.backoff_args(),
+            token.task if token else "-",
         ]
         applied, acked_blob, late, failed = store.run("FLUSH", keys, args)
         return FlushResult(bool(applied), unpack_ids(acked_blob or b""), int(late), int(failed))

@@ -30,8 +30,10 @@ key suffix        type    contents
                           replayed, dead_lettered, requeued, late_deltas, duplicate_flushes
 ``meta``          hash    num_channels, format version, created time
 ``lease``         string  owner token of the rotator lease (with PX expiry)
-``tok:<token>``   string  applied flush token (with PX expiry); ``tok:dl:<sid>`` holds the
-                          dlq entry id of a record dead-lettered by ingest (retry guard)
+``tok:<batch>``   hash    applied flush tokens of one micro-batch of one query (``<query
+                          id>/<batch id>``): task -> 1; deleted when the batch commits,
+                          PX expiry as a safety net (``ftlayer.flush_tokens``)
+``tok:dl:<sid>``   string  the dlq entry id of a record dead-lettered by ingest (retry guard)
 ``dfb:<q>:<b>``   list    DataFrame path: packed source_record_ids that the read tasks of
                           batch ``b`` of streaming query ``q`` emitted (one element per
                           page of a task, at most 4096 ids each; PX expiry); settled

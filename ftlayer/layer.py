@@ -22,6 +22,7 @@ from ftlayer.dead_letters import DeadLetter, DeadLetters, RequeueResult
 from ftlayer.errors import InvalidIdError
 from ftlayer.frames import SemiDeserializedRecord
 from ftlayer.keys import SourceKeys
+from ftlayer.flush_tokens import FlushToken
 from ftlayer.persistence import PersistenceLayer
 from ftlayer.replayer import Replayer, ReplayResult, ReplayRouter
 from ftlayer.rotating_map import ExpiredCallback, RotateResult, RotatingBucketMap
@@ -82,7 +83,7 @@ class FTLayer:
         self,
         deltas: Mapping[int, int] | Iterable[tuple[int, int]],
         *,
-        token: str | None = None,
+        token: str | FlushToken | None = None,
         fails: Mapping[int, str] | None = None,
         no_replay: Collection[int] = (),
     ) -> FlushResult:
@@ -90,7 +91,7 @@ class FTLayer:
         replays) at most once per token."""
         return self.acker.xor(deltas, token=token, fails=fails, no_replay=no_replay)
 
-    def ack(self, current_ids: Mapping[int, int], *, token: str | None = None) -> FlushResult:
+    def ack(self, current_ids: Mapping[int, int], *, token: str | FlushToken | None = None) -> FlushResult:
         """Ack ``{source_record_id: current_record_id}`` (the last XOR of a record's life)."""
         return self.acker.ack(current_ids, token=token)
 

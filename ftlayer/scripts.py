@@ -171,10 +171,10 @@ return {count, gen}
 FLUSH = (
     r"""
 -- flush: apply explicit fails, then XOR deltas, at most once per token.
--- KEYS: pend, gen, bcnt, failed, due, stats, token key
+-- KEYS: pend, gen, bcnt, failed, due, stats, token key (a hash per micro-batch of a query)
 -- ARGV: prefix, use_token ('1'|'0'), token ttl ms, deltas (n x [sid 8][value 8]),
 --       fails (n x [sid 8][reason len u16, top bit = no replay][reason]), now ms, backoff initial ms,
---       backoff multiplier, backoff max ms
+--       backoff multiplier, backoff max ms, token field (the task's flush in that batch)
 -- Returns: {applied (1, or 0 if the token was seen), acked sids (packed 8-byte),
 --           late deltas (ids no longer pending), failed count}
 -- A delta for an id that is not pending (already acked or failed) is ignored:
@@ -184,10 +184,11 @@ FLUSH = (
     + _COMMON
     + r"""
 if ARGV[2] == '1' then
-  if not redis.call('SET', KEYS[7], '1', 'NX', 'PX', ARGV[3]) then
+  if redis.call('HSETNX', KEYS[7], ARGV[10], '1') == 0 then
     redis.call('HINCRBY', K_STATS, 'duplicate_flushes', 1)
     return {0, '', 0, 0}
   end
+  redis.call('PEXPIRE', KEYS[7], ARGV[3])  -- safety net: the batch's commit deletes it first
 end
 local now, b_init, b_mult, b_max = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local fails, failed_n, pos = ARGV[5], 0, 1

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import redis
 
 from ftlayer.errors import IngestStoppedError, RedisUnavailableError
+from ftlayer.flush_tokens import NO_QUERY, QUERY_ID_PROPERTY, FlushToken, batch_key
 from ftlayer.layer import FTLayer
 from ftlayer.service import FTService
 from runtime.driver.ingest import Ingestor
@@ -40,6 +41,12 @@ __all__ = ["FTProgress", "FTQuery", "Progress"]
 if TYPE_CHECKING:
     from ftlayer.config import FTConfig
     from runtime.trigger import Trigger
+
+
+class Janitor(Protocol):
+    """What FTProgress closes at stop: ``runtime.token_janitor.TokenJanitor``."""
+
+    def close(self) -> None: ...
 
 
 class Progress(Protocol):
@@ -57,6 +64,7 @@ class FTProgress:
     layers: list[FTLayer]
     service: FTService
     observers: TopologyObservers | None = None  # metrics exporter + progress listener
+    janitor: Janitor | None = None  # deletes the flush tokens of committed batches
 
     def stats(self) -> dict[str, dict[str, int]]:
         return {layer.keys.source: layer.stats() for layer in self.layers}
@@ -72,6 +80,8 @@ class FTProgress:
         self.service.stop()
         if self.observers is not None:
             self.observers.stop()
+        if self.janitor is not None:  # after the query stopped: its commit log is final
+            self.janitor.close()
 
 
 class FTQuery:

@@ -35,6 +35,7 @@ from partitioners.factory import replay_partitioner_for
 from runtime.driver.feed import Feed, FeedDestination, FeedProgress, FeedServer
 from runtime.driver.ingest import BatchDestination, Ingestor
 from runtime.driver.observe import TopologyObservers
+from runtime.driver.token_janitor import TokenJanitor
 from runtime.graph import Graph, KeyByNode, Node, Op, OpNode, SinkNode, SourceNode, StateNode, UnionNode
 from runtime.query import FTProgress, FTQuery, Progress
 from runtime.sinks import ForeachBatchSink, RedisHashSink
@@ -219,10 +220,14 @@ class Compiler:
         try:
             writer = self._writer(sinks)
             checkpoint = checkpoint or self.state().checkpoint()
+            janitor = None
             if self.config.ft_on:
                 progress = FTProgress(layers, FTService(layers).start())
                 progress.observers = TopologyObservers.start(
                     self.spark, layers, self.config, query_name=query_name
+                )
+                progress.janitor = janitor = TokenJanitor.attach(
+                    self.spark, layers, query_name=query_name, checkpoint=checkpoint
                 )
             ingestors = [Ingestor(d, s.source, key=s.key, partitioning=s.partitioning).start()
                          for d, s in zip(dests, topo.sources, strict=True)]
@@ -234,6 +239,8 @@ class Compiler:
                 .trigger(**trigger.writer_kwargs())
                 .start()
             )
+            if janitor is not None:
+                janitor.query_id = str(query.id)  # same id on a restart from this checkpoint
         except BaseException:
             for ing in ingestors:
                 ing.stop()

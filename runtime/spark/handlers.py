@@ -47,6 +47,7 @@ from typing import Any
 
 from ftlayer.acker_table import FlushResult
 from ftlayer.errors import FailRecord
+from ftlayer.flush_tokens import FlushToken
 from ftlayer.ids import child_id
 from ftlayer.layer import FTLayer
 
@@ -107,7 +108,7 @@ class XorHandler:
     def empty(self) -> bool:
         return not any(self.deltas.values()) and not any(self.fails.values())
 
-    def flush(self, layers: Mapping[int, FTLayer], token: str) -> dict[int, FlushResult]:
+    def flush(self, layers: Mapping[int, FTLayer], token: str | FlushToken) -> dict[int, FlushResult]:
         """Send everything accumulated, one call per source, then reset. Idempotent per token.
 
         With :func:`duplicate_flushes` on, each call is sent a second time with the same
@@ -120,9 +121,10 @@ class XorHandler:
             fails = self.fails.get(src, {})
             if deltas or fails:
                 final = self.no_replay.get(src, set())
-                out[src] = layers[src].xor(deltas, token=f"{token}/s{src}", fails=fails, no_replay=final)
+                part = token.child(f"s{src}") if isinstance(token, FlushToken) else f"{token}/s{src}"
+                out[src] = layers[src].xor(deltas, token=part, fails=fails, no_replay=final)
                 if twice:
-                    layers[src].xor(deltas, token=f"{token}/s{src}", fails=fails, no_replay=final)
+                    layers[src].xor(deltas, token=part, fails=fails, no_replay=final)
         self.deltas.clear()
         self.fails.clear()
         self.no_replay.clear()
@@ -252,7 +254,7 @@ class FTHandler:
             self.xors.fail(src, sid, reason, replay=replay)
             self.failed += 1
 
-    def flush(self, layers: Mapping[int, FTLayer], token: str) -> None:
+    def flush(self, layers: Mapping[int, FTLayer], token: str | FlushToken) -> None:
         if not self.xors.empty():
             self.xors.flush(layers, token)
 
@@ -286,7 +288,7 @@ class NonFTHandler(FTHandler):
     def fail_all(self, rows: Iterable[tuple[int, int, int]], exc: BaseException) -> None:
         raise exc
 
-    def flush(self, layers: Mapping[int, FTLayer], token: str) -> None:
+    def flush(self, layers: Mapping[int, FTLayer], token: str | FlushToken) -> None:
         return None
 
 

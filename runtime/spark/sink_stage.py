@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ftlayer.flush_tokens import NO_QUERY, QUERY_ID_PROPERTY, FlushToken, batch_key
 from runtime.graph import Op
 from runtime.sinks import ExecutorSink, ForeachBatchSink, SinkContext
 from runtime.spark.handlers import CARRIER, FTHandler, Row, handler_for
@@ -95,4 +96,6 @@ class DriverSinkBatch:
             handler.fail_all(ids, exc)
         else:
             handler.ack(ids)
-        handler.flush(self.env.layers(), f"{self.env.topology}/{batch_id}/sink/driver")
+        # foreachBatch runs on the query's own thread, which carries Spark's query id
+        query_id = df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY) or NO_QUERY
+        handler.flush(self.env.layers(), FlushToken(batch_key(query_id, batch_id), "sink/driver"))

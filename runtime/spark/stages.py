@@ -15,8 +15,8 @@ plus whatever the input itself carried); an input with no output emits a
 task, so a record costs one acker update per sink task instead of one per
 stage, and a recomputed stage carries the same deltas again (they depend
 on each row alone). A stage flushes only the explicit fails it saw, with
-the token ``<topology>/<micro-batch>/st<stage>/p<partition>``, so a retried
-task never applies them twice.
+the token ``<query id>/<micro-batch>`` + ``st<stage>/p<partition>``
+(``ftlayer.flush_tokens``), so a retried task never applies them twice.
 
 Rows between stages: ``src int, sid long, cid long, origin long, key_hash
 long, channel int, payload binary, delta long`` (the origin id rides along so
@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftlayer.config import FTConfig
+from ftlayer.flush_tokens import FlushToken, task_token
 from ftlayer.ids import child_id
 from ftlayer.keyhash import NO_KEY_HASH, key_hash
 from ftlayer.layer import FTLayer
@@ -101,13 +102,10 @@ class TaskEnv:
             for i, name in enumerate(self.sources)
         }
 
-    def token(self, stage: str) -> str:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
-        part = ctx.partitionId() if ctx else -1
-        return f"{self.topology}/{batch}/{stage}/p{part}"
+    def token(self, stage: str) -> FlushToken:
+        """This task's flush token: the query id Spark keeps in the checkpoint, the batch, the
+        stage and partition (same after a restart on the checkpoint, new for a new checkpoint)."""
+        return task_token(stage)
 
 
 @dataclass(frozen=True)
