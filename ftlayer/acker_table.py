@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftlayer.errors import InvalidArgumentError, InvalidIdError
-from ftlayer.script_bounds import FLUSH_MAX_RECORDS
 from ftlayer.flush_tokens import FlushToken, as_token
+from ftlayer.script_bounds import FLUSH_MAX_RECORDS
 from ftlayer.store import SourceStore, unpack_ids
 
 MAX_REASON_BYTES = 8192

@@ -20,9 +20,9 @@ from ftlayer.acker_table import AckerTable, FlushResult
 from ftlayer.config import FTConfig
 from ftlayer.dead_letters import DeadLetter, DeadLetters, RequeueResult
 from ftlayer.errors import InvalidIdError
+from ftlayer.flush_tokens import FlushToken
 from ftlayer.frames import SemiDeserializedRecord
 from ftlayer.keys import SourceKeys
-from ftlayer.flush_tokens import FlushToken
 from ftlayer.persistence import PersistenceLayer
 from ftlayer.replayer import Replayer, ReplayResult, ReplayRouter
 from ftlayer.rotating_map import ExpiredCallback, RotateResult, RotatingBucketMap

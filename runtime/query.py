@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import redis
 
 from ftlayer.errors import IngestStoppedError, RedisUnavailableError
-from ftlayer.flush_tokens import NO_QUERY, QUERY_ID_PROPERTY, FlushToken, batch_key
 from ftlayer.layer import FTLayer
 from ftlayer.service import FTService
 from runtime.driver.ingest import Ingestor
@@ -44,7 +43,7 @@ if TYPE_CHECKING:
 
 
 class Janitor(Protocol):
-    """What FTProgress closes at stop: ``runtime.token_janitor.TokenJanitor``."""
+    """What FTProgress closes at stop: ``runtime.driver.token_janitor.TokenJanitor``."""
 
     def close(self) -> None: ...
 

@@ -6,10 +6,11 @@ from collections.abc import Callable
 
 from ftlayer.flush_tokens import FlushToken, batch_key, delete_batch_tokens, stale_batches
 from ftlayer.layer import FTLayer
+from serialization.serializers import make_record
 
 
 def test_a_token_dedups_within_its_batch_and_never_across_query_ids(layer: FTLayer) -> None:
-    recs = [layer.make_record(i) for i in range(2)]
+    recs = [make_record(layer, i) for i in range(2)]
     layer.persist(recs)
     (a, ca), (b, cb) = (r.record_id for r in recs)
     old_run = FlushToken(batch_key("run-1", 0), "st2/p0/s0")
@@ -23,7 +24,7 @@ def test_a_token_dedups_within_its_batch_and_never_across_query_ids(layer: FTLay
 
 def test_chunked_flush_keeps_one_field_per_chunk_in_the_batch_hash(make_layer: Callable[..., FTLayer]) -> None:
     layer = make_layer(flush_batch_size=2)
-    recs = [layer.make_record(i) for i in range(5)]
+    recs = [make_record(layer, i) for i in range(5)]
     layer.persist(recs)
     token = FlushToken(batch_key("q", 7), "st1/p3/s0")
     ids = {r.record_id.source_record_id: r.record_id.current_record_id for r in recs}
@@ -34,7 +35,7 @@ def test_chunked_flush_keeps_one_field_per_chunk_in_the_batch_hash(make_layer: C
 
 
 def test_delete_batch_tokens_removes_only_the_named_batches(layer: FTLayer) -> None:
-    rec = layer.make_record("x")
+    rec = make_record(layer, "x")
     layer.persist([rec])
     for batch in range(4):
         layer.xor({rec.record_id.source_record_id: 1 << batch}, token=FlushToken(batch_key("q", batch), "t"))

@@ -9,7 +9,7 @@ import redis
 
 from ftlayer.config import FTConfig
 from ftlayer.layer import FTLayer
-from runtime.cli import main
+from runtime.cli.main import main
 from runtime.driver.ingest import Ingestor
 from runtime.testing import Abort, Emit, ScriptedSource
 

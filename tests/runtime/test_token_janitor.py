@@ -7,7 +7,8 @@ from pathlib import Path
 from ftlayer.config import FTConfig
 from ftlayer.flush_tokens import FlushToken, batch_key
 from ftlayer.layer import FTLayer
-from runtime.token_janitor import TokenJanitor, last_committed_batch
+from runtime.driver.token_janitor import TokenJanitor, last_committed_batch
+from serialization.serializers import make_record
 
 
 def _batches_with_tokens(layer: FTLayer, query: str) -> list[int]:
@@ -19,7 +20,7 @@ def test_janitor_deletes_committed_batches_once_and_keeps_the_running_one(
     ft_config: FTConfig, redis_client: object, tmp_path: Path
 ) -> None:
     layer = FTLayer(ft_config, "topo", "src").open()
-    rec = layer.make_record("x")
+    rec = make_record(layer, "x")
     layer.persist([rec])
     sid = rec.record_id.source_record_id
     for batch in range(6):  # batches 0..4 of a driver that died, and the running batch 5

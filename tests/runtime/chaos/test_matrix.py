@@ -68,8 +68,12 @@ def test_kill_driver(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
     report = run_scenario("kill-driver", spark, ft_config, 1500, workdir=tmp_path)
     _no_loss_no_leak(report)
     assert report.delivered == 1500
-    # records pending at the kill timed out under the new driver and were replayed
-    assert report.stats["failed_timeout"] > 0 and report.expected_replays
+    # records pending at the kill were settled by the new driver: either Spark's re-run of the
+    # interrupted batch acked them, or they timed out and were replayed. Which one depends on
+    # timing (it flipped between runs on the unchanged code), so the test asserts what is
+    # promised (every record delivered, nothing leaked, the kill landed mid-flight: the
+    # scenario's own expectations), not the mechanism.
+    assert report.ok, report.summary()
 
 
 def _lived_through_the_outage(report: Report, down_s: float) -> None:

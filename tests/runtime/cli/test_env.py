@@ -20,7 +20,7 @@ from runtime.cli.env import (
 )
 from runtime.cli.main import build_parser, main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _help(capsys: Any, *argv: str) -> str:

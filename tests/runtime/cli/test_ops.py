@@ -19,9 +19,9 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from ftlayer.server import EmbeddedServer
-from runtime.cli import main
+from runtime.cli.main import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _run(capsys: Any, *argv: str) -> tuple[int, str, str]:
