@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any, Literal
 
 import redis
 
 from ftlayer.acker_table import AckerTable, FlushResult
+from ftlayer.batch_acks import BatchAcks
 from ftlayer.config import FTConfig
 from ftlayer.dead_letters import DeadLetter, DeadLetters, RequeueResult
 from ftlayer.errors import InvalidIdError
 from ftlayer.flush_tokens import FlushToken
 from ftlayer.frames import SemiDeserializedRecord
 from ftlayer.keys import SourceKeys
-from ftlayer.persistence import PersistenceLayer
+from ftlayer.persistence import ChannelBatch, PersistenceLayer
 from ftlayer.replayer import Replayer, ReplayResult, ReplayRouter
 from ftlayer.rotating_map import ExpiredCallback, RotateResult, RotatingBucketMap
 from ftlayer.server_settings import check_server_settings
@@ -115,6 +117,27 @@ class FTLayer:
     def persist_frames(self, frames: Sequence[bytes]) -> int:
         """Persist frames ingest encoded itself (``ftlayer.frames.encode_source_frames``); as :meth:`persist`."""
         return self.persistence.persist_frames(frames)
+
+    # --- the read side (the FT source) and the DataFrame path ---------------------------
+    def check_channels(self) -> None:
+        """Register the source's channel count, or check it against the recorded one (see :meth:`open`)."""
+        self.persistence.check_channels()
+
+    def read_channel(self, channel: int, **kw: Any) -> ChannelBatch:
+        """One bounded read of a channel (``PersistenceLayer.read_channel``; same arguments)."""
+        return self.persistence.read_channel(channel, **kw)
+
+    def fail_unreadable(self, values: Sequence[tuple[bytes, str]]) -> int:
+        """Dead-letter stored values whose frame fails its checks (``PersistenceLayer.fail_unreadable``)."""
+        return self.persistence.fail_unreadable(values)
+
+    def record_batch_reads(self, query_id: str, batch_id: int, sids: Sequence[int]) -> None:
+        """DataFrame path: file the ids a read task emitted for ``batch_id`` of ``query_id``."""
+        BatchAcks(self.store).record(query_id, batch_id, sids)
+
+    def settle_batch(self, query_id: str, batch_id: int, mode: Literal["ack", "fail"], reason: str = "") -> int:
+        """DataFrame path: ack (or fail) every still-pending record the batch's read tasks emitted."""
+        return BatchAcks(self.store).settle(query_id, batch_id, mode, reason)
 
     def replay_due(self) -> ReplayResult:
         """Replay (or dead-letter) every failure whose backoff has passed."""

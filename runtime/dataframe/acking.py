@@ -34,11 +34,11 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from ftlayer.batch_acks import BatchAcks, query_sources
+from ftlayer.batch_acks import query_sources
 from ftlayer.config import FTConfig
 from ftlayer.connection import client_for
 from ftlayer.errors import ConfigError, FTLayerError
-from ftlayer.store import SourceStore
+from ftlayer.layer import FTLayer
 from runtime.dataframe.sources import last_config
 from runtime.spark.typed_source import QUERY_ID_PROPERTY
 
@@ -59,7 +59,7 @@ def settle_batch(config: FTConfig, query_id: str, batch_id: int, mode: Literal["
     total = 0
     for name in query_sources(client, config.namespace, query_id):
         topology, _, source = name.partition("/")
-        total += BatchAcks(SourceStore(config, topology, source)).settle(query_id, batch_id, mode, reason)
+        total += FTLayer(config, topology, source).settle_batch(query_id, batch_id, mode, reason)
     return total
 
 

@@ -24,10 +24,9 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ftlayer.acker_table import AckerTable
 from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError
-from ftlayer.store import SourceStore
+from ftlayer.layer import FTLayer
 from runtime.dataframe.sources import last_config, parse_schema
 from runtime.spark.payload_columns import METADATA_COLUMN
 
@@ -40,19 +39,19 @@ __all__ = ["FTUdf", "fail_record", "map_in_pandas", "udf"]
 
 log = logging.getLogger(__name__)
 MAX_REASON_CHARS = 1000
-_stores: dict[tuple[str, str, str], SourceStore] = {}  # per executor process
+_layers: dict[tuple[str, str, str], FTLayer] = {}  # per executor process
 
 
 def fail_record(config: FTConfig, source: str, sid: int, exc: BaseException, where: str) -> None:
     """Fail one source record (``source`` = ``topology/name``) for ``exc``; logs instead of raising."""
     key = (config.redis_url, config.namespace, source)
-    store = _stores.get(key)
-    if store is None:
+    layer = _layers.get(key)
+    if layer is None:
         topology, _, name = source.partition("/")
-        store = _stores[key] = SourceStore(config, topology, name)
+        layer = _layers[key] = FTLayer(config, topology, name)
     reason = f"{where}: {type(exc).__name__}: {exc}"[:MAX_REASON_CHARS]
     try:
-        AckerTable(store).xor({}, fails={int(sid): reason})
+        layer.xor({}, fails={int(sid): reason})
     except FTLayerError:
         log.exception("could not fail record %d of %s; it will time out and replay", sid, source)
 

@@ -25,7 +25,7 @@ Offsets, partitions, commit
   the meantime. The source never acks or XORs anything; the one thing it
   writes is a fail, for a stored frame that fails its checks (a CRC
   mismatch): that record goes to the dead-letter queue with the reason, without
-  replays (``PersistenceLayer.fail_unreadable``), and the rest are read.
+  replays (``FTLayer.fail_unreadable``), and the rest are read.
 - ``commit(end)`` trims every channel stream up to ``end`` (one pipelined round
   trip). Trimming removes only the stream index: records still pending stay in
   ``pend`` and time out or get acked as usual. Spark (4.3) calls ``commit`` for
@@ -90,8 +90,7 @@ from ftlayer.connection import resolved
 from ftlayer.errors import ConfigError, FrameError
 from ftlayer.frames import PEND_PREFIX
 from ftlayer.keys import check_name
-from ftlayer.persistence import PersistenceLayer
-from ftlayer.store import SourceStore
+from ftlayer.layer import FTLayer
 from runtime.spark.admission import AvailableNowBase, max_rows, read_all, read_max_rows
 from runtime.spark.arrow_codec import SOURCE_COLUMNS, SOURCE_SCHEMA_DDL, frames_to_record_batch, split_bad_frames
 
@@ -247,27 +246,27 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
 
     def __init__(self, options: FTSourceOptions) -> None:
         self.opts = options
-        self._persistence: PersistenceLayer | None = None
+        self._layer: FTLayer | None = None
         self._checked = False
         self._target: Offset | None = None  # Trigger.AvailableNow: tails when the query started
         self._last_tails: Offset | None = None  # seen by the last latestOffset, for progress reports
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_persistence"] = None  # rebuilt (and reconnected) in the process that unpickles
+        state["_layer"] = None  # rebuilt (and reconnected) in the process that unpickles
         state["_checked"] = False
         return state
 
     # --- Redis access ------------------------------------------------------------
     @property
-    def persistence(self) -> PersistenceLayer:
-        """This process's persistence layer of the source (client created on first use)."""
-        if self._persistence is None:
+    def layer(self) -> FTLayer:
+        """This process's FTLayer of the source (client created on first use)."""
+        if self._layer is None:
             o = self.opts
             # every command waits out a Redis outage: an error in latestOffset kills the query at once
-            store = SourceStore(o.config(), o.topology, o.source, outage_budget_s=o.outage_budget_s)
-            self._persistence = PersistenceLayer(store, o.num_channels)
-        return self._persistence
+            self._layer = FTLayer(o.config(), o.topology, o.source, num_channels=o.num_channels,
+                                  outage_budget_s=o.outage_budget_s)
+        return self._layer
 
     @property
     def channels(self) -> range:
@@ -275,7 +274,7 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
 
     def _check_once(self) -> None:
         if not self._checked:
-            self.persistence.check_channels()
+            self.layer.check_channels()
             self._checked = True
 
     def tails(self, *, trim_upto: Mapping[str, str] | None = None) -> Offset:
@@ -284,12 +283,12 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         With ``trim_upto`` (an offset), the same round trip first trims every
         channel stream up to it (see :meth:`commit`).
         """
-        store = self.persistence.store
-        pipe = store.client.pipeline(transaction=False)
+        layer = self.layer
+        pipe = layer.client.pipeline(transaction=False)
         if trim_upto is not None:
             self._queue_trims(pipe, trim_upto)
         for c in self.channels:
-            pipe.xinfo_stream(store.keys.channel(c))
+            pipe.xinfo_stream(layer.keys.channel(c))
         replies = pipe.execute(raise_on_error=False)
         out: Offset = {}
         for reply in replies[: len(replies) - self.opts.num_channels]:
@@ -306,7 +305,7 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
 
     def _queue_trims(self, pipe: Any, upto: Mapping[str, str]) -> None:
         """Queue on ``pipe`` an exact ``XTRIM MINID`` of every channel to just after ``upto``."""
-        keys = self.persistence.store.keys
+        keys = self.layer.keys
         for c in self.channels:
             last = upto[channel_key(c)]
             if last != START_ID:
@@ -373,17 +372,17 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         """Per channel, whole entries of ``(start, end]`` up to ``ceil(max_rows / channels)`` record ids."""
         share = max(1, math.ceil(max_rows / self.opts.num_channels))
         page = min(share, 1024)  # every entry holds at least one record id
-        store = self.persistence.store
+        layer = self.layer
         capped = dict(end)
         pos = {k: start[k] for k in capped}
         counted = dict.fromkeys(capped, 0)
         open_ = [c for c in self.channels if compare_ids(end[channel_key(c)], start[channel_key(c)]) > 0]
         while open_:
-            pipe = store.client.pipeline(transaction=False)
+            pipe = layer.client.pipeline(transaction=False)
             for c in open_:
                 k = channel_key(c)
                 after = "-" if pos[k] == START_ID else "(" + pos[k]
-                pipe.xrange(store.keys.channel(c), after, end[k], count=page)
+                pipe.xrange(layer.keys.channel(c), after, end[k], count=page)
             still_open: list[int] = []
             for c, entries in zip(open_, pipe.execute(), strict=True):
                 k = channel_key(c)
@@ -413,11 +412,11 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         c, after, until = partition.channel, partition.start, partition.end
         if compare_ids(until, after) <= 0:
             return
-        persistence = self.persistence
+        layer = self.layer
         page = self.opts.read_page_entries
         skip = 0  # ids of entry `after` already read: a read call is bounded and may stop inside an entry
         while True:
-            batch = persistence.read_channel(c, after="-" if after == START_ID else after, until=until,
+            batch = layer.read_channel(c, after="-" if after == START_ID else after, until=until,
                                              max_entries=page, skip=skip)
             if batch.values:
                 yield from self._arrow(batch.values)
@@ -439,13 +438,13 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
             return [frames_to_record_batch(values, prefix=PEND_PREFIX)]
         except FrameError:
             good, bad = split_bad_frames(values, prefix=PEND_PREFIX)
-            self.persistence.fail_unreadable([(v, f"unreadable frame: {reason}") for v, reason in bad])
+            self.layer.fail_unreadable([(v, f"unreadable frame: {reason}") for v, reason in bad])
             return [frames_to_record_batch(good, prefix=PEND_PREFIX)] if good else []
 
     def commit(self, end: Offset) -> None:
         """Spark committed everything up to ``end``: trim each channel stream there (one round trip)."""
         self._check_offset(end, "committed")
-        pipe = self.persistence.store.client.pipeline(transaction=False)
+        pipe = self.layer.client.pipeline(transaction=False)
         self._queue_trims(pipe, end)
         pipe.execute()
 

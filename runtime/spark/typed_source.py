@@ -30,8 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.types import StructType
 
-from ftlayer.acker_table import AckerTable
-from ftlayer.batch_acks import BatchAcks
 from ftlayer.errors import ConfigError
 from runtime.spark.ft_source import (
     REGISTERED_ATTR,
@@ -82,15 +80,14 @@ class TypedStreamReader(FTStreamReader):
 
         ctx = TaskContext.get()
         ident = batch_identity(ctx.getLocalProperty) if ctx is not None else None
-        store = self.persistence.store
+        layer = self.layer
         source = f"{self.opts.topology}/{self.opts.source}"
-        acks = BatchAcks(store)
         for raw in super().read(partition):
             batch, emitted, bad = decode_batch(raw, self.schema, source)
             if bad:
-                AckerTable(store).xor({}, fails=bad)
+                layer.xor({}, fails=bad)
             if ident is not None:
-                acks.record(ident[0], ident[1], emitted)
+                layer.record_batch_reads(ident[0], ident[1], emitted)
             if batch.num_rows:
                 yield batch
 

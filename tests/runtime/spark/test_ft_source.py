@@ -276,7 +276,7 @@ def test_reader_pickles_without_its_client(layer: FTLayer, ft_config: FTConfig) 
     reader = reader_for(ft_config)
     end = reader.latestOffset(reader.initialOffset(), reader.getDefaultReadLimit())  # connects
     copy = pickle.loads(pickle.dumps(reader))
-    assert copy._persistence is None
+    assert copy._layer is None
     parts = copy.partitions(copy.initialOffset(), end)
     assert sum(len(read_partition(copy, p)) for p in parts) == 10
 
