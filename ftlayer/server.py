@@ -294,10 +294,10 @@ def run_foreground(data_dir: str | None = None, port: int | None = None) -> int:
     if threading.current_thread() is threading.main_thread():  # SIGTERM stops like Ctrl-C
         signal.signal(signal.SIGTERM, _raise_interrupt)
     server = EmbeddedServer(data_dir=data_dir, port=port, die_with_parent=True).start()
-    print(f"ftlayer: embedded valkey-server running at {server.url}", flush=True)
-    print(f"ftlayer: data dir {server.data_dir} (AOF on); Ctrl-C stops it", flush=True)
-    print(f"ftlayer: use it with  export FTLAYER_REDIS_URL={server.url}", flush=True)
-    try:
+    try:  # a signal may come as soon as the first line is out: every line is inside the try
+        print(f"ftlayer: embedded valkey-server running at {server.url}", flush=True)
+        print(f"ftlayer: data dir {server.data_dir} (AOF on); Ctrl-C stops it", flush=True)
+        print(f"ftlayer: use it with  export FTLAYER_REDIS_URL={server.url}", flush=True)
         while server.pid is not None:
             time.sleep(0.5)
     except KeyboardInterrupt:
