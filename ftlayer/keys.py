@@ -13,21 +13,27 @@ key suffix        type    contents
                           so the call that sees the ack value reach 0 deletes the record.
 ``gen``           string  current bucket generation (rotations so far)
 ``bkt:<gen>``     list    packed 8-byte source_record_ids filed in bucket ``gen``, one
-                          element per persist call
+                          element per persist call; an element of records re-filed unread
+                          is ``R`` + n x (id 8, entry gen u32)
 ``bcnt``          hash    gen -> records of that bucket still in ``pend``; at 0 the bucket
                           and its count are deleted
 ``gtime``         hash    gen -> ms when that bucket opened (written by ``rotate``; gen 0 at
                           register); only gens >= current - num_buckets are kept. Feeds
                           the oldest-pending age of ``ftlayer status``
 ``expq``          list    generations expired by ``rotate`` and not yet scanned
-``ch:<c>``        stream  channel c: entries ``i`` = packed source_record_ids, in persist
-                          order; the FT source reads these; trimmed after Spark commits
+``ch:<c>``        stream  channel c: entries ``i`` = packed source_record_ids, ``g`` = bucket
+                          gen when written; in persist order; the FT source reads these;
+                          trimmed after Spark commits
+``rd``            hash    channel -> ``"<entry gen> <stream id>"`` of the newest entry a
+                          reader has read (the read watermark): records up to it were
+                          handed to a task; a timeout re-files the others instead of failing
 ``failed``        hash    failed source_record_id -> fail time ms (double) | reason length
                           (u16; top bit set: dead-letter without replays) | reason | frame
 ``due``           zset    failed source_record_id scored by its replay-due time (ms)
 ``dlq``           stream  dead letters: origin, sid, replay count, reason, time, frame
 ``stats``         hash    counters: persisted, acked, failed_explicit, failed_timeout,
-                          replayed, dead_lettered, requeued, late_deltas, duplicate_flushes
+                          replayed, dead_lettered, requeued, late_deltas, duplicate_flushes,
+                          refiled_unread
 ``meta``          hash    num_channels, format version, created time
 ``lease``         string  owner token of the rotator lease (with PX expiry)
 ``tok:<batch>``   hash    applied flush tokens of one micro-batch of one query (``<query
@@ -127,6 +133,10 @@ class SourceKeys:
     @property
     def lease(self) -> str:
         return self.key("lease")
+
+    @property
+    def read_marks(self) -> str:
+        return self.key("rd")
 
     def bucket(self, gen: int) -> str:
         return self.key(f"bkt:{gen}")

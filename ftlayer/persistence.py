@@ -186,8 +186,8 @@ class PersistenceLayer:
         k = self.store.keys
         reply = self.store.run(
             "READ_CHANNEL",
-            [k.channel(channel), k.pend],
-            [after, skip, until, max_entries, max_records, max_bytes, SCRIPT_BUDGET_MS],
+            [k.channel(channel), k.pend, k.read_marks],
+            [after, skip, until, max_entries, max_records, max_bytes, SCRIPT_BUDGET_MS, channel],
         )
         last = reply[0].decode() if reply and reply[0] else ""
         return ChannelBatch(channel, last, list(reply[2:]), int(reply[1]))

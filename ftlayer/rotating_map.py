@@ -162,7 +162,7 @@ class RotatingBucketMap:
         while True:
             blob, queued = store.run(
                 "EXPIRE",
-                [*store.state_keys, store.keys.expq],
+                [*store.state_keys, store.keys.expq, store.keys.read_marks],
                 [
                     store.keys.prefix, store.now_ms(), *store.backoff_args(),
                     self.scan_max_records, SCRIPT_MAX_BYTES, SCRIPT_BUDGET_MS,

@@ -14,6 +14,12 @@ and ``P_FRAME``, and for a ``failed`` value (``failed_ms f64 | reason
 length u16 | reason | frame``) ``FL_REASON``. No script spells an offset as a number
 (``tests/ftlayer/test_frame_layout.py`` checks it).
 
+Handed out or not (stalls): a channel stream entry is ``i`` = packed ids, ``g`` =
+the bucket gen it was written in (entries are in gen order). ``READ_CHANNEL``
+keeps each channel's read watermark in ``rd`` (``"<entry gen> <stream id>"`` of the
+newest entry a reader has finished or entered), so ``EXPIRE`` can tell a record that a
+task received from one still waiting in its stream, at no per-record cost on reads.
+
 Every script is idempotent under a client retry: persist skips ids already
 present, flushes carry a token, fails and replays act only on entries still in
 the state they expect, rotate can be tied to an expected generation.
@@ -129,7 +135,7 @@ local function persist_frames(frames)
     redis.call('RPUSH', PREFIX .. 'bkt:' .. gen, table.concat(all))
     redis.call('HINCRBY', K_BCNT, gen, count)
     for ch, sids in pairs(per_ch) do
-      redis.call('XADD', PREFIX .. 'ch:' .. ch, '*', 'i', table.concat(sids))
+      redis.call('XADD', PREFIX .. 'ch:' .. ch, '*', 'i', table.concat(sids), 'g', gen)
     end
   end
   return count, gen
@@ -269,7 +275,7 @@ return {1, target, target - n, g}
 EXPIRE = (
     r"""
 -- expire: fail the still-pending records of expired buckets, in bounded chunks.
--- KEYS: pend, gen, bcnt, failed, due, stats, expq
+-- KEYS: pend, gen, bcnt, failed, due, stats, expq, rd (read watermarks)
 -- ARGV: prefix, now ms, backoff initial ms, backoff multiplier, backoff max ms,
 --       max record ids to examine, max value bytes to move, time budget ms
 -- Returns: {failed sids (packed 8-byte), expired buckets still queued}
@@ -278,6 +284,15 @@ EXPIRE = (
 -- Bounded: the call stops at the first limit reached (after at least one id) and
 -- pushes the unscanned rest of the bucket blob back to the head of its list, so
 -- the next call goes on at the next id: no id is skipped or scanned twice.
+-- Stalls: a record whose channel entry no reader has read yet (Spark stalled or
+-- behind) is not failed. It keeps its id, ack value and stream entry and is
+-- re-filed in the current bucket (counted in `refiled_unread`): a stall never
+-- spends the replay budget, and the record is checked again one timeout later.
+-- A re-filed record that a task has read since gets one more timeout (it may have
+-- been read just now) and then fails as usual: a record read after a stall has at
+-- least timeout_s to complete. A bucket element is n x [sid 8], or, for re-filed
+-- records (length not a multiple of 8), 'R' .. n x [sid 8][entry gen u32, top bit:
+-- read at re-filing]; the pushed-back rest of such an element keeps its 'R'.
 """
     + _STATE_KEYS
     + _COMMON
@@ -286,6 +301,55 @@ EXPIRE = (
 local now, b_init, b_mult, b_max = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local max_n, max_b, budget = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local t0, n, bytes, out, stop = clock_ms(), 0, 0, {}, false
+local cur = tonumber(redis.call('GET', K_GEN) or '0')
+local curb, refiled, kv, unread_n = struct.pack('>I4', cur), {}, {}, 0
+local READ_FLAG = 2147483648
+local marks, unread_after = {}, {}
+
+local function entry_gen(e)
+  local f = e[2]
+  for i = 1, #f - 1, 2 do
+    if f[i] == 'g' then return tonumber(f[i + 1]) end
+  end
+  return nil
+end
+
+local function handed_out(sid, ch, egen)
+  -- has a reader read the entry of channel ch, written in gen egen, that holds sid?
+  local m = marks[ch]
+  if m == nil then
+    m = false
+    local raw = redis.call('HGET', KEYS[8], ch)
+    if raw then
+      local g, id = string.match(raw, '^(%d+) (.+)$')
+      m = {tonumber(g), id}
+    end
+    marks[ch] = m
+  end
+  if not m then return false end      -- nothing of this channel was ever read
+  if egen < m[1] then return true end  -- entries are in gen order
+  if egen > m[1] then return false end
+  -- same gen as the newest entry read: the entries of that gen after it are unread
+  -- (at most one rotation interval of this channel's entries; scanned once per call)
+  local set = unread_after[ch]
+  if set == nil then
+    set = {}
+    local after, done = '(' .. m[2], false
+    while not done do
+      local es = redis.call('XRANGE', PREFIX .. 'ch:' .. ch, after, '+', 'COUNT', 64)
+      done = #es < 64
+      for _, en in ipairs(es) do
+        if entry_gen(en) ~= m[1] then done = true; break end
+        local ids = en[2][2]
+        for q = 1, #ids - 7, 8 do set[string.sub(ids, q, q + 7)] = true end
+        after = '(' .. en[1]
+      end
+    end
+    unread_after[ch] = set
+  end
+  return not set[sid]
+end
+
 while not stop do
   local e = redis.call('LINDEX', KEYS[7], 0)
   if not e then break end
@@ -295,15 +359,36 @@ while not stop do
     redis.call('LPOP', KEYS[7])
     redis.call('HDEL', K_BCNT, e)
   else
-    local eg, p, last = tonumber(e), 1, #blob - 7
+    local eg, p, stride, head = tonumber(e), 1, 8, ''
+    if #blob % 8 ~= 0 then p, stride, head = 2, 12, 'R' end  -- an element of re-filed records
+    local last = #blob - stride + 1
     while p <= last do
       local sid = string.sub(blob, p, p + 7)
-      p, n = p + 8, n + 1
+      local egen, seen = eg, false
+      if stride == 12 then
+        egen = struct.unpack('>I4', blob, p + 8)
+        if egen >= READ_FLAG then egen, seen = egen - READ_FLAG, true end
+      end
+      p, n = p + stride, n + 1
       local v = redis.call('HGET', K_PEND, sid)
       if v and struct.unpack('>I4', v, P_GEN) == eg then
-        fail_entry(sid, v, 'timeout', now, b_init, b_mult, b_max, false)
         bytes = bytes + #v
-        out[#out + 1] = sid
+        local read = seen or handed_out(sid, struct.unpack('>I2', v, P_FRAME - 1 + F_CHANNEL), egen)
+        if read and (seen or stride == 8) then
+          fail_entry(sid, v, 'timeout', now, b_init, b_mult, b_max, false)
+          out[#out + 1] = sid
+        else
+          bucket_done(eg)
+          if read then egen = egen + READ_FLAG else unread_n = unread_n + 1 end
+          refiled[#refiled + 1] = sid .. struct.pack('>I4', egen)
+          local a1, a2 = struct.unpack('>i4i4', v)  -- the ack value, kept
+          kv[#kv + 1] = sid
+          kv[#kv + 1] = struct.pack('>i4i4', a1, a2) .. curb .. string.sub(v, P_FRAME)
+          if #kv >= 2 * CHUNK then
+            redis.call('HSET', K_PEND, unpack(kv))
+            kv = {}
+          end
+        end
       end
       if n >= max_n or bytes >= max_b or (n % 64 == 0 and clock_ms() - t0 >= budget) then
         stop = true
@@ -311,9 +396,15 @@ while not stop do
       end
     end
     -- the unscanned rest stays first in the bucket, where the next call starts
-    if p <= last then redis.call('LPUSH', bkey, string.sub(blob, p)) end
+    if p <= last then redis.call('LPUSH', bkey, head .. string.sub(blob, p)) end
   end
 end
+if #kv > 0 then redis.call('HSET', K_PEND, unpack(kv)) end
+if #refiled > 0 then
+  redis.call('RPUSH', PREFIX .. 'bkt:' .. cur, 'R' .. table.concat(refiled))
+  redis.call('HINCRBY', K_BCNT, cur, #refiled)
+end
+if unread_n > 0 then redis.call('HINCRBY', K_STATS, 'refiled_unread', unread_n) end
 settle_buckets()
 if #out > 0 then redis.call('HINCRBY', K_STATS, 'failed_timeout', #out) end
 return {table.concat(out), redis.call('LLEN', KEYS[7])}
@@ -412,11 +503,11 @@ return {1, 0, 0}
 READ_CHANNEL = (
     r"""
 -- read_channel: the still-pending records of one channel between two stream positions, bounded.
--- KEYS: channel stream, pend
+-- KEYS: channel stream, pend, rd (read watermarks)
 -- ARGV: start id ('-' = from the beginning), ids of the start entry already read
 --       (0 = all of it: the read begins after it; k > 0: it begins at the entry's (k+1)-th id),
 --       end id (inclusive, '+' = to the end), max stream entries, max record ids to examine,
---       max value bytes to return, time budget ms
+--       max value bytes to return, time budget ms, channel number
 -- Returns: {cursor id ('' if no entry was read), ids of the cursor entry read (0 = all),
 -- value, value, ...} where a value is the record's `pend` value (ack 8 | gen 4 | frame):
 -- the reader skips the 12-byte prefix, which saves a copy per record here. Ids no longer
@@ -425,6 +516,9 @@ READ_CHANNEL = (
 -- reached (after at least one id); passing the cursor back as the start reads on with the
 -- next id, so a range is read whole, in order, each id once, however it is chunked.
 -- Entries are fetched a few at a time (doubling), so large entries are not copied for nothing.
+-- The channel's read watermark (`rd`) moves up to the cursor entry, the last entry this
+-- call finished or entered (never back): the records up to it count as handed to a
+-- task (see EXPIRE).
 """
     + _CLOCK
     + r"""
@@ -433,6 +527,7 @@ local max_e, max_n, max_b, budget = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumb
 local from = start
 if start == '-' then skip = 0 elseif skip == 0 then from = '(' .. start end
 local t0, out, n, bytes, ents, fetch, done = clock_ms(), {'', 0}, 0, 0, 0, 4, false
+local mark_g = nil
 while not done and ents < max_e do
   local entries = redis.call('XRANGE', KEYS[1], from, last_id, 'COUNT', math.min(fetch, max_e - ents))
   if #entries == 0 then break end
@@ -459,10 +554,26 @@ while not done and ents < max_e do
       if n >= max_n or bytes >= max_b or clock_ms() - t0 >= budget then done = true; break end
     end
     out[1] = e[1]
+    mark_g = '2147483648'  -- an entry written without its gen: count everything before it as read
+    local f = e[2]
+    for i = 1, #f - 1, 2 do
+      if f[i] == 'g' then mark_g = f[i + 1] end
+    end
     if pos < total then out[2] = pos else out[2] = 0 end
     if done then break end
   end
   from = '(' .. out[1]
+end
+if mark_g then
+  local mark = redis.call('HGET', KEYS[3], ARGV[8])
+  local newer = not mark
+  if mark then
+    local mm, ms = string.match(mark, ' (%d+)-(%d+)$')
+    local lm, ls = string.match(out[1], '^(%d+)-(%d+)$')
+    mm, ms, lm, ls = tonumber(mm), tonumber(ms), tonumber(lm), tonumber(ls)
+    newer = lm > mm or (lm == mm and ls > ms)
+  end
+  if newer then redis.call('HSET', KEYS[3], ARGV[8], mark_g .. ' ' .. out[1]) end
 end
 return out
 """

@@ -27,7 +27,7 @@ Clock = Callable[[], float]
 
 COUNTERS = (
     "persisted", "acked", "failed_explicit", "failed_timeout", "replayed",
-    "dead_lettered", "requeued", "late_deltas", "duplicate_flushes",
+    "dead_lettered", "requeued", "late_deltas", "duplicate_flushes", "refiled_unread",
 )
 OWNER_TAG = "ftlayer"  # the "by" of an owner record that ftlayer wrote
 _SCRIPT_NAMES = scripts.SCRIPT_NAMES
@@ -207,7 +207,7 @@ class SourceStore:
         out.update(pending=pending, failed_waiting=failed, dead_letters=dead, gen=int(gen or 0))
         return out
 
-    def leftover_keys(self, allowed: Iterable[str] = ("gen", "stats", "meta", "lease", "gtime")) -> list[str]:
+    def leftover_keys(self, allowed: Iterable[str] = ("gen", "stats", "meta", "lease", "gtime", "rd")) -> list[str]:
         """Keys of the source that hold state after a drain, minus documented bookkeeping.
 
         Empty channel streams and unexpired flush tokens are bookkeeping too.

@@ -21,7 +21,8 @@ Contract:
   ``ftlayer_records_acked_total``, ``ftlayer_records_failed_total`` (extra
   label ``kind`` = ``explicit`` | ``timeout``), ``ftlayer_records_replayed_total``,
   ``ftlayer_records_dead_lettered_total``, ``ftlayer_records_requeued_total``,
-  ``ftlayer_late_deltas_total``, ``ftlayer_duplicate_flushes_total``. They come
+  ``ftlayer_late_deltas_total``, ``ftlayer_duplicate_flushes_total``,
+  ``ftlayer_records_refiled_unread_total``. They come
   from the source's ``stats`` hash and restart from 0 only if its keys are
   deleted. Gauges: ``ftlayer_pending_records``,
   ``ftlayer_failed_waiting_records``, ``ftlayer_dead_letters``,
@@ -70,6 +71,8 @@ COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("ftlayer_records_requeued", "requeued", "Dead letters put back into their channel (ftlayer dlq requeue)."),
     ("ftlayer_late_deltas", "late_deltas", "XOR deltas ignored because their record had completed or failed."),
     ("ftlayer_duplicate_flushes", "duplicate_flushes", "Flushes skipped because their token was already applied."),
+    ("ftlayer_records_refiled_unread", "refiled_unread",
+     "Timeouts of records no task had read yet (a stall): re-filed, not failed, no replay spent."),
 )
 FAILED_COUNTER = "ftlayer_records_failed"
 LATENCY_METRIC = "ftlayer_complete_latency_seconds"

@@ -51,3 +51,12 @@ def commit_all(layer: FTLayer) -> None:
     """What a committed micro-batch does: trim every channel stream to its tail."""
     for ch in range(layer.num_channels):
         layer.persistence.trim(ch, layer.persistence.channel_tail(ch))
+
+
+def hand_out(layer: FTLayer) -> int:
+    """What a Spark task's read does: read every channel whole (in bounded calls), which marks the
+    records as handed out (only those time out and spend a replay; see ``EXPIRE``). Returns the
+    records read."""
+    return sum(
+        len(batch.values) for ch in range(layer.num_channels) for batch in layer.persistence.iter_channel(ch)
+    )

@@ -23,7 +23,7 @@ from ftlayer.errors import FTLayerError
 from ftlayer.layer import FTLayer
 from ftlayer.service import FTService
 from serialization.serializers import make_record
-from tests.ftlayer.conftest import FakeClock
+from tests.ftlayer.conftest import FakeClock, hand_out
 
 
 def pack(sids: list[int]) -> list[bytes]:
@@ -95,6 +95,7 @@ def test_a_failed_scan_never_causes_a_second_rotation_in_the_interval(
     assert run_once(service)
     recs = [make_record(layer, i) for i in range(50)]
     layer.persist(recs)
+    hand_out(layer)  # only records a task has read time out (unread ones are re-filed)
     clock.advance(10.0)
     assert run_once(service) and gen(layer) == 1  # rotation 1: nothing expires yet
     clock.advance(10.0)
@@ -137,10 +138,12 @@ def test_missed_rotations_are_caught_up_in_order(
     assert run_once(service)
     first = [make_record(layer, i) for i in range(20)]
     layer.persist(first)  # gen 0
+    hand_out(layer)
     clock.advance(5.0)
     assert run_once(service) and gen(layer) == 1
     second = [make_record(layer, i) for i in range(20)]
     layer.persist(second)  # gen 1
+    hand_out(layer)
     # Redis unreachable for the rotator for 3 intervals: every ROTATE call is lost
     client.arm("ROTATE", "before", times=12)
     for _ in range(12):
@@ -196,6 +199,7 @@ def test_timeout_bound_holds_under_scan_and_rotate_faults(
         if i < len(steps):  # file one record per tick, then let everything expire
             rec = make_record(layer, clock.now)
             layer.persist([rec])
+            hand_out(layer)  # read at once, as a running query does
             sid = rec.record_id.source_record_id
             filed[sid] = (clock.now, gen(layer))
             if gen(layer) == int((clock.now - t0) // interval):

@@ -42,6 +42,7 @@ from runtime.cli.main import main
 from runtime.driver.listener import FTProgressListener
 from runtime.driver.metrics import MetricsExporter
 from serialization.serializers import make_record
+from tests.ftlayer.conftest import hand_out
 
 SECRET = "s3cret-ACL-7731"
 ADMIN = "admin-PW-5512"
@@ -77,6 +78,7 @@ def _record_life(cfg: FTConfig, source: str) -> FTLayer:
     layer = FTLayer(cfg.replace(max_replays=1), "topo", source, num_channels=2).open()
     recs = [make_record(layer, {"n": i}, key=f"k{i}") for i in range(6)]
     assert layer.persist(recs) == 6
+    assert hand_out(layer) == 6  # a task's read: only records handed out time out
     assert len(layer.ack({r.record_id.source_record_id: r.record_id.current_record_id for r in recs[:2]}).acked) == 2
     assert layer.fail([recs[2].record_id.source_record_id], "boom") == 1
     for _ in range(cfg.num_buckets):
