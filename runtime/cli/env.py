@@ -66,6 +66,9 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
     EnvOption("chaos", "--workdir", "FTLAYER_CHAOS_WORKDIR", "str", None,
               "directory for the sink output, fault marks and checkpoint; default a new temporary directory",
               metavar="DIR"),
+    EnvOption("chaos", "--master", "FTLAYER_CHAOS_MASTER", "str", "local[2,4]",
+              "the Spark master of the scenario's session; 'local-cluster[2,1,1024]' runs two executor "
+              "JVMs (needed by kill-executor)", metavar="MASTER"),
     EnvOption("chaos", "--strict", "FTLAYER_CHAOS_STRICT", "flag", None,
               "also fail on replays no injected fault explains"),
     EnvOption("chaos", "--keep", "FTLAYER_CHAOS_KEEP", "flag", None,
