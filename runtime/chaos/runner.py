@@ -28,6 +28,7 @@ from typing import Any
 
 from ftlayer.config import FTConfig
 from ftlayer.connection import resolved
+from runtime.chaos import executors as chaos_executors
 from runtime.chaos import procs as chaos_procs
 from runtime.chaos import scenarios as chaos_scenarios
 from runtime.chaos import webhook as chaos_webhook
@@ -51,6 +52,8 @@ class Scenario:
 SCENARIOS: dict[str, Scenario] = {
     "fail-rate": Scenario(chaos_scenarios.fail_rate, 3000, "FailRecord in a user function at a rate"),
     "kill-worker": Scenario(chaos_scenarios.kill_worker, 2000, "a Python worker killed mid-partition"),
+    "kill-executor": Scenario(chaos_executors.kill_executor, 2000, "an executor JVM SIGKILLed mid-run "
+                                                                   "(needs --master 'local-cluster[2,1,1024]')"),
     "batch-fails": Scenario(chaos_scenarios.batch_fails, 3000, "a whole micro-batch fails; the query restarts"),
     "kill-driver": Scenario(chaos_procs.kill_driver, 1500, "the driver SIGKILLed and restarted",
                             needs_spark=False),

@@ -29,7 +29,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "chaos", parents=[connection_options(namespace_help=namespace_help)],
         help="run a fault-injection scenario on local Spark and report what was lost, leaked, replayed",
-        description="Run a chaos scenario on a local SparkSession (local[2,4]) and print the checker's "
+        description="Run a chaos scenario on a local SparkSession (local[2,4], or --master) and print the checker's "
                     "report. Exit status 0 if nothing was lost or leaked and the scenario's expectations "
                     "held, 1 otherwise. Scenarios: " + "; ".join(f"{k}: {v.summary}" for k, v in SCENARIOS.items()),
     )
@@ -47,9 +47,9 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
     records = int(args.records) if args.records else None
     spark = None
     if SCENARIOS[name].needs_spark:
-        from runtime.spark.session import local_session
+        from runtime.spark.session import local_session, stop_session
 
-        spark = local_session(f"ftlayer-chaos-{name}")
+        spark = local_session(f"ftlayer-chaos-{name}", master=args.master)
     runs: list[dict[str, Any]] = [{}]
     if name == "kill-redis":
         modes = DURABILITY_MODES if args.durability == "all" else (args.durability,)
@@ -66,7 +66,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
                         generated=generated)
     finally:
         if spark is not None:
-            spark.stop()  # before exit, so the JVM does not outlive us and report to a closed gateway
+            stop_session(spark)  # before exit, so the JVM does not outlive us and report to a closed gateway
 
 
 def _run_cli(args: argparse.Namespace, *, name: str, config: FTConfig, records: int | None, spark: Any,

@@ -58,6 +58,25 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
     EnvOption("redis", "--data-dir", "FTLAYER_EMBEDDED_DATA_DIR", "str", None,
               "data directory (the AOF lives here; kept after the server stops); default a temporary "
               "directory, removed when the server stops", metavar="DIR"),
+    EnvOption("ingest", "--key", "FTLAYER_INGEST_KEY", "str", None,
+              "field of each JSON record that is its key (routing and replays by key, like key= in the "
+              "API); default none: round-robin", metavar="FIELD"),
+    EnvOption("ingest", "--format", "FTLAYER_INGEST_FORMAT", "str", "json",
+              "json: each line is a JSON value; text: each line is a string record", choices=("json", "text")),
+    EnvOption("ingest", "--worker", "FTLAYER_INGEST_WORKER", "str", "0/1",
+              "I/N: this process takes the lines whose number modulo N is I, so N processes share "
+              "the files without overlap", metavar="I/N"),
+    EnvOption("ingest", "--webhook", "FTLAYER_INGEST_WEBHOOK", "str", None,
+              "[HOST:]PORT: receive records over HTTP (POST one JSON record, or POST <path>batch a JSON "
+              "array); answered 200 once persisted; runs until SIGINT/SIGTERM", metavar="[HOST:]PORT"),
+    EnvOption("ingest", "--num-channels", "FTLAYER_INGEST_NUM_CHANNELS", "int", None,
+              "channels of the source; must match the reader's; default num_channels of the config",
+              metavar="N", lo=1),
+    EnvOption("ingest", "--offsets-dir", "FTLAYER_INGEST_OFFSETS_DIR", "str", None,
+              "where the byte offset of each file already persisted is kept, so a restarted ingest "
+              "resumes; default <state_dir>/<topology>/ingest/<source>", metavar="DIR"),
+    EnvOption("ingest", "--from-start", "FTLAYER_INGEST_FROM_START", "flag", None,
+              "ignore saved offsets and read every file from its start"),
     EnvOption("chaos", "--records", "FTLAYER_CHAOS_RECORDS", "int", None,
               "records to emit; default the scenario's CI size (soak: 1000000)", metavar="N", lo=1),
     EnvOption("chaos", "--durability", "FTLAYER_CHAOS_DURABILITY", "str", "all",
@@ -66,6 +85,9 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
     EnvOption("chaos", "--workdir", "FTLAYER_CHAOS_WORKDIR", "str", None,
               "directory for the sink output, fault marks and checkpoint; default a new temporary directory",
               metavar="DIR"),
+    EnvOption("chaos", "--master", "FTLAYER_CHAOS_MASTER", "str", "local[2,4]",
+              "the Spark master of the scenario's session; 'local-cluster[2,1,1024]' runs two executor "
+              "JVMs (needed by kill-executor)", metavar="MASTER"),
     EnvOption("chaos", "--strict", "FTLAYER_CHAOS_STRICT", "flag", None,
               "also fail on replays no injected fault explains"),
     EnvOption("chaos", "--keep", "FTLAYER_CHAOS_KEEP", "flag", None,

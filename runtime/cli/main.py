@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from ftlayer import __version__
 from ftlayer.errors import FTLayerError
 from runtime.cli import bench as bench_cli
-from runtime.cli import chaos, dlq, status
+from runtime.cli import chaos, dlq, ingest, status
 from runtime.cli import config as config_cli
 from runtime.cli.env import add_env_options, env_help_epilog, resolve_env_defaults, unknown_env_warnings
 
@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_parser(sub)
     dlq.add_parser(sub)
     config_cli.add_parser(sub)
+    ingest.add_parser(sub)
     chaos.add_parser(sub)
     bench_cli.add_parser(sub)
     _set_leaf_parsers(parser)
@@ -87,6 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ftlayer: warning: {warning}", file=sys.stderr)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    more = getattr(args, "trailing_positionals", None)  # e.g. ingest's FILEs given after its options
+    if extra and more and all(e == "-" or not e.startswith("-") for e in extra):
+        getattr(args, more).extend(extra)
+        extra = []
     if extra:
         args.cli_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:

@@ -1,0 +1,200 @@
+"""``ftlayer ingest``: persist records into a source from a process of its own, beside any query.
+
+::
+
+    ftlayer ingest clicks events events.jsonl --key user          # files (or - for stdin), then exit
+    ftlayer ingest clicks events --webhook 8080 --key user        # HTTP until SIGINT / SIGTERM
+    ftlayer ingest clicks events big.jsonl --worker 0/2 &         # two processes share one file
+    ftlayer ingest clicks events big.jsonl --worker 1/2 &
+
+Records are persisted before any query can see them (the ingest contract of
+:mod:`runtime.driver.ingest`); the query that reads them (``ftlayer.read_stream`` or a
+Topology with the same topology and source names, namespace and ``num_channels``) may run
+before, during or after. Any number of ingest processes may write one source at once: every
+record gets its own random RecordId and every persist is one atomic script, so processes never
+collide; ``--worker I/N`` splits the lines of shared files so that none is taken twice.
+
+Files resume: the byte offset past the last persisted line of each file is saved after each
+batch (:mod:`runtime.driver.file_source`), so a killed or stopped process started again with
+the same arguments reads on from there: nothing is lost, and at most one batch is persisted
+twice. Standard input and the webhook do not resume: their loss window is the ingest
+contract's (the webhook's client retries anything not answered 200).
+
+It needs a Redis that the query's driver and executors also reach (``--redis-url``): an
+embedded server would live and die with this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from ftlayer.config import FTConfig, mask_url
+from ftlayer.keys import check_name
+from ftlayer.layer import FTLayer
+from ftlayer.state import state_root
+from runtime.cli.common import CLIError, connection_options, load_config
+from runtime.cli.env import add_env_options
+from runtime.driver.file_source import LinesSource
+from runtime.driver.ingest import Ingestor
+
+PROGRESS_EVERY_S = 5.0
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``ftlayer ingest`` to the CLI's subparsers."""
+    p = sub.add_parser(
+        "ingest", parents=[connection_options()],
+        help="persist records (JSON lines, text lines, or a webhook) into a source, beside any query",
+        description="Persist records into source SOURCE of topology TOPOLOGY, from files (- for stdin) "
+                    "or an HTTP webhook, in a process of its own. A query reading the source may run "
+                    "before, during or after. Files resume from their saved offsets when started again. "
+                    "Exit status 0 once every record read was persisted (or dead-lettered, if it could "
+                    "not be), 1 if ingest stopped on an error.",
+    )
+    p.add_argument("topology", help="topology name (the first name given to ftlayer.read_stream / Topology)")
+    p.add_argument("source", help="source name")
+    p.add_argument("files", nargs="*", metavar="FILE", help="files to read, one record per line; - is stdin")
+    add_env_options(p, "ingest")
+    p.set_defaults(func=_cmd_ingest, trailing_positionals="files")
+
+
+def parse_worker(text: str) -> tuple[int, int]:
+    """``I/N`` as ``(I, N)`` with ``0 <= I < N``; CLIError otherwise."""
+    i, sep, n = text.partition("/")
+    try:
+        worker = (int(i), int(n))
+    except ValueError:
+        worker = (-1, 0)
+    if not sep or worker[1] < 1 or not 0 <= worker[0] < worker[1]:
+        msg = f"--worker {text!r}: expected I/N with 0 <= I < N, e.g. 0/2"
+        raise CLIError(msg)
+    return worker
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``[HOST:]PORT`` as ``(host, port)``; the host defaults to 127.0.0.1."""
+    host, sep, port = text.rpartition(":")
+    try:
+        number = int(port)
+    except ValueError:
+        number = -1
+    if not 0 <= number <= 65535:
+        msg = f"--webhook {text!r}: expected [HOST:]PORT with a port in 0..65535"
+        raise CLIError(msg)
+    return (host if sep and host else "127.0.0.1"), number
+
+
+def _key_selector(field: str | None) -> Any:
+    if field is None:
+        return None
+
+    def key(value: Any) -> Any:
+        return value[field]  # a missing field or a non-object record is rejected into the dead letters
+
+    return key
+
+
+def _offsets_dir(args: argparse.Namespace, config: FTConfig) -> Path | None:
+    if args.offsets_dir:
+        return Path(args.offsets_dir)
+    if config.state_temporary:
+        return None
+    root: Path = state_root(config, args.topology)
+    return root / "ingest" / str(args.source)
+
+
+def _cmd_ingest(args: argparse.Namespace) -> int:
+    config = load_config(args)
+    if not config.redis_url:
+        msg = ("ftlayer ingest needs the Redis that the query also uses: pass --redis-url or set "
+               "FTLAYER_REDIS_URL (start one with `ftlayer redis --data-dir DIR` if you have none)")
+        raise CLIError(msg)
+    check_name("topology", args.topology)
+    check_name("source", args.source)
+    if bool(args.files) == bool(args.webhook):
+        msg = "give FILE arguments (- for stdin) or --webhook [HOST:]PORT, not both and not neither"
+        raise CLIError(msg)
+    worker = parse_worker(args.worker)
+    channels = args.num_channels or config.num_channels
+    layer = FTLayer(config, args.topology, args.source, num_channels=channels).open()
+    key = _key_selector(args.key)
+    if args.webhook:
+        return _run_webhook(args, layer, key)
+    offsets = _offsets_dir(args, config)
+    if offsets is not None and args.from_start:
+        for path in args.files:  # forget this worker's saved offsets of these files
+            from runtime.driver.file_source import offset_file
+
+            offset_file(offsets, path, worker).unlink(missing_ok=True)
+    source = LinesSource(args.files, fmt=args.format, worker=worker, offsets_dir=offsets)
+    print(f"ftlayer ingest: {args.topology}/{args.source} on {mask_url(config.redis_url)} namespace "
+          f"{config.namespace!r}, {channels} channels, worker {worker[0]}/{worker[1]}", flush=True)
+    ingestor = Ingestor(layer, source, key=key)
+    return _run(ingestor, source_label="files", resumed=source.skipped_offsets)
+
+
+def _run_webhook(args: argparse.Namespace, layer: FTLayer, key: Any) -> int:
+    from runtime.driver.webhook import WebhookSource
+
+    host, port = parse_listen(args.webhook)
+    try:
+        hooks = WebhookSource(host, port)
+    except OSError as exc:
+        msg = f"--webhook {args.webhook}: cannot listen on {host}:{port}: {exc}"
+        raise CLIError(msg) from exc
+    print(f"ftlayer ingest: {layer.keys.prefix} listening on {hooks.url} (POST one JSON record, or "
+          f"POST {hooks.url}batch a JSON array); Ctrl-C or SIGTERM ends it", flush=True)
+    ending = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        ending.set()
+        hooks.end()  # take no more; the source ends once what it took is persisted
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    try:
+        return _run(Ingestor(layer, hooks, key=key), source_label="webhook", resumed={})
+    finally:
+        hooks.close()
+
+
+def _run(ingestor: Ingestor, *, source_label: str, resumed: dict[str, int]) -> int:
+    """Run ``ingestor`` to its end with a progress line every few seconds; the exit status."""
+    started = time.monotonic()
+    ingestor.start()
+    try:
+        next_line = started + PROGRESS_EVERY_S
+        while not ingestor.done:
+            time.sleep(0.1)
+            if time.monotonic() >= next_line:
+                next_line += PROGRESS_EVERY_S
+                _progress(ingestor, started)
+    except KeyboardInterrupt:  # files: stop reading; what was read is persisted and its offset saved
+        print("ftlayer ingest: interrupted; persisting what was read", file=sys.stderr, flush=True)
+        ingestor.stop(30.0)
+    for path, skipped in resumed.items():
+        print(f"  resumed {path} at byte {skipped}")
+    _progress(ingestor, started, final=True)
+    if ingestor.error is not None:
+        msg = f"ingest stopped: {type(ingestor.error).__name__}: {ingestor.error}"
+        raise CLIError(msg)
+    if ingestor.abandoned:
+        print(f"ftlayer ingest: {ingestor.abandoned} records read from {source_label} were not persisted "
+              "(stopped while Redis was unreachable)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _progress(ingestor: Ingestor, started: float, *, final: bool = False) -> None:
+    elapsed = max(time.monotonic() - started, 1e-9)
+    state = "done" if final else (f"paused: {ingestor.paused}" if ingestor.paused else "running")
+    print(f"ftlayer ingest: {state}: persisted {ingestor.ingested}, dead-lettered {ingestor.rejected} "
+          f"in {elapsed:.1f} s ({ingestor.ingested / elapsed:,.0f} records/s)", flush=True)
+
