@@ -73,6 +73,9 @@ class FTUdf:
                 return None
 
         self.fn = fn
+        # Spark infers a UDF's kind from its type hints when useArrow is not given; this wrapper's
+        # hints are not for Spark (it warned "Cannot infer the eval type"): it is a plain row UDF.
+        guarded.__annotations__ = {}
         self._udf = F.udf(guarded, return_type)
 
     def __call__(self, *cols: Column | str) -> Column:
