@@ -7,9 +7,11 @@ Five names do the work (all also importable from ``ftlayer``)::
     parse = ftlayer.udf(fn, "string")                      # a raising row fails its record only
     out = ftlayer.map_in_pandas(df, fn, schema)            # same, for a pandas batch function
     df.writeStream.foreachBatch(ftlayer.acking(write))     # ack the batch's records after write
+    df.writeStream.format(ftlayer.acking_sink(spark, fn))  # or a per-task writer; ack at its commit
 
 Modules: ``sources`` (driver handles: ingest, FT service, reading), ``acking``
-(the acking point), ``rowfn`` (row functions). The typed Spark data source
+(the foreachBatch acking point), ``writer`` (the per-task acking stream writer), ``rowfn`` (row
+functions). The typed Spark data source
 itself is ``runtime.spark.typed_source``; the batch ack bookkeeping is
 ``ftlayer.batch_acks``. docs/guarantees.md states what is per record and what
 is per batch on this path.
@@ -20,10 +22,12 @@ from __future__ import annotations
 from runtime.dataframe.acking import acking, settle_batch
 from runtime.dataframe.rowfn import map_in_pandas, udf
 from runtime.dataframe.sources import SourceHandle, ingest, read_stream, source, stop_all, with_metadata
+from runtime.dataframe.writer import acking_sink
 
 __all__ = [
     "SourceHandle",
     "acking",
+    "acking_sink",
     "ingest",
     "map_in_pandas",
     "read_stream",

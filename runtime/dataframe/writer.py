@@ -1,0 +1,223 @@
+"""A per-task acking writer on PySpark's Python stream writer API: ``writeStream.format(ftlayer.acking_sink(...))``.
+
+::
+
+    def write_rows(rows):                     # runs in each write task, on the executors
+        with open_connection() as db:         # any destination: files, a database, an HTTP API
+            db.insert_many(r.asDict() for r in rows)
+
+    fmt = ftlayer.acking_sink(spark, write_rows)          # or arrow=True: fn gets pyarrow RecordBatches
+    query = df.writeStream.format(fmt).option("checkpointLocation", ck).start()
+
+:func:`acking_sink` registers a :class:`pyspark.sql.datasource.DataSource` whose stream writer
+(:class:`~pyspark.sql.datasource.DataSourceStreamWriter`, or the Arrow variant) calls ``fn`` once
+per write task with that task's rows, and acks in its ``commit``, which Spark calls on the
+driver side once every write task of the micro-batch succeeded. The rules:
+
+- **Acked only after every row is written.** A record's rows may sit in several write tasks
+  (explode, a shuffle): its record is acked at the batch's commit, after all of them returned.
+  Records whose rows were all filtered out, or folded into aggregation state, are acked then too
+  (the records the batch's read tasks emitted and that are still pending; see
+  :mod:`ftlayer.batch_acks`), so they never time out.
+- **A failed write fails only its task's records.** ``fn`` raising does not fail the Spark task:
+  the writer drains the task's remaining rows to learn their source records (the ``_ftlayer``
+  column), and ``commit`` fails exactly those (replayed under new ids with backoff, then
+  dead-lettered after ``max_replays``) before acking the rest of the batch. Records with rows in
+  a failed task and in a successful one are failed too: not all their rows were written. If the
+  DataFrame has no ``_ftlayer`` column, rows cannot be traced to records, and a failed write
+  fails every still-pending record of the batch.
+- **A task that dies** (its Python worker or executor killed) is retried by Spark; only its last
+  attempt's message reaches ``commit``. If Spark gives up, ``abort`` fails every still-pending
+  record of the batch and the query stops with Spark's error (restart it on its checkpoint).
+- **Rows of a record a row function failed** (``ftlayer.udf``) still reach ``fn`` (with null in
+  that column); the record was failed already and is replayed, not acked.
+
+Effects are at-least-once: a replayed record's rows are written again, and a batch that Spark
+re-runs after a driver restart calls ``fn`` again. Settling needs Redis; if it is unreachable at
+commit, the error is logged and the batch's records time out and replay instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamWriter,
+    WriterCommitMessage,
+)
+
+from ftlayer.config import FTConfig
+from ftlayer.errors import ConfigError, FTLayerError
+from runtime.dataframe.acking import settle_batch
+from runtime.dataframe.rowfn import MAX_REASON_CHARS
+from runtime.dataframe.sources import last_config
+from runtime.spark.payload_columns import METADATA_COLUMN
+from runtime.spark.typed_source import QUERY_ID_PROPERTY
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
+
+__all__ = ["TaskResult", "acking_sink"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TaskResult(WriterCommitMessage):
+    """What one write task tells ``commit``: its query, and if ``fn`` raised, why and which records."""
+
+    query_id: str
+    rows: int = 0
+    error: str = ""
+    failed: dict[str, list[int]] = field(default_factory=dict)  # "topology/source" -> source record ids
+    traced: bool = True  # False: no _ftlayer column, so a failure fails the whole batch
+
+
+class _Tracer:
+    """Counts the rows ``fn`` takes and remembers the source records they came from."""
+
+    def __init__(self, meta_index: int | None, arrow: bool) -> None:
+        self.meta_index = meta_index
+        self.arrow = arrow
+        self.rows = 0
+        self.records: dict[str, set[int]] = {}
+
+    def note(self, item: Any) -> None:
+        if self.arrow:
+            self.rows += item.num_rows
+            if self.meta_index is not None:
+                meta = item.column(self.meta_index)
+                for sid, source in zip(meta.field("sid").to_pylist(), meta.field("source").to_pylist(), strict=True):
+                    self.records.setdefault(source, set()).add(int(sid))
+            return
+        self.rows += 1
+        if self.meta_index is not None:
+            meta = item[self.meta_index]
+            self.records.setdefault(meta["source"], set()).add(int(meta["sid"]))
+
+    def traced(self, items: Iterator[Any]) -> Iterator[Any]:
+        for item in items:
+            self.note(item)
+            yield item
+
+
+def _query_id() -> str:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return (ctx.getLocalProperty(QUERY_ID_PROPERTY) or "") if ctx is not None else ""
+
+
+class _Writer:
+    """The write/commit/abort of both writer variants (mixed into the PySpark base classes)."""
+
+    fn: Callable[[Iterator[Any]], Any]
+    config: FTConfig
+    arrow: bool
+
+    def __init__(self, schema: StructType, fn: Callable[[Iterator[Any]], Any], config: FTConfig, arrow: bool) -> None:
+        names = schema.fieldNames()
+        self.meta_index = names.index(METADATA_COLUMN) if METADATA_COLUMN in names else None
+        self.fn, self.config, self.arrow = fn, config, arrow
+
+    def write(self, iterator: Iterator[Any]) -> TaskResult:
+        tracer = _Tracer(self.meta_index, self.arrow)
+        rows = tracer.traced(iterator)
+        try:
+            self.fn(rows)
+        except Exception as exc:  # one task's failed write fails its records, not the task
+            for _ in rows:  # learn every record this task held
+                pass
+            reason = f"write failed: {type(exc).__name__}: {exc}"[:MAX_REASON_CHARS]
+            log.warning("ftlayer sink: a write task failed (%s); its records will be replayed", reason)
+            failed = {src: sorted(ids) for src, ids in tracer.records.items()}
+            return TaskResult(_query_id(), tracer.rows, reason, failed, traced=self.meta_index is not None)
+        for _ in rows:  # fn need not consume every row: the rest counts as written
+            pass
+        return TaskResult(_query_id(), tracer.rows)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        results = [m for m in messages if isinstance(m, TaskResult)]
+        query_id = next((r.query_id for r in results if r.query_id), "")
+        if not query_id:
+            log.error("ftlayer sink: batch %d carries no streaming query id; its records time out and replay",
+                      batchId)
+            return
+        try:
+            whole = next((r.error for r in results if r.error and not r.traced), "")
+            if whole:
+                settle_batch(self.config, query_id, batchId, "fail", whole)
+                return
+            _fail_traced(self.config, results)
+            settle_batch(self.config, query_id, batchId, "ack")
+        except FTLayerError:
+            log.exception("ftlayer sink: could not settle batch %d of query %s; its records will time out "
+                          "and replay", batchId, query_id)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        results = [m for m in messages if isinstance(m, TaskResult)]
+        query_id = next((r.query_id for r in results if r.query_id), "")
+        if not query_id:
+            return  # nothing to go by: the records time out and replay
+        try:
+            settle_batch(self.config, query_id, batchId, "fail", f"batch {batchId} write aborted by Spark")
+        except FTLayerError:
+            log.exception("ftlayer sink: could not fail batch %d of query %s", batchId, query_id)
+
+
+def _fail_traced(config: FTConfig, results: list[TaskResult]) -> None:
+    from ftlayer.layer import FTLayer
+
+    for r in results:
+        for source, sids in r.failed.items():
+            topology, _, name = source.partition("/")
+            FTLayer(config, topology, name).fail(sids, r.error)
+
+
+class _RowWriter(_Writer, DataSourceStreamWriter):
+    pass
+
+
+class _ArrowWriter(_Writer, DataSourceStreamArrowWriter):
+    pass
+
+
+def acking_sink(spark: SparkSession, fn: Callable[[Iterator[Any]], Any], *, name: str | None = None,
+                arrow: bool = False, config: FTConfig | None = None) -> str:
+    """Register a per-task acking stream sink that writes with ``fn``; returns its format name.
+
+    ``fn(rows)`` is called once per write task with an iterator of :class:`pyspark.sql.Row`
+    (``arrow=True``: of ``pyarrow.RecordBatch``); it must be picklable (closures are fine). The
+    format name is ``name`` or ``ftlayer-sink-<fn's name>``. Call it on the thread that starts
+    the query: it also makes ``spark`` the JVM's active session there, where Spark looks the
+    format up. See the module notes for when records are acked. ``config`` defaults to the
+    last ftlayer source opened in this process.
+    """
+    cfg = config if config is not None else last_config()
+    fmt = name or f"ftlayer-sink-{getattr(fn, '__name__', 'fn')}"
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", fmt):
+        msg = f"acking_sink(name={fmt!r}): use letters, digits, '_', '.' and '-'"
+        raise ConfigError(msg)
+    writer_cls = _ArrowWriter if arrow else _RowWriter
+
+    class _Sink(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return fmt
+
+        def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+            return writer_cls(schema, fn, cfg, arrow)
+
+    spark.dataSource.register(_Sink)
+    # Spark looks a streaming sink's format up in the JVM thread's *active* session, which a py4j
+    # thread may not have (DATA_SOURCE_NOT_FOUND although registered): make it this session.
+    jvm: Any = spark._jvm
+    jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+    return fmt
