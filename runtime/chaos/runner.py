@@ -13,7 +13,8 @@ expectations. docs/fault-injection.md lists the scenarios and what each asserts.
 Contract of :func:`run_scenario`: ``config`` gives the Redis server and namespace (its
 timeouts are replaced by the scenario's); use a fresh namespace per run. ``records``
 defaults to the scenario's CI size. Extra keyword ``params`` go to the scenario (e.g.
-``rate=0.1`` for fail-rate, ``durability="waitaof"`` for kill-redis). It raises
+``rate=0.1`` for fail-rate, ``durability="waitaof"`` for kill-redis); ``pipeline="dataframe"``
+runs a scenario's DataFrame variant (:mod:`runtime.chaos.dataframe`). It raises
 :class:`~runtime.chaos.base.ChaosError` for an unknown scenario or parameter, or a query that
 keeps dying; otherwise it returns the report, whatever it found.
 """
@@ -89,11 +90,24 @@ def run_scenario(
         raise ChaosError(msg)
     accepted = inspect.signature(scenario.run).parameters
     has_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
-    unknown = sorted(set(params) - set(accepted) - {"strict"}) if not has_kwargs else []
+    unknown = sorted(set(params) - set(accepted) - {"strict", "pipeline"}) if not has_kwargs else []
     if unknown:
         msg = f"chaos scenario {name!r} takes no parameter {unknown[0]!r}"
         raise ChaosError(msg)
     strict = bool(params.pop("strict", False))
+    pipeline = str(params.pop("pipeline", "topology"))
+    if pipeline == "dataframe":
+        from runtime.chaos import dataframe as chaos_dataframe
+
+        df_run = chaos_dataframe.SCENARIOS.get(name)
+        if df_run is None:
+            msg = (f"chaos scenario {name!r} has no DataFrame variant; --pipeline dataframe runs "
+                   f"{', '.join(sorted(chaos_dataframe.SCENARIOS))}")
+            raise ChaosError(msg)
+        scenario = Scenario(df_run, scenario.records, scenario.summary)
+    elif pipeline != "topology":
+        msg = f"chaos pipeline {pipeline!r}: expected 'topology' or 'dataframe'"
+        raise ChaosError(msg)
     cfg = config if name in OWN_SERVER else resolved(config)
     path = Path(workdir) if workdir is not None else new_workdir(name)
     path.mkdir(parents=True, exist_ok=True)

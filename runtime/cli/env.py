@@ -88,6 +88,10 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
     EnvOption("chaos", "--master", "FTLAYER_CHAOS_MASTER", "str", "local[2,4]",
               "the Spark master of the scenario's session; 'local-cluster[2,1,1024]' runs two executor "
               "JVMs (needed by kill-executor)", metavar="MASTER"),
+    EnvOption("chaos", "--pipeline", "FTLAYER_CHAOS_PIPELINE", "str", "topology",
+              "the pipeline under the faults: the Topology API, or a DataFrame pipeline (read_stream, "
+              "ftlayer.udf, foreachBatch(acking)); dataframe runs fail-rate, kill-worker, poison and "
+              "batch-fails", choices=("topology", "dataframe")),
     EnvOption("chaos", "--strict", "FTLAYER_CHAOS_STRICT", "flag", None,
               "also fail on replays no injected fault explains"),
     EnvOption("chaos", "--keep", "FTLAYER_CHAOS_KEEP", "flag", None,
