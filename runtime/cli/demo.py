@@ -182,12 +182,19 @@ def report(query: FTQuery, sink: JsonLinesSink, records_in: int, marks: Path) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ftlayer demo", description="Run the demo pipeline with faults.")
+    parser.add_argument("pipeline", nargs="?", choices=("topology", "dataframe"), default="topology",
+                        help="topology (default): the Topology API pipeline; dataframe: the same clicks as a "
+                             "DataFrame pipeline (SQL parsing, a windowed count per user, a Parquet sink)")
     parser.add_argument("--records", type=int, default=20_000, help="click events to generate")
     parser.add_argument("--fail-every", type=int, default=50,
                         help="every Nth record raises FailRecord once (0: none)")
     parser.add_argument("--timeout-s", type=float, default=20.0,
                         help="FT timeout for the demo [env FTLAYER_TIMEOUT_S]")
     args = parser.parse_args(argv)
+    if args.pipeline == "dataframe":
+        from runtime.cli.demo_dataframe import run as run_dataframe
+
+        return run_dataframe(args.records, args.fail_every, args.timeout_s)
     return run(args.records, args.fail_every, args.timeout_s)
 
 

@@ -39,7 +39,7 @@ from ftlayer.config import FTConfig
 from ftlayer.connection import client_for
 from ftlayer.errors import ConfigError, FTLayerError
 from ftlayer.layer import FTLayer
-from runtime.dataframe.sources import last_config
+from runtime.dataframe.sources import config_or_last
 from runtime.spark.typed_source import QUERY_ID_PROPERTY
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ def acking(fn: BatchFn, *, config: FTConfig | None = None,
         raise ConfigError(msg)
 
     def run(df: DataFrame, batch_id: int) -> None:
-        cfg = config if config is not None else last_config()
+        cfg = config_or_last(config)
         query_id = df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
         if not query_id:
             msg = "ftlayer.acking must wrap a writeStream.foreachBatch function (no streaming query id)"

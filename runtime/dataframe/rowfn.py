@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError
 from ftlayer.layer import FTLayer
-from runtime.dataframe.sources import last_config, parse_schema
+from runtime.dataframe.sources import config_or_last, parse_schema
 from runtime.spark.payload_columns import METADATA_COLUMN
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ class FTUdf:
     def __init__(self, fn: Callable[..., Any], return_type: DataType | str, config: FTConfig | None) -> None:
         from pyspark.sql import functions as F
 
-        cfg = config if config is not None else last_config()
+        cfg = config_or_last(config)
         where = f"udf {getattr(fn, '__name__', 'fn')}"
 
         def guarded(sid: int, source: str, *args: Any) -> Any:
@@ -100,7 +100,7 @@ def map_in_pandas(df: DataFrame, fn: Callable[[pd.DataFrame], pd.DataFrame], sch
     """
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
-    cfg = config if config is not None else last_config()
+    cfg = config_or_last(config)
     st = parse_schema(schema)
     arrow_schema = to_arrow_schema(st)
     where = f"map_in_pandas {getattr(fn, '__name__', 'fn')}"

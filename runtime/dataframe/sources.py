@@ -39,7 +39,9 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["SourceHandle", "ingest", "last_config", "read_stream", "source", "stop_all", "with_metadata"]
+__all__ = [
+    "SourceHandle", "config_or_last", "ingest", "last_config", "read_stream", "source", "stop_all", "with_metadata",
+]
 
 _lock = threading.Lock()
 _handles: dict[tuple[str, str, str], SourceHandle] = {}
@@ -152,6 +154,13 @@ def ingest(topology: str, source_name: str, records: Any, *, config: FTConfig | 
     """Persist ``records`` into a source from a driver thread, independent of any query."""
     handle = source(topology, source_name, config=config, num_channels=num_channels)
     return handle.ingest(records, key=key, partitioning=partitioning)
+
+
+def config_or_last(config: FTConfig | None) -> FTConfig:
+    """``config`` with its Redis URL resolved (the embedded server's, as :func:`source` resolves
+    it), or :func:`last_config` when None. Every acking point and row function goes through it:
+    a config without a URL must never reach an executor or a settle call."""
+    return resolved(config) if config is not None else last_config()
 
 
 def last_config() -> FTConfig:

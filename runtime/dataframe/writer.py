@@ -45,18 +45,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceStreamArrowWriter,
-    DataSourceStreamWriter,
-    WriterCommitMessage,
-)
+from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError, FTLayerError
 from runtime.dataframe.acking import settle_batch
 from runtime.dataframe.rowfn import MAX_REASON_CHARS
-from runtime.dataframe.sources import last_config
+from runtime.dataframe.sources import config_or_last
 from runtime.spark.payload_columns import METADATA_COLUMN
 from runtime.spark.typed_source import QUERY_ID_PROPERTY
 
@@ -185,8 +180,18 @@ class _RowWriter(_Writer, DataSourceStreamWriter):
     pass
 
 
-class _ArrowWriter(_Writer, DataSourceStreamArrowWriter):
-    pass
+def _arrow_writer() -> type[_Writer]:
+    """The Arrow variant (pyspark >= 4.1 has DataSourceStreamArrowWriter); ConfigError before."""
+    try:
+        from pyspark.sql.datasource import DataSourceStreamArrowWriter
+    except ImportError as exc:
+        msg = "acking_sink(arrow=True) needs pyspark >= 4.1 (DataSourceStreamArrowWriter); use arrow=False"
+        raise ConfigError(msg) from exc
+
+    class _ArrowWriter(_Writer, DataSourceStreamArrowWriter):
+        pass
+
+    return _ArrowWriter
 
 
 def acking_sink(spark: SparkSession, fn: Callable[[Iterator[Any]], Any], *, name: str | None = None,
@@ -200,12 +205,12 @@ def acking_sink(spark: SparkSession, fn: Callable[[Iterator[Any]], Any], *, name
     format up. See the module notes for when records are acked. ``config`` defaults to the
     last ftlayer source opened in this process.
     """
-    cfg = config if config is not None else last_config()
+    cfg = config_or_last(config)
     fmt = name or f"ftlayer-sink-{getattr(fn, '__name__', 'fn')}"
     if not re.fullmatch(r"[A-Za-z0-9_.\-]+", fmt):
         msg = f"acking_sink(name={fmt!r}): use letters, digits, '_', '.' and '-'"
         raise ConfigError(msg)
-    writer_cls = _ArrowWriter if arrow else _RowWriter
+    writer_cls: Any = _arrow_writer() if arrow else _RowWriter
 
     class _Sink(DataSource):
         @classmethod
