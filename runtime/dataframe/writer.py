@@ -218,7 +218,8 @@ def acking_sink(spark: SparkSession, fn: Callable[[Iterator[Any]], Any], *, name
             return fmt
 
         def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-            return writer_cls(schema, fn, cfg, arrow)
+            writer: DataSourceStreamWriter = writer_cls(schema, fn, cfg, arrow)
+            return writer
 
     spark.dataSource.register(_Sink)
     # Spark looks a streaming sink's format up in the JVM thread's *active* session, which a py4j
