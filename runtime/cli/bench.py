@@ -14,7 +14,8 @@ repeated) and reports medians with their spread:
 - ``latency``: complete latency (persist to ack) under steady load at a fixed
   trigger interval (:mod:`runtime.bench.latency`).
 - ``e2e``: FT on vs FT off vs hand-written Structured Streaming on the same
-  topology and input, small records and 1 KiB payloads (:mod:`runtime.bench.e2e`).
+  topology and input, small records and 1 KiB payloads (:mod:`runtime.bench.e2e`), and the
+  same for a DataFrame pipeline (:mod:`runtime.bench.e2e_dataframe`).
 
 The summary is merged into ``<out>/results.json`` (default ``docs/bench``), so
 running one benchmark keeps the others' figures; the headline keys are
@@ -38,13 +39,14 @@ from ftlayer.errors import ConfigError
 from runtime.bench.acker import RESULTS, bench_acker, bench_memory, write_results
 from runtime.cli.env import add_env_options, resolve_env_defaults
 
-BENCHES = ("acker", "scaling", "replay", "latency", "e2e")
+BENCHES = ("acker", "scaling", "replay", "latency", "e2e", "e2e-dataframe")
 DESCRIPTION = (
     "Run the benchmarks, print a JSON summary and merge it into results.json. Each benchmark measures its "
     "variants side by side in one run (alternating, repeated) and reports medians with their spread: "
     "acker (XOR updates vs raw Redis writes, bytes per pending record), scaling (throughput and memory at "
     "10k/100k/1M pending), replay (records processed again after a killed worker), latency (persist to ack "
-    "at a fixed trigger), e2e (FT on vs FT off vs plain Structured Streaming)."
+    "at a fixed trigger), e2e (FT on vs FT off vs plain Structured Streaming, Topology and DataFrame "
+    "pipelines; e2e-dataframe: the DataFrame pipeline alone)."
 )
 
 
@@ -108,6 +110,17 @@ def _on_spark(url: str, selected: list[str], args: argparse.Namespace) -> dict[s
                 on_round=lambda r, got: _say(f"  round {r + 1}: " + ", ".join(
                     f"{k} {v:,.0f}/s" for k, v in got.items())))
         summary["ft_on_vs_off_ratio"] = round(summary["e2e_small"]["ft_on_vs_off_ratio"]["median"], 3)
+    if "e2e" in selected or "e2e-dataframe" in selected:
+        from runtime.bench.e2e_dataframe import bench_e2e_dataframe
+
+        records = args.e2e_dataframe_records
+        _say(f"e2e_dataframe: {records:,} records, {args.e2e_repeats} alternating rounds of ft-on / ft-off / plain")
+        summary["e2e_dataframe"] = bench_e2e_dataframe(
+            spark, cfg, records, args.e2e_repeats,
+            on_round=lambda r, got: _say(f"  round {r + 1}: " + ", ".join(
+                f"{k} {v:,.0f}/s" for k, v in got.items())))
+        summary["ft_on_vs_plain_ratio_dataframe"] = round(
+            summary["e2e_dataframe"]["ft_on_vs_plain_ratio"]["median"], 3)
     return summary
 
 
@@ -149,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
             replay = bench_replay(url, records=args.replay_records, repeats=args.replay_repeats, progress=_say)
             summary["replay_precision"] = round(replay["replay_precision"], 3)
             summary["replay"] = replay
-        if "latency" in selected or "e2e" in selected:
+        if {"latency", "e2e", "e2e-dataframe"} & set(selected):
             summary.update(_on_spark(url, selected, args))
     finally:
         if server is not None:

@@ -113,6 +113,8 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
     _bench("--trigger-interval-s", "TRIGGER_INTERVAL_S", "float", "1.0", "latency: the fixed trigger interval"),
     _bench("--e2e-records", "E2E_RECORDS", "int", "1000000", "e2e: small records per run"),
     _bench("--e2e-kib-records", "E2E_KIB_RECORDS", "int", "200000", "e2e: 1 KiB records per run"),
+    _bench("--e2e-dataframe-records", "E2E_DATAFRAME_RECORDS", "int", "300000",
+           "e2e: small records per run of the DataFrame pipeline", lo=1),
     _bench("--e2e-repeats", "E2E_REPEATS", "int", "3", "e2e: alternating rounds per variant"),
 )
 

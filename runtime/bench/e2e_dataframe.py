@@ -1,0 +1,164 @@
+"""End-to-end throughput of the DataFrame path: FT on, FT off, and plain Structured Streaming.
+
+The same pipeline in DataFrame operations for every variant, on N small click records::
+
+    withColumn("n", i * 2) -> filter(i % 10 != 3) -> repartition(2, "user") -> withColumn("seen", true)
+    -> foreachBatch(fn) where fn counts the batch (the write; Spark computes every row)
+
+- ``ft-on``: ``ftlayer.ingest`` of a generator (persist before visible, a driver thread) and
+  ``ftlayer.read_stream`` (typed columns decoded from msgpack in the Python source), with
+  ``foreachBatch(ftlayer.acking(fn))``; timed until every record is acked.
+- ``ft-off``: the same ingest and ``read_stream``, but a plain ``foreachBatch(fn)``: records are
+  persisted and read, never acked (the run's timeout is longer than the run, so none replays;
+  the namespace is deleted afterwards). The difference to ``ft-on`` is the cost of acking. The
+  DataFrame path has no mode without persistence: without it a record is only in Spark, and
+  ``plain`` is that case.
+- ``plain``: no ftlayer: the ``rate-micro-batch`` source (50,000 rows per batch) with the same
+  columns computed by SQL expressions, the same operations and the same ``fn``; timed until N
+  rows were processed.
+
+Variants alternate inside one process (one SparkSession), each repeated; records per second from
+``start()`` until the last record, query start-up included alike. The ratios are per round.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from ftlayer.config import TEMP_STATE_DIR, FTConfig
+from ftlayer.connection import client_for
+from runtime.bench.e2e import USERS, Run, make_value
+
+SCHEMA = "i long, user string, page string"
+
+
+def _ops(df: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return (df.withColumn("n", F.col("i") * 2).filter(F.col("i") % 10 != 3)
+            .repartition(2, "user").withColumn("seen", F.lit(True)))
+
+
+class _Counter:
+    """The write: count the batch's rows (thread-safe: foreachBatch runs on Spark's stream thread)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, df: Any, _batch_id: int) -> None:
+        n = df.count()
+        with self._lock:
+            self.rows += n
+
+
+def run_dataframe(spark: Any, config: FTConfig, records: int, *, ft_on: bool) -> Run:
+    """One FT-on or FT-off run of the DataFrame pipeline over a fresh namespace."""
+    import ftlayer
+    from runtime.dataframe import sources
+
+    ns = "benchdf" + uuid.uuid4().hex[:8]
+    # ft-off never acks: no timeout may fire during the run, and backpressure must not stop ingest
+    cfg = config.replace(namespace=ns, state_dir=TEMP_STATE_DIR) if ft_on else \
+        config.replace(namespace=ns, state_dir=TEMP_STATE_DIR, timeout_s=3600.0,
+                       max_pending=max(config.max_pending, records + 1))
+    handle = sources.source("benchdf", "events", config=cfg, num_channels=2)
+    counter = _Counter()
+    kept = sum(1 for i in range(records) if i % 10 != 3)
+    start = time.perf_counter()
+    ingestor = handle.ingest(make_value(i, 0) for i in range(records))
+    df = _ops(ftlayer.read_stream(spark, "benchdf", "events", schema=SCHEMA, config=cfg, num_channels=2))
+    fn: Callable[[Any, int], None] = ftlayer.acking(counter, config=cfg) if ft_on else counter
+    query = df.writeStream.foreachBatch(fn).trigger(processingTime="100 milliseconds").start()
+    try:
+        while True:
+            failure = query.exception()
+            if failure is not None:
+                raise failure
+            done = handle.stats()["acked"] >= records if ft_on else (ingestor.done and counter.rows >= kept)
+            if done:
+                break
+            time.sleep(0.02)
+        elapsed = time.perf_counter() - start
+    finally:
+        query.stop()
+        handle.stop()
+        _drop_namespace(cfg)
+    return Run("ft-on" if ft_on else "ft-off", records, elapsed)
+
+
+def _drop_namespace(cfg: FTConfig) -> None:
+    client = client_for(cfg.redis_url, cfg.connect_timeout_s)
+    keys = list(client.scan_iter(match=f"{cfg.namespace}:*", count=1000))
+    for i in range(0, len(keys), 500):
+        client.delete(*keys[i : i + 500])
+
+
+def run_plain(spark: Any, records: int) -> Run:
+    """No ftlayer: rate-micro-batch rows with the same columns, the same operations and write."""
+    from pyspark.sql import functions as F
+
+    counter = _Counter()
+    src = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 50_000).load()
+           .select(F.col("value").alias("i"),
+                   F.concat(F.lit("user-"), (F.col("value") % USERS).cast("string")).alias("user"),
+                   F.concat(F.lit("/p/"), (F.col("value") % 13).cast("string")).alias("page")))
+    start = time.perf_counter()
+    query = _ops(src).writeStream.foreachBatch(counter).trigger(processingTime="100 milliseconds").start()
+    try:
+        while True:
+            failure = query.exception()
+            if failure is not None:
+                raise failure
+            if sum(int(p["numInputRows"]) for p in query.recentProgress) >= records:
+                break
+            time.sleep(0.01)
+        elapsed = time.perf_counter() - start
+        done = sum(int(p["numInputRows"]) for p in query.recentProgress)
+    finally:
+        query.stop()
+    return Run("plain", done, elapsed)
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def bench_e2e_dataframe(spark: Any, config: FTConfig, records: int, repeats: int, *,
+                        on_round: Any = None) -> dict[str, Any]:
+    """Alternate ft-on, ft-off and plain ``repeats`` times (order rotated each round), after one
+    uncounted warm-up of each; records/s per variant and the per-round ratios."""
+    variants: dict[str, Callable[[], Run]] = {
+        "ft-on": lambda: run_dataframe(spark, config, records, ft_on=True),
+        "ft-off": lambda: run_dataframe(spark, config, records, ft_on=False),
+        "plain": lambda: run_plain(spark, records),
+    }
+    warm = min(records, 20_000)
+    run_dataframe(spark, config, warm, ft_on=True)
+    run_dataframe(spark, config, warm, ft_on=False)
+    run_plain(spark, warm)
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    on_off: list[float] = []
+    on_plain: list[float] = []
+    names = list(variants)
+    for r in range(repeats):
+        order = names[r % 3:] + names[: r % 3]
+        got = {name: variants[name]().rate for name in order}
+        for name, rate in got.items():
+            rates[name].append(rate)
+        on_off.append(got["ft-on"] / got["ft-off"])
+        on_plain.append(got["ft-on"] / got["plain"])
+        if on_round is not None:
+            on_round(r, got)
+    return {
+        "records": records,
+        "pipeline": "withColumn, filter (10 % out), repartition by user, withColumn, foreachBatch count",
+        "records_per_s": {name: _summary(v) for name, v in rates.items()},
+        "ft_on_vs_off_ratio": _summary(on_off),
+        "ft_on_vs_plain_ratio": _summary(on_plain),
+    }
