@@ -5,7 +5,8 @@ micro-batch as a DataFrame and may use any writer. Then, for every ftlayer
 source the batch read (the ``dfq`` set the read tasks filled):
 
 - ``fn`` returned: every record the batch's read tasks emitted that is still
-  pending is acked (:meth:`ftlayer.batch_acks.BatchAcks.settle`), including
+  pending is acked (by default on a driver thread, overlapping the next batch:
+  :mod:`runtime.dataframe.settler`) (:meth:`ftlayer.batch_acks.BatchAcks.settle`), including
   records whose rows were all filtered out, and records folded into
   aggregation state (Spark checkpoints that state with the batch). Records
   failed earlier by a row function or by the decoder are no longer pending
@@ -39,6 +40,7 @@ from ftlayer.config import FTConfig
 from ftlayer.connection import client_for
 from ftlayer.errors import ConfigError, FTLayerError
 from ftlayer.layer import FTLayer
+from runtime.dataframe.settler import settler
 from runtime.dataframe.sources import config_or_last
 from runtime.spark.typed_source import QUERY_ID_PROPERTY
 
@@ -72,9 +74,14 @@ def _settle_logged(config: FTConfig, query_id: str, batch_id: int, mode: Literal
                       mode, batch_id, query_id)
 
 
-def acking(fn: BatchFn, *, config: FTConfig | None = None,
-           on_error: Literal["replay", "raise"] = "replay") -> Callable[[DataFrame, int], None]:
-    """Wrap a ``foreachBatch`` function so that each batch's records are acked after it returns."""
+def acking(fn: BatchFn, *, config: FTConfig | None = None, on_error: Literal["replay", "raise"] = "replay",
+           background: bool = True) -> Callable[[DataFrame, int], None]:
+    """Wrap a ``foreachBatch`` function so that each batch's records are acked after it returns.
+
+    ``background`` (default): the ack runs on a driver thread while Spark goes on with the next
+    batch (:mod:`runtime.dataframe.settler`); False acks before returning to Spark. Failing a
+    batch's records (``fn`` raised) is always done before returning.
+    """
     if on_error not in ("replay", "raise"):
         msg = f"acking(on_error={on_error!r}): expected 'replay' or 'raise'"
         raise ConfigError(msg)
@@ -94,6 +101,9 @@ def acking(fn: BatchFn, *, config: FTConfig | None = None,
                 raise
             log.exception("foreachBatch function failed on batch %d; its records are replayed", batch_id)
             return
-        _settle_logged(cfg, query_id, batch_id, "ack")
+        if background:
+            settler().submit(lambda: _settle_logged(cfg, query_id, batch_id, "ack"))
+        else:
+            _settle_logged(cfg, query_id, batch_id, "ack")
 
     return run
