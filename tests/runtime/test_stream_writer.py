@@ -137,3 +137,17 @@ def test_arrow_writer_gets_record_batches(run: Callable[..., Run], tmp_path: Pat
     got = [i for p in out.iterdir() for i in json.loads(p.read_text())]
     assert sorted(got) == list(range(0, 1000, 2))
     assert stats["acked"] == 1000
+
+
+def test_without_the_metadata_column_a_failed_write_replays_the_whole_batch(
+        run: Callable[..., Run], tmp_path: Path) -> None:
+    r = run(600)
+    out, marks = tmp_path / "out", tmp_path / "marks"
+
+    def refuse_once(row: dict[str, Any]) -> bool:
+        return row["i"] == 300 and once(marks, "refuse")
+
+    stats = _start(r, r.df.select("i"), _files_writer(out, fail_when=refuse_once)).finish()
+    assert {row["i"] for row in _written(out)} == set(range(600))
+    # rows cannot be traced to records: every still-pending record of that batch failed and replayed
+    assert stats["failed_explicit"] == stats["replayed"] > 0
