@@ -55,7 +55,7 @@ SPARK_PREFIX = "spark.ftlayer."
 CONFIG_FILE_ENV = "FTLAYER_CONFIG"
 DEFAULT_CONFIG_FILE = "ftlayer.toml"
 
-DURABILITY_MODES = ("none", "everysec", "waitaof")
+DURABILITY_MODES = ("none", "everysec", "waitaof", "replicated", "replicated-aof")
 STATUSES = ("on", "off")
 TEMP_STATE_DIR = ":temp:"  # state_dir value: a fresh temporary directory, removed at exit
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -114,9 +114,13 @@ class FTConfig:
         "'none': no AOF promise; 'everysec': AOF fsynced every second (up to ~1 s of "
         "acknowledged persists can be lost on a server crash); 'waitaof': persist returns "
         "only after WAITAOF confirms the local fsync (open() refuses a server with appendonly no "
-        "or appendfsync no; a timeout raises DurabilityError). See docs/guarantees.md."))
+        "or appendfsync no; a timeout raises DurabilityError); 'replicated': persist returns only "
+        "after WAIT confirms that a replica received the writes (open() refuses a primary without "
+        "a connected replica), so a failover keeps them; 'replicated-aof': WAITAOF 1 1, the "
+        "primary's and one replica's AOF fsync. See docs/guarantees.md."))
     waitaof_timeout_ms: int = field(default=2000, metadata=_doc(
-        "How long persist waits for WAITAOF in 'waitaof' mode, milliseconds (>= 1); past it, "
+        "How long persist waits for WAITAOF or WAIT in the 'waitaof' and 'replicated*' modes, "
+        "milliseconds (>= 1); past it, "
         "DurabilityError (never retried: ingest stops with it)."))
     flush_batch_size: int = field(default=20_000, metadata=_doc(
         "Most records or XOR deltas sent in one server-side call (1-1000000)."))

@@ -4,7 +4,16 @@
 embedded server started once per process (the driver). Executors must not
 start their own: the driver resolves the URL first and ships a config that
 names it. ``client_for(url)`` returns a cached client per URL and process
-(redis-py pools reset themselves after fork). Every connection failure is
+(redis-py pools reset themselves after fork).
+
+Cluster: a URL naming any node of a Redis or Valkey Cluster (the server reports
+``cluster_enabled:1``) gets redis-py's ``RedisCluster``, found out once per client
+with ``INFO cluster``. It follows MOVED and ASK redirections and refreshes its
+slot map itself; every key of one source shares one hash tag, so each script
+runs on the one node that owns the source (see :mod:`ftlayer.keys`). It has the
+same command methods ftlayer uses, so it is handed out typed as ``redis.Redis``;
+:func:`is_cluster` tells them apart where it matters (durability waits must run
+on the owning node's connection, see ``SourceStore.run_durable``). Every connection failure is
 raised as one :class:`~ftlayer.errors.RedisUnavailableError` naming the URL
 with its password masked.
 """
@@ -13,6 +22,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import cast
 from urllib.parse import urlsplit
 
 import redis
@@ -67,18 +77,33 @@ def client_for(
         client = _clients.get(key)
     if client is not None:
         return client
+    def retry() -> Retry:
+        if outage_budget_s > 0:
+            return OutageRetry(outage_budget_s)
+        return Retry(ExponentialBackoff(cap=1.0, base=0.05), 3)
+
     try:
         client = redis.Redis.from_url(
             url,
             socket_connect_timeout=connect_timeout_s,
             socket_keepalive=True,
             health_check_interval=30,
-            retry=(OutageRetry(outage_budget_s) if outage_budget_s > 0
-                   else Retry(ExponentialBackoff(cap=1.0, base=0.05), 3)),
+            retry=retry(),
             retry_on_error=[redis.ConnectionError, redis.TimeoutError],
         )
         if check:
             client.ping()
+        if check and _cluster_enabled(client):  # check=False: no round trip, so a plain client
+            client.close()
+            # count-based on purpose: RedisCluster makes 1 + get_retries() attempts, and
+            # OutageRetry's -1 would make none; SourceStore.run rides out failovers itself
+            client = cast(redis.Redis, redis.RedisCluster.from_url(
+                url,
+                socket_connect_timeout=connect_timeout_s,
+                socket_keepalive=True,
+                health_check_interval=30,
+                retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+            ))
     except redis.RedisError as exc:
         msg = _connect_error(url, exc)
         raise RedisUnavailableError(msg) from exc
@@ -88,6 +113,20 @@ def client_for(
     with _lock:
         _clients[key] = client
     return client
+
+
+def _cluster_enabled(client: redis.Redis) -> bool:
+    """True if the server is a node of a Redis/Valkey Cluster (``INFO cluster``)."""
+    try:
+        info = client.info("cluster")
+    except redis.ResponseError:  # a server or proxy without the section
+        return False
+    return bool(int(info.get("cluster_enabled", 0)))
+
+
+def is_cluster(client: redis.Redis) -> bool:
+    """True if ``client`` is a cluster client (``redis.RedisCluster``)."""
+    return isinstance(client, redis.RedisCluster)
 
 
 def _connect_error(url: str, exc: redis.RedisError) -> str:

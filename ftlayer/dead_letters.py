@@ -129,9 +129,11 @@ def _requeue_chunk(store: SourceStore, ids: list[str], num_channels: int) -> Req
     if not entries:
         return RequeueResult(0, missing, undecodable)
     k = store.keys
-    count = store.run(
-        "REQUEUE", [*store.state_keys, k.dlq], [k.prefix, num_channels, b"".join(entries)]
-    )
+    (count,) = store.run_durable([(
+        "REQUEUE",
+        [*store.state_keys, k.dlq, *store.channel_keys(num_channels)],
+        [k.prefix, num_channels, b"".join(entries)],
+    )])
     return RequeueResult(int(count), missing, undecodable)
 
 
@@ -210,6 +212,4 @@ class DeadLetters:
                 result.missing + step.missing,
                 result.undecodable + step.undecodable,
             )
-        if result.requeued:
-            self.store.wait_durable()
         return result

@@ -12,11 +12,13 @@ key suffix        type    contents
                           | frame. The acker table and the persistence layer in one entry,
                           so the call that sees the ack value reach 0 deletes the record.
 ``gen``           string  current bucket generation (rotations so far)
-``bkt:<gen>``     list    packed 8-byte source_record_ids filed in bucket ``gen``, one
-                          element per persist call; an element of records re-filed unread
-                          is ``R`` + n x (id 8, entry gen u32)
-``bcnt``          hash    gen -> records of that bucket still in ``pend``; at 0 the bucket
-                          and its count are deleted
+``bkt``           list    the timeout buckets of every generation, in generation order:
+                          one element per persist call, bucket gen (u32) + packed 8-byte
+                          source_record_ids; an element of re-filed records is gen +
+                          ``R`` + n x (id 8, entry gen u32). Elements of buckets whose
+                          records all completed leave from the head (format 2)
+``bcnt``          hash    gen -> records of that bucket still in ``pend``; at 0 the count
+                          is deleted and the bucket's elements may leave ``bkt``
 ``gtime``         hash    gen -> ms when that bucket opened (written by ``rotate``; gen 0 at
                           register); only gens >= current - num_buckets are kept. Feeds
                           the oldest-pending age of ``ftlayer status``
@@ -34,7 +36,8 @@ key suffix        type    contents
 ``stats``         hash    counters: persisted, acked, failed_explicit, failed_timeout,
                           replayed, dead_lettered, requeued, late_deltas, duplicate_flushes,
                           refiled_unread
-``meta``          hash    num_channels, format version, created time
+``meta``          hash    num_channels, format version (2; 1 kept a list per bucket
+                          generation and is migrated on start), created time
 ``lease``         string  owner token of the rotator lease (with PX expiry)
 ``tok:<batch>``   hash    applied flush tokens of one micro-batch of one query (``<query
                           id>/<batch id>``): task -> 1; deleted when the batch commits,
@@ -138,8 +141,9 @@ class SourceKeys:
     def read_marks(self) -> str:
         return self.key("rd")
 
-    def bucket(self, gen: int) -> str:
-        return self.key(f"bkt:{gen}")
+    @property
+    def buckets(self) -> str:
+        return self.key("bkt")
 
     def channel(self, channel: int) -> str:
         return self.key(f"ch:{channel}")

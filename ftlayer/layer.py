@@ -72,7 +72,7 @@ class FTLayer:
         (see ``ftlayer.server_settings``); nothing is written then.
         """
         k = self.store.keys
-        check_server_settings(self.store.client, self.config.durability, f"source {k.topology}/{k.source}")
+        check_server_settings(self.store.node_client(), self.config.durability, f"source {k.topology}/{k.source}")
         self.persistence.check_channels()
         return self
 

@@ -42,7 +42,12 @@ class OutageRetry(Retry):
     """A redis-py Retry that gives up after ``budget_s`` seconds of failures, not N attempts.
 
     ``clock`` and ``sleep`` are injectable for tests. The count-based ``retries`` of the base
-    class is -1 (unbounded); the time budget is the bound.
+    class is -1 (unbounded); the time budget is the bound. ``errors`` replaces the errors
+    retried (default: connection errors and timeouts).
+
+    Not for ``redis.RedisCluster``: its command loop runs ``1 + get_retries()`` attempts, so
+    -1 would run none. A cluster client keeps a count-based Retry, and ``SourceStore.run``
+    rides out failovers and slot migrations with an ``OutageRetry`` of its own.
     """
 
     def __init__(
@@ -52,10 +57,11 @@ class OutageRetry(Retry):
         cap_s: float = DEFAULT_CAP_S,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        errors: tuple[type[Exception], ...] = (),
     ) -> None:
         super().__init__(
             ExponentialBackoff(cap=cap_s, base=DEFAULT_BASE_S), -1,
-            supported_errors=(RedisConnectionError, RedisTimeoutError, socket.timeout),
+            supported_errors=errors or (RedisConnectionError, RedisTimeoutError, socket.timeout),
         )
         self.budget_s = budget_s
         self._clock = clock

@@ -39,6 +39,7 @@ from ftlayer.frames import (
     SemiDeserializedRecord,
     SemiDeserializedSerializer,
 )
+from ftlayer.layout import ensure_layout
 from ftlayer.script_bounds import (
     READ_MAX_RECORDS,
     SCRIPT_BUDGET_MS,
@@ -109,6 +110,7 @@ class PersistenceLayer:
         checkpoint's offsets name the old channels.
         """
         k = self.store.keys
+        ensure_layout(self.store)  # a source written by an older ftlayer
         for _ in range(3):  # a concurrent change of the recorded count: read it again
             recorded = self.store.recorded_channels()
             if recorded is None:
@@ -153,16 +155,14 @@ class PersistenceLayer:
     def persist_frames(self, frames: Sequence[bytes]) -> int:
         """Persist already-encoded frames (the hot path: no re-encoding)."""
         size = self.store.config.flush_batch_size
-        total = 0
-        for i in range(0, len(frames), size):
-            for part in split_call(frames[i : i + size]):
-                count, _gen = self.store.run(
-                    "PERSIST", self.store.state_keys, [self.store.keys.prefix, self.num_channels, b"".join(part)]
-                )
-                total += int(count)
-        if frames:
-            self.store.wait_durable()
-        return total
+        keys = [*self.store.state_keys, *self.store.channel_keys(self.num_channels)]
+        calls = [
+            ("PERSIST", keys, [self.store.keys.prefix, self.num_channels, b"".join(part)])
+            for i in range(0, len(frames), size)
+            for part in split_call(frames[i : i + size])
+        ]
+        # in the waiting durability modes, the calls and their wait share one connection
+        return sum(int(count) for count, _gen in self.store.run_durable(calls))
 
     def read_channel(
         self,

@@ -137,47 +137,43 @@ class Replayer:
         replays: list[bytes] = []
         dead: list[bytes] = []
         size = 0
-        try:
-            for item in todo:
-                old = struct.pack(">q", item.source_record_id)
-                rec = item.record
-                if rec is None:
-                    log.error("failed record %d has an undecodable frame; dead-lettering it", item.source_record_id)
-                    dead.append(old)
-                elif rec.replay_count >= cfg.max_replays or not item.replay:
-                    dead.append(old)
-                else:
-                    channels = self.router.select_replay(rec)
-                    if len(channels) != 1 or not 0 <= channels[0] < self.num_channels:
-                        msg = (
-                            f"replay partitioner gave channels {channels} for origin record {rec.origin_id}; "
-                            f"a persisted source record is replayed to exactly one channel in "
-                            f"0..{self.num_channels - 1}"
-                        )
-                        raise PartitioningError(msg)
-                    new = rec.replayed(RecordId(next(fresh), next(fresh)), channels[0])
-                    replays.append(old + _SERIALIZER.encode(new))
-                    size += len(replays[-1])
-                # bounded calls (ftlayer.script_bounds): a replay storm never holds the server long
-                if len(replays) + len(dead) >= CALL_MAX_RECORDS or size >= CALL_MAX_BYTES:
-                    total = total.plus(self._replay_call(replays, dead))
-                    replays, dead, size = [], [], 0
-            if replays or dead:
+        # one call per chunk; in the waiting durability modes each waits before it returns
+        for item in todo:
+            old = struct.pack(">q", item.source_record_id)
+            rec = item.record
+            if rec is None:
+                log.error("failed record %d has an undecodable frame; dead-lettering it", item.source_record_id)
+                dead.append(old)
+            elif rec.replay_count >= cfg.max_replays or not item.replay:
+                dead.append(old)
+            else:
+                channels = self.router.select_replay(rec)
+                if len(channels) != 1 or not 0 <= channels[0] < self.num_channels:
+                    msg = (
+                        f"replay partitioner gave channels {channels} for origin record {rec.origin_id}; "
+                        f"a persisted source record is replayed to exactly one channel in "
+                        f"0..{self.num_channels - 1}"
+                    )
+                    raise PartitioningError(msg)
+                new = rec.replayed(RecordId(next(fresh), next(fresh)), channels[0])
+                replays.append(old + _SERIALIZER.encode(new))
+                size += len(replays[-1])
+            # bounded calls (ftlayer.script_bounds): a replay storm never holds the server long
+            if len(replays) + len(dead) >= CALL_MAX_RECORDS or size >= CALL_MAX_BYTES:
                 total = total.plus(self._replay_call(replays, dead))
-        finally:
-            # in 'waitaof' mode every replay persisted, also by a pass cut short, is fsynced before use
-            if total.replayed:
-                self.store.wait_durable()
+                replays, dead, size = [], [], 0
+        if replays or dead:
+            total = total.plus(self._replay_call(replays, dead))
         return total
 
     def _replay_call(self, replays: list[bytes], dead: list[bytes]) -> ReplayResult:
         """One REPLAY call: re-persist ``replays`` ([old sid][new frame]) and dead-letter ``dead``."""
         k = self.store.keys
-        replayed, dead_n = self.store.run(
+        ((replayed, dead_n),) = self.store.run_durable([(
             "REPLAY",
-            [*self.store.state_keys, k.dlq],
+            [*self.store.state_keys, k.dlq, *self.store.channel_keys(self.num_channels)],
             [k.prefix, self.num_channels, b"".join(replays), b"".join(dead), self.store.now_ms()],
-        )
+        )])
         return ReplayResult(int(replayed), int(dead_n))
 
     def replay_all_due(self) -> ReplayResult:

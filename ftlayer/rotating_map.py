@@ -159,10 +159,12 @@ class RotatingBucketMap:
         """
         store = self.store
         out: list[int] = []
+        # a pending record's channel is below the recorded count (a rescale needs a drained source)
+        channels = store.channel_keys(store.recorded_channels() or 0)
         while True:
             blob, queued = store.run(
                 "EXPIRE",
-                [*store.state_keys, store.keys.expq, store.keys.read_marks],
+                [*store.state_keys, store.keys.expq, store.keys.read_marks, *channels],
                 [
                     store.keys.prefix, store.now_ms(), *store.backoff_args(),
                     self.scan_max_records, SCRIPT_MAX_BYTES, SCRIPT_BUDGET_MS,

@@ -20,6 +20,10 @@ keeps each channel's read watermark in ``rd`` (``"<entry gen> <stream id>"`` of 
 newest entry a reader has finished or entered), so ``EXPIRE`` can tell a record that a
 task received from one still waiting in its stream, at no per-record cost on reads.
 
+Every key a script touches is in its KEYS (the ``#!lua`` shebang makes the server
+check it): the buckets of all generations share one list (``bkt``, elements tagged
+with their generation) and a script that persists declares every channel stream.
+
 Every script is idempotent under a client retry: persist skips ids already
 present, flushes carry a token, fails and replays act only on entries still in
 the state they expect, rotate can be tied to an expected generation.
@@ -49,7 +53,8 @@ local FL_REASON = {FAILED_PREFIX + 1}
 """
 
 # Shared helpers, prepended to the scripts that fail or persist records. They
-# expect K_PEND, K_GEN, K_BCNT, K_FAILED, K_DUE, K_STATS and PREFIX to be set.
+# expect K_PEND, K_GEN, K_BCNT, K_FAILED, K_DUE, K_STATS, K_BKT and CH_BASE to be set
+# (the stream of channel c is KEYS[CH_BASE + 1 + c]; persist_frames writes to it).
 # A script that calls bucket_done (directly or through fail_entry) must call
 # settle_buckets before it returns.
 _COMMON = r"""
@@ -59,15 +64,42 @@ local function bucket_done(g)
   LEFT_BUCKET[g] = (LEFT_BUCKET[g] or 0) + 1
 end
 
+local HEAD_DROP_MAX = 1024  -- bucket elements one call may drop (bounded script time)
+
+local function drop_done_heads()
+  -- pop the head elements of `bkt` whose bucket has no pending record left. Elements
+  -- are in generation order, so buckets that completed leave from the head; one
+  -- behind an older bucket still pending waits for it (or for EXPIRE)
+  local live = {}
+  for _ = 1, HEAD_DROP_MAX do
+    local e = redis.call('LINDEX', K_BKT, 0)
+    if not e then return end
+    local g = struct.unpack('>I4', e)
+    if live[g] == nil then live[g] = redis.call('HEXISTS', K_BCNT, g) == 1 end
+    if live[g] then return end
+    redis.call('LPOP', K_BKT)
+  end
+end
+
 local function settle_buckets()
-  -- one HINCRBY per bucket touched (not per record); drop a bucket with its last record
+  -- one HINCRBY per bucket touched (not per record); a bucket's count goes with its last record
+  local emptied = false
   for g, n in pairs(LEFT_BUCKET) do
     if redis.call('HINCRBY', K_BCNT, g, -n) <= 0 then
       redis.call('HDEL', K_BCNT, g)
-      redis.call('DEL', PREFIX .. 'bkt:' .. g)
+      emptied = true
     end
   end
   LEFT_BUCKET = {}
+  if emptied then drop_done_heads() end
+end
+
+local function channel_keys_error(nch)
+  -- nil if KEYS declares a stream for each of nch channels after CH_BASE, else why not
+  if #KEYS < CH_BASE + nch then
+    return 'KEYS declares ' .. (#KEYS - CH_BASE) .. ' channel streams for ' .. nch .. ' channels'
+  end
+  return nil
 end
 
 local NO_REPLAY = 32768  -- top bit of a reason length: dead-letter without replays
@@ -132,10 +164,10 @@ local function persist_frames(frames)
     if #kv > 0 then redis.call('HSET', K_PEND, unpack(kv)) end
   end
   if count > 0 then
-    redis.call('RPUSH', PREFIX .. 'bkt:' .. gen, table.concat(all))
+    redis.call('RPUSH', K_BKT, genb .. table.concat(all))
     redis.call('HINCRBY', K_BCNT, gen, count)
     for ch, sids in pairs(per_ch) do
-      redis.call('XADD', PREFIX .. 'ch:' .. ch, '*', 'i', table.concat(sids), 'g', gen)
+      redis.call('XADD', KEYS[CH_BASE + 1 + ch], '*', 'i', table.concat(sids), 'g', gen)
     end
   end
   return count, gen
@@ -152,13 +184,14 @@ end
 
 _STATE_KEYS = r"""
 local K_PEND, K_GEN, K_BCNT, K_FAILED, K_DUE, K_STATS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local PREFIX = ARGV[1]
+local K_BKT = KEYS[7]
+local CH_BASE = #KEYS  -- scripts that persist set it to where their channel streams start
 """
 
 PERSIST = (
     r"""
 -- persist: file a batch of source records atomically.
--- KEYS: pend, gen, bcnt, failed, due, stats
+-- KEYS: pend, gen, bcnt, failed, due, stats, bkt, ch:0 .. ch:<num_channels - 1>
 -- ARGV: prefix, num_channels, frames (concatenated frames)
 -- Returns: {persisted, bucket gen}; ids already in pend are skipped (client retry).
 -- Error (nothing written) if a frame is malformed or its channel >= num_channels.
@@ -166,8 +199,10 @@ PERSIST = (
     + _STATE_KEYS
     + _COMMON
     + r"""
+CH_BASE = 7
 local frames, err = split_frames(ARGV[3], tonumber(ARGV[2]))
-if frames == nil then return redis.error_reply('ftlayer persist: ' .. err) end
+err = err or channel_keys_error(tonumber(ARGV[2]))
+if err then return redis.error_reply('ftlayer persist: ' .. err) end
 local count, gen = persist_frames(frames)
 redis.call('HINCRBY', K_STATS, 'persisted', count)
 return {count, gen}
@@ -177,7 +212,7 @@ return {count, gen}
 FLUSH = (
     r"""
 -- flush: apply explicit fails, then XOR deltas, at most once per token.
--- KEYS: pend, gen, bcnt, failed, due, stats, token key (a hash per micro-batch of a query)
+-- KEYS: pend, gen, bcnt, failed, due, stats, bkt, token key (a hash per micro-batch of a query)
 -- ARGV: prefix, use_token ('1'|'0'), token ttl ms, deltas (n x [sid 8][value 8]),
 --       fails (n x [sid 8][reason len u16, top bit = no replay][reason]), now ms, backoff initial ms,
 --       backoff multiplier, backoff max ms, token field (the task's flush in that batch)
@@ -190,11 +225,11 @@ FLUSH = (
     + _COMMON
     + r"""
 if ARGV[2] == '1' then
-  if redis.call('HSETNX', KEYS[7], ARGV[10], '1') == 0 then
+  if redis.call('HSETNX', KEYS[8], ARGV[10], '1') == 0 then
     redis.call('HINCRBY', K_STATS, 'duplicate_flushes', 1)
     return {0, '', 0, 0}
   end
-  redis.call('PEXPIRE', KEYS[7], ARGV[3])  -- safety net: the batch's commit deletes it first
+  redis.call('PEXPIRE', KEYS[8], ARGV[3])  -- safety net: the batch's commit deletes it first
 end
 local now, b_init, b_mult, b_max = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local fails, failed_n, pos = ARGV[5], 0, 1
@@ -275,24 +310,28 @@ return {1, target, target - n, g}
 EXPIRE = (
     r"""
 -- expire: fail the still-pending records of expired buckets, in bounded chunks.
--- KEYS: pend, gen, bcnt, failed, due, stats, expq, rd (read watermarks)
+-- KEYS: pend, gen, bcnt, failed, due, stats, bkt, expq, rd (read watermarks),
+--       ch:0 .. ch:<num_channels - 1>
 -- ARGV: prefix, now ms, backoff initial ms, backoff multiplier, backoff max ms,
 --       max record ids to examine, max value bytes to move, time budget ms
 -- Returns: {failed sids (packed 8-byte), expired buckets still queued}
 -- A record acked or failed earlier is no longer in pend and is skipped, so a
 -- record that completed never expires. Each record fails at most once.
 -- Bounded: the call stops at the first limit reached (after at least one id) and
--- pushes the unscanned rest of the bucket blob back to the head of its list, so
+-- pushes the unscanned rest of the bucket element back to the head of `bkt`, so
 -- the next call goes on at the next id: no id is skipped or scanned twice.
+-- `bkt` holds the elements of every bucket in generation order, so the elements of
+-- the oldest queued generation are at its head; an element of an older bucket whose
+-- records all completed is dropped unscanned.
 -- Stalls: a record whose channel entry no reader has read yet (Spark stalled or
 -- behind) is not failed. It keeps its id, ack value and stream entry and is
 -- re-filed in the current bucket (counted in `refiled_unread`): a stall never
 -- spends the replay budget, and the record is checked again one timeout later.
 -- A re-filed record that a task has read since gets one more timeout (it may have
 -- been read just now) and then fails as usual: a record read after a stall has at
--- least timeout_s to complete. A bucket element is n x [sid 8], or, for re-filed
--- records (length not a multiple of 8), 'R' .. n x [sid 8][entry gen u32, top bit:
--- read at re-filing]; the pushed-back rest of such an element keeps its 'R'.
+-- least timeout_s to complete. A bucket element is [gen u32] .. n x [sid 8], or, for
+-- re-filed records (length - 4 not a multiple of 8), [gen u32] .. 'R' .. n x [sid 8][entry
+-- gen u32, top bit: read at re-filing]; the pushed-back rest of an element keeps its head.
 """
     + _STATE_KEYS
     + _COMMON
@@ -319,7 +358,7 @@ local function handed_out(sid, ch, egen)
   local m = marks[ch]
   if m == nil then
     m = false
-    local raw = redis.call('HGET', KEYS[8], ch)
+    local raw = redis.call('HGET', KEYS[9], ch)
     if raw then
       local g, id = string.match(raw, '^(%d+) (.+)$')
       m = {tonumber(g), id}
@@ -336,7 +375,7 @@ local function handed_out(sid, ch, egen)
     set = {}
     local after, done = '(' .. m[2], false
     while not done do
-      local es = redis.call('XRANGE', PREFIX .. 'ch:' .. ch, after, '+', 'COUNT', 64)
+      local es = redis.call('XRANGE', KEYS[CH_BASE + 1 + ch], after, '+', 'COUNT', 64)
       done = #es < 64
       for _, en in ipairs(es) do
         if entry_gen(en) ~= m[1] then done = true; break end
@@ -350,17 +389,22 @@ local function handed_out(sid, ch, egen)
   return not set[sid]
 end
 
+CH_BASE = 9
 while not stop do
-  local e = redis.call('LINDEX', KEYS[7], 0)
+  local e = redis.call('LINDEX', KEYS[8], 0)
   if not e then break end
-  local bkey = PREFIX .. 'bkt:' .. e
-  local blob = redis.call('LPOP', bkey)
-  if not blob then
-    redis.call('LPOP', KEYS[7])
+  local blob = redis.call('LINDEX', K_BKT, 0)
+  local eg = blob and struct.unpack('>I4', blob) or nil
+  if eg == nil or eg > tonumber(e) then
+    -- no element of queued bucket e is left: it is done
+    redis.call('LPOP', KEYS[8])
     redis.call('HDEL', K_BCNT, e)
+  elseif redis.call('HEXISTS', K_BCNT, eg) == 0 then
+    redis.call('LPOP', K_BKT)  -- an older bucket whose records all completed
   else
-    local eg, p, stride, head = tonumber(e), 1, 8, ''
-    if #blob % 8 ~= 0 then p, stride, head = 2, 12, 'R' end  -- an element of re-filed records
+    redis.call('LPOP', K_BKT)
+    local p, stride, head = 5, 8, string.sub(blob, 1, 4)
+    if (#blob - 4) % 8 ~= 0 then p, stride, head = 6, 12, head .. 'R' end  -- re-filed records
     local last = #blob - stride + 1
     while p <= last do
       local sid = string.sub(blob, p, p + 7)
@@ -373,7 +417,11 @@ while not stop do
       local v = redis.call('HGET', K_PEND, sid)
       if v and struct.unpack('>I4', v, P_GEN) == eg then
         bytes = bytes + #v
-        local read = seen or handed_out(sid, struct.unpack('>I2', v, P_FRAME - 1 + F_CHANNEL), egen)
+        local ch = struct.unpack('>I2', v, P_FRAME - 1 + F_CHANNEL)
+        if ch >= #KEYS - CH_BASE then
+          return redis.error_reply('ftlayer expire: channel ' .. ch .. ' has no declared stream key')
+        end
+        local read = seen or handed_out(sid, ch, egen)
         if read and (seen or stride == 8) then
           fail_entry(sid, v, 'timeout', now, b_init, b_mult, b_max, false)
           out[#out + 1] = sid
@@ -395,26 +443,27 @@ while not stop do
         break
       end
     end
-    -- the unscanned rest stays first in the bucket, where the next call starts
-    if p <= last then redis.call('LPUSH', bkey, head .. string.sub(blob, p)) end
+    -- the unscanned rest stays first in the bucket list, where the next call starts
+    if p <= last then redis.call('LPUSH', K_BKT, head .. string.sub(blob, p)) end
   end
 end
 if #kv > 0 then redis.call('HSET', K_PEND, unpack(kv)) end
 if #refiled > 0 then
-  redis.call('RPUSH', PREFIX .. 'bkt:' .. cur, 'R' .. table.concat(refiled))
+  redis.call('RPUSH', K_BKT, curb .. 'R' .. table.concat(refiled))
   redis.call('HINCRBY', K_BCNT, cur, #refiled)
 end
 if unread_n > 0 then redis.call('HINCRBY', K_STATS, 'refiled_unread', unread_n) end
 settle_buckets()
+drop_done_heads()
 if #out > 0 then redis.call('HINCRBY', K_STATS, 'failed_timeout', #out) end
-return {table.concat(out), redis.call('LLEN', KEYS[7])}
+return {table.concat(out), redis.call('LLEN', KEYS[8])}
 """
 )
 
 REPLAY = (
     r"""
 -- replay: re-persist failed records under new ids, or dead-letter them.
--- KEYS: pend, gen, bcnt, failed, due, stats, dlq
+-- KEYS: pend, gen, bcnt, failed, due, stats, bkt, dlq, ch:0 .. ch:<num_channels - 1>
 -- ARGV: prefix, num_channels, replays (n x [old sid 8][new frame]),
 --       dead (n x [old sid 8]), now ms
 -- Returns: {replayed, dead-lettered}. An old id no longer in `failed` (another
@@ -423,7 +472,10 @@ REPLAY = (
     + _STATE_KEYS
     + _COMMON
     + r"""
+CH_BASE = 8
 local nch, blob = tonumber(ARGV[2]), ARGV[3]
+local key_err = channel_keys_error(nch)
+if key_err then return redis.error_reply('ftlayer replay: ' .. key_err) end
 local olds, frames, pos = {}, {}, 1
 while pos <= #blob do
   if pos + 8 + F_HEADER - 1 > #blob then return redis.error_reply('ftlayer replay: truncated entry at byte ' .. pos) end
@@ -454,7 +506,7 @@ for p = 1, #dead - 7, 8 do
   if v then
     local t, rlen = struct.unpack('>dI2', v)
     if rlen >= NO_REPLAY then rlen = rlen - NO_REPLAY end
-    redis.call('XADD', KEYS[7], '*', 'sid', old, 'failed_ms', string.format('%.0f', t),
+    redis.call('XADD', KEYS[8], '*', 'sid', old, 'failed_ms', string.format('%.0f', t),
       'dead_ms', ARGV[5], 'reason', string.sub(v, FL_REASON, FL_REASON - 1 + rlen),
       'frame', string.sub(v, FL_REASON + rlen))
     redis.call('HDEL', K_FAILED, old)
@@ -608,7 +660,7 @@ return 0
 REQUEUE = (
     r"""
 -- requeue: move dead letters back into their channel streams as new source records.
--- KEYS: pend, gen, bcnt, failed, due, stats, dlq
+-- KEYS: pend, gen, bcnt, failed, due, stats, bkt, dlq, ch:0 .. ch:<num_channels - 1>
 -- ARGV: prefix, num_channels, entries (n x [entry id length u16][entry id][new frame])
 -- Returns: entries requeued. Per entry, atomically: if XDEL removed the dead letter, its
 -- new frame is persisted like a new record (pend, current bucket, channel stream); an
@@ -619,7 +671,10 @@ REQUEUE = (
     + _STATE_KEYS
     + _COMMON
     + r"""
+CH_BASE = 8
 local nch, blob = tonumber(ARGV[2]), ARGV[3]
+local key_err = channel_keys_error(nch)
+if key_err then return redis.error_reply('ftlayer requeue: ' .. key_err) end
 local ids, frames, pos = {}, {}, 1
 while pos <= #blob do
   local idlen = pos + 1 + F_HEADER <= #blob and struct.unpack('>I2', blob, pos) or 0
@@ -641,7 +696,7 @@ end
 local take, seen = {}, {}
 for i, eid in ipairs(ids) do
   local sid = string.sub(frames[i], F_SID, F_SID + 7)
-  if not seen[sid] and redis.call('HEXISTS', K_PEND, sid) == 0 and redis.call('XDEL', KEYS[7], eid) == 1 then
+  if not seen[sid] and redis.call('HEXISTS', K_PEND, sid) == 0 and redis.call('XDEL', KEYS[8], eid) == 1 then
     seen[sid] = true
     take[#take + 1] = frames[i]
   end
@@ -696,7 +751,7 @@ return {redis.call('XTRIM', KEYS[1], 'MINID', ms .. '-' .. (tonumber(seq) + 1)),
 BATCH_SETTLE = (
     r"""
 -- batch_settle: ack (or fail) every still-pending record a micro-batch's read tasks emitted.
--- KEYS: pend, gen, bcnt, failed, due, stats, batch key (dfb:<query>:<batch>)
+-- KEYS: pend, gen, bcnt, failed, due, stats, bkt, batch key (dfb:<query>:<batch>)
 -- ARGV: prefix, mode ('ack' | 'fail'), max list elements to take in this call, fail reason,
 --       now ms, backoff initial ms, backoff multiplier, backoff max ms
 -- Returns: {records settled in this call, list elements left}. The caller repeats
@@ -711,7 +766,7 @@ local mode, budget, reason = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local now, b_init, b_mult, b_max = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local settled, seen = 0, {}
 while budget > 0 do
-  local blob = redis.call('LPOP', KEYS[7])
+  local blob = redis.call('LPOP', KEYS[8])
   if not blob then break end
   budget = budget - 1
   local n = math.floor(#blob / 8)
@@ -743,7 +798,7 @@ settle_buckets()
 if settled > 0 then
   redis.call('HINCRBY', K_STATS, mode == 'fail' and 'failed_explicit' or 'acked', settled)
 end
-return {settled, redis.call('LLEN', KEYS[7])}
+return {settled, redis.call('LLEN', KEYS[8])}
 """
 )
 
@@ -753,5 +808,8 @@ SCRIPT_NAMES = (
     "PERSIST", "FLUSH", "ROTATE", "EXPIRE", "REPLAY", "READ_CHANNEL", "LEASE", "RELEASE", "TRIM_DONE", "REQUEUE",
     "DEAD_LETTER", "RESCALE", "BATCH_SETTLE",
 )
+#: First line of every script: a ``#!lua`` shebang makes the server hold a script to the
+#: keys it declares (a cluster refuses any other key; Redis >= 7.0 or Valkey needed).
+SHEBANG = "#!lua\n"
 for _name in SCRIPT_NAMES:
-    globals()[_name] = LAYOUT + globals()[_name]
+    globals()[_name] = SHEBANG + LAYOUT + globals()[_name]

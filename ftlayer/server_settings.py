@@ -16,7 +16,12 @@ anything is written):
   :class:`~ftlayer.errors.EvictionPolicyError`. With ``noeviction`` a full
   server refuses writes with an OOM error instead, which ftlayer reports
   (an ``AckerError`` naming it) and ingest retries.
-- **waitaof.** With ``durability = "waitaof"`` the server must have AOF on
+- **replicated.** With ``durability = "replicated"`` or ``"replicated-aof"``
+  the server that owns the source must be a primary with a connected replica,
+  else every WAIT would time out. Raises :class:`~ftlayer.errors.DurabilityError`.
+  (Whether the replicas run with AOF, as ``"replicated-aof"`` needs, shows
+  only when a WAITAOF times out.)
+- **waitaof.** With ``durability = "waitaof"`` (or ``"replicated-aof"``) the server must have AOF on
   (``appendonly yes``), else every WAITAOF would be refused; and it must not
   run ``appendfsync no``, under which WAITAOF never confirms a local fsync.
   Raises :class:`~ftlayer.errors.DurabilityError`. The other modes promise
@@ -97,5 +102,24 @@ def check_waitaof_supported(client: redis.Redis, where: str) -> None:
 def check_server_settings(client: redis.Redis, durability: str, where: str) -> None:
     """Check eviction and, in 'waitaof' mode, AOF settings (see the module contract)."""
     check_eviction_policy(client, where)
-    if durability == "waitaof":
+    if durability in ("waitaof", "replicated-aof"):
         check_waitaof_supported(client, where)
+    if durability in ("replicated", "replicated-aof"):
+        check_replicated(client, durability, where)
+
+
+def check_replicated(client: redis.Redis, durability: str, where: str) -> None:
+    """Refuse a server that cannot confirm replication: not a primary, or no replica connected."""
+    info = _info(client, "replication")
+    if not info:
+        log.warning("%s: cannot read INFO replication; durability = %r unchecked", where, durability)
+        return
+    replicas = int(str(info.get("connected_slaves", 0)))
+    if info.get("role") != "master" or replicas < 1:
+        msg = (
+            f"{where}: durability = {durability!r} needs a primary with at least one connected replica, "
+            f"but the server that owns the source is a {info.get('role')} with {replicas} connected "
+            f"replicas; add a replica (or a Valkey/Redis Cluster with replicas) or choose "
+            f'durability = "waitaof", "everysec" or "none"'
+        )
+        raise DurabilityError(msg)

@@ -9,19 +9,23 @@ client is looked up per process (see ``ftlayer.connection``).
 from __future__ import annotations
 
 import json
+import logging
 import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.commands.core import Script
+from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 
 from ftlayer import scripts
 from ftlayer.config import FTConfig, mask_url
-from ftlayer.connection import client_for, redis_url_for
+from ftlayer.connection import client_for, is_cluster, redis_url_for
 from ftlayer.errors import AckerError, DurabilityError, RedisUnavailableError
 from ftlayer.keys import SourceKeys, owner_key, sources_key
+from ftlayer.layout import FORMAT_VERSION
+from ftlayer.outage import OutageRetry
 
 Clock = Callable[[], float]
 
@@ -31,6 +35,21 @@ COUNTERS = (
 )
 OWNER_TAG = "ftlayer"  # the "by" of an owner record that ftlayer wrote
 _SCRIPT_NAMES = scripts.SCRIPT_NAMES
+log = logging.getLogger(__name__)
+
+#: Least time a script call on a cluster keeps retrying through a failover or a slot migration.
+CLUSTER_RIDE_OUT_S = 30.0
+_CLUSTER_TRANSIENT: tuple[type[Exception], ...] = (
+    redis.ConnectionError, redis.TimeoutError, ClusterDownError, TryAgainError, SlotNotCoveredError,
+)
+
+# durability mode -> (wait command without its timeout: its counts are the minimums the
+# reply must reach, what it confirms)
+_WAITS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "waitaof": (("WAITAOF", 1, 0), "the local AOF fsync (needs appendonly yes)"),
+    "replicated": (("WAIT", 1), "a replica's receipt of the writes (needs a connected replica)"),
+    "replicated-aof": (("WAITAOF", 1, 1), "the local and one replica's AOF fsync"),
+}
 
 
 def pack_ids(ids: Sequence[int]) -> bytes:
@@ -102,9 +121,13 @@ class SourceStore:
 
     @property
     def state_keys(self) -> list[str]:
-        """KEYS[1..6] of the scripts that change record state."""
+        """KEYS[1..7] of the scripts that change record state."""
         k = self.keys
-        return [k.pend, k.gen, k.bcnt, k.failed, k.due, k.stats]
+        return [k.pend, k.gen, k.bcnt, k.failed, k.due, k.stats, k.buckets]
+
+    def channel_keys(self, num_channels: int) -> list[str]:
+        """The channel streams ``ch:0 .. ch:<num_channels - 1>``, declared by scripts that persist."""
+        return [self.keys.channel(c) for c in range(num_channels)]
 
     def token_ttl_ms(self) -> int:
         """How long a flush token or dead-letter guard is kept.
@@ -131,8 +154,14 @@ class SourceStore:
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """Run one script; Redis errors become AckerError / RedisUnavailableError naming the source."""
         try:
+            if is_cluster(self.client):
+                # a failover (ClusterDown, then a new primary) or a slot migration (TRYAGAIN) takes
+                # seconds; redis-py's cluster client gives up sooner. Scripts are idempotent.
+                ride = OutageRetry(max(self.outage_budget_s, CLUSTER_RIDE_OUT_S), errors=_CLUSTER_TRANSIENT)
+                return ride.call_with_retry(lambda: self.script(name)(keys=keys, args=args),
+                                            lambda _exc: self._refresh_slots())
             return self.script(name)(keys=keys, args=args)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except (redis.ConnectionError, redis.TimeoutError, ClusterDownError, TryAgainError) as exc:
             where = mask_url(self._url or "<explicit client>")
             msg = f"Redis at {where} unreachable during {name} for source {self.keys.prefix!r}: {exc}"
             raise RedisUnavailableError(msg) from exc
@@ -140,33 +169,71 @@ class SourceStore:
             msg = f"{name} failed for source {self.keys.prefix!r}: {exc}"
             raise AckerError(msg) from exc
 
-    def wait_durable(self) -> None:
-        """In 'waitaof' mode, block until the server confirms the local AOF fsync of prior writes.
+    def node_client(self) -> redis.Redis:
+        """A client of the one server that owns this source's keys (the client itself if not a cluster)."""
+        client = self.client
+        if not is_cluster(client):
+            return client
+        cluster = cast(redis.RedisCluster, client)
+        node = cluster.get_node_from_key(self.keys.pend)  # type: ignore[no-untyped-call]
+        return cluster.get_redis_connection(node)
 
-        Raises :class:`DurabilityError` (never retried here) if the server refuses
-        WAITAOF or does not confirm within ``waitaof_timeout_ms``: the writes
-        reached the server, only their fsync is unconfirmed.
+    def run_durable(self, calls: Sequence[tuple[str, list[str], list[Any]]]) -> list[Any]:
+        """Run scripts that persist records, then wait until the durability mode's promise holds.
+
+        In 'none' and 'everysec' this is :meth:`run` per call. In 'waitaof',
+        'replicated' and 'replicated-aof' the calls and one WAITAOF or WAIT go
+        in one pipeline on one connection to the node that owns the source:
+        those commands confirm the writes of *their own connection*, so a wait
+        sent on another pooled connection, or to another cluster node, would
+        confirm nothing. Raises :class:`DurabilityError` (never retried here)
+        if the wait is refused or not confirmed within ``waitaof_timeout_ms``:
+        the writes reached the primary, only their fsync or replication is
+        unconfirmed. Every script here is idempotent, so a caller may retry.
         """
-        if self.config.durability != "waitaof":
-            return
+        wait = _WAITS.get(self.config.durability)
+        if wait is None or not calls:
+            return [self.run(name, keys, args) for name, keys, args in calls]
+        command, what = wait
         timeout_ms = self.config.waitaof_timeout_ms
         try:
-            local, _ = self.client.execute_command(  # type: ignore[no-untyped-call]
-                "WAITAOF", 1, 0, timeout_ms
-            )
-        except redis.ResponseError as exc:
+            pipe = self.node_client().pipeline(transaction=False)
+            for name, keys, args in calls:
+                self.script(name)(keys=keys, args=args, client=pipe)
+            pipe.execute_command(*command, timeout_ms)  # type: ignore[no-untyped-call]
+            replies = pipe.execute(raise_on_error=False)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self._refresh_slots()
+            where = mask_url(self._url or "<explicit client>")
+            msg = f"Redis at {where} unreachable during {calls[0][0]} for source {self.keys.prefix!r}: {exc}"
+            raise RedisUnavailableError(msg) from exc
+        for (name, _, _), reply in zip(calls, replies, strict=False):
+            if isinstance(reply, redis.ResponseError):
+                msg = f"{name} failed for source {self.keys.prefix!r}: {reply}"
+                raise AckerError(msg) from reply
+        mode = self.config.durability
+        confirm = replies[-1]
+        if isinstance(confirm, redis.ResponseError):
+            msg = f'durability = "{mode}": the server refused {command[0]} for {self.keys.prefix!r} ({what}): {confirm}'
+            raise DurabilityError(msg) from confirm
+        counts = [int(c) for c in confirm] if isinstance(confirm, list) else [int(confirm)]
+        if any(got < need for got, need in zip(counts, command[1:], strict=False)):
             msg = (
-                f'durability = "waitaof": the server refused WAITAOF for {self.keys.prefix!r} (it needs '
-                f"Redis >= 7.2 or Valkey with appendonly yes): {exc}"
-            )
-            raise DurabilityError(msg) from exc
-        if int(local) < 1:
-            msg = (
-                f'durability = "waitaof": the server did not confirm the AOF fsync of a write to '
-                f"{self.keys.prefix!r} within waitaof_timeout_ms={timeout_ms}; the write reached the "
-                f"server but may be lost if it crashes now (is its disk stalled, or appendfsync no?)"
+                f'durability = "{mode}": {what} was not confirmed for a write to {self.keys.prefix!r} '
+                f"within waitaof_timeout_ms={timeout_ms}; the write reached the primary but may be "
+                f"lost if it fails now"
             )
             raise DurabilityError(msg)
+        return list(replies[:-1])
+
+    def _refresh_slots(self) -> None:
+        """After a node did not answer: let a cluster client re-read the slot map (a failover)."""
+        client = self.client
+        if is_cluster(client):
+            try:
+                cast(redis.RedisCluster, client).nodes_manager.initialize()
+            except redis.RedisError as exc:
+                log.debug("slot map refresh failed: %s", exc)
 
     def register(self, num_channels: int) -> None:
         """Record the source in the namespace and its channel count in ``meta`` (first writer wins).
@@ -181,7 +248,7 @@ class SourceStore:
         pipe = self.client.pipeline(transaction=False)
         pipe.sadd(sources_key(k.namespace), f"{k.topology}/{k.source}")
         pipe.hsetnx(k.meta, "num_channels", num_channels)
-        pipe.hsetnx(k.meta, "format", 1)
+        pipe.hsetnx(k.meta, "format", FORMAT_VERSION)
         pipe.hsetnx(k.meta, "created_ms", now)
         pipe.hsetnx(k.key("gtime"), 0, now)
         pipe.setnx(owner_key(k.namespace), json.dumps({"created_ms": now, "by": OWNER_TAG}))

@@ -42,7 +42,7 @@ def persist_raw(layer: FTLayer, n: int, *, per_call: int = 20_000, channel: int 
         ]
         blob = b"".join(_SER.encode(r) for r in recs)
         args = [layer.store.keys.prefix, num_channels, blob]
-        count, _ = layer.store.run("PERSIST", layer.store.state_keys, args)
+        count, _ = layer.store.run("PERSIST", [*layer.store.state_keys, *layer.store.channel_keys(num_channels)], args)
         assert int(count) == len(recs)
         sids.extend(r.record_id.source_record_id for r in recs)
     return sids

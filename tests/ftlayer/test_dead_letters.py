@@ -114,18 +114,20 @@ def test_requeue_script_skips_entries_already_gone_and_is_all_or_nothing(
     layer = make_layer(max_replays=0)
     (rec,) = _dead_letter(layer, ["a"])
     store, k = layer.store, layer.store.keys
+    requeue_keys = [*store.state_keys, k.dlq, *store.channel_keys(layer.num_channels)]
     (entry,) = layer.dead_letters.list()
     new = SemiDeserializedRecord(rec.source_id, make_record(layer, "z").record_id, rec.key_hash, rec.origin_id, 0,
                                  rec.payload, rec.channel)
     blob = struct.pack(">H", len(entry.entry_id)) + entry.entry_id.encode() + _SER.encode(new)
     with pytest.raises(AckerError, match="out of range"):
-        store.run("REQUEUE", [*store.state_keys, k.dlq], [k.prefix, 1 if rec.channel else 0, blob])
+        n = 1 if rec.channel else 0
+        store.run("REQUEUE", [*store.state_keys, k.dlq, *store.channel_keys(n)], [k.prefix, n, blob])
     with pytest.raises(AckerError, match="truncated"):
-        store.run("REQUEUE", [*store.state_keys, k.dlq], [k.prefix, layer.num_channels, blob[:-50]])
+        store.run("REQUEUE", requeue_keys, [k.prefix, layer.num_channels, blob[:-50]])
     assert layer.dead_letters.count() == 1 and layer.pending_count() == 0
     # a concurrent purge wins: the entry is gone, nothing is persisted
     layer.dead_letters.purge([entry.entry_id])
-    assert store.run("REQUEUE", [*store.state_keys, k.dlq], [k.prefix, layer.num_channels, blob]) == 0
+    assert store.run("REQUEUE", requeue_keys, [k.prefix, layer.num_channels, blob]) == 0
     assert layer.pending_count() == 0 and layer.stats()["requeued"] == 0
 
 
@@ -135,11 +137,12 @@ def test_requeue_never_drops_an_entry_whose_new_id_is_taken(make_layer: Callable
     live = make_record(layer, "live")
     layer.persist([live])
     store, k = layer.store, layer.store.keys
+    requeue_keys = [*store.state_keys, k.dlq, *store.channel_keys(layer.num_channels)]
     (entry,) = layer.dead_letters.list()
     clash = SemiDeserializedRecord(rec.source_id, live.record_id, rec.key_hash, rec.origin_id, 0, rec.payload,
                                    rec.channel)
     blob = struct.pack(">H", len(entry.entry_id)) + entry.entry_id.encode() + _SER.encode(clash)
-    assert store.run("REQUEUE", [*store.state_keys, k.dlq], [k.prefix, layer.num_channels, blob]) == 0
+    assert store.run("REQUEUE", requeue_keys, [k.prefix, layer.num_channels, blob]) == 0
     assert layer.dead_letters.count() == 1
 
 

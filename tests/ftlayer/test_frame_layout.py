@@ -47,8 +47,8 @@ def test_generated_names_are_the_encoders_constants() -> None:
 @pytest.mark.parametrize("name", scripts.SCRIPT_NAMES)
 def test_every_script_starts_with_the_layout_and_spells_no_offset(name: str) -> None:
     body = getattr(scripts, name)
-    assert body.startswith(scripts.LAYOUT)
-    found = HARD_CODED.findall(body[len(scripts.LAYOUT):])
+    assert body.startswith(scripts.SHEBANG + scripts.LAYOUT)
+    found = HARD_CODED.findall(body[len(scripts.SHEBANG + scripts.LAYOUT):])
     assert not found, f"{name} reads a frame at a hard-coded offset: {found}"
 
 

@@ -1,0 +1,119 @@
+"""A source's whole life on a real Valkey Cluster, and the same on a single server.
+
+Every script runs with a ``#!lua`` shebang, so a cluster node refuses any key a script
+does not declare ("Attempted to access a non local key"): running every state change
+here on the cluster is the check that all scripts declare their keys. The client is
+redis-py's RedisCluster, picked by ``ftlayer.connection`` from ``INFO cluster``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ftlayer.cluster_server import EmbeddedCluster
+from ftlayer.config import FTConfig
+from ftlayer.connection import is_cluster
+from ftlayer.errors import DurabilityError
+from ftlayer.layer import FTLayer
+from serialization.serializers import make_record
+from tests.ftlayer.conftest import FakeClock, commit_all, hand_out
+
+
+@pytest.fixture(params=["single", "cluster"])
+def backend(request: pytest.FixtureRequest, redis_server_url: str) -> tuple[str, str]:
+    if request.param == "single":
+        return "single", redis_server_url
+    cluster: EmbeddedCluster = request.getfixturevalue("valkey_cluster")
+    return "cluster", cluster.urls[0]
+
+
+@pytest.fixture
+def cluster_layer(backend: tuple[str, str], clock: FakeClock) -> Iterator[FTLayer]:
+    cfg = FTConfig(redis_url=backend[1], namespace=f"t{uuid.uuid4().hex[:10]}", timeout_s=30.0, num_buckets=3,
+                   max_replays=1)
+    layer = FTLayer(cfg, "topo", "src", num_channels=4, clock=clock).open()
+    yield layer
+    for key in layer.store.client.scan_iter(match=f"{cfg.namespace}:*"):
+        layer.store.client.delete(key)
+
+
+def test_every_state_change_runs_on_the_backend(
+    cluster_layer: FTLayer, backend: tuple[str, str], clock: FakeClock
+) -> None:
+    layer = cluster_layer
+    assert is_cluster(layer.store.client) == (backend[0] == "cluster")
+    recs = [make_record(layer, {"i": i}, key=f"k{i}") for i in range(400)]
+    assert layer.persist(recs) == 400
+    assert layer.persist(recs[:50]) == 0  # a retried persist files nothing twice
+    assert hand_out(layer) == 400
+    by_sid = {r.record_id.source_record_id: r for r in recs}
+    sids = sorted(by_sid)
+    # acks for 200, an explicit fail for 20 (replayed, then dead-lettered), 180 left to time out
+    done = layer.ack({s: by_sid[s].record_id.current_record_id for s in sids[:200]})
+    assert len(done.acked) == 200
+    assert layer.fail(sids[200:220], "bad row") == 20
+    assert layer.replay_due().replayed == 20
+    assert hand_out(layer) == 200  # a task reads the 180 left and the 20 replays
+    for _ in range(layer.config.num_buckets):  # the timeout: every bucket rotates out
+        layer.on_timeout()
+    assert layer.stats()["failed_timeout"] == 200
+    clock.advance(60)
+    step = layer.replay_due()  # max_replays = 1: the 20 replays are spent and dead-letter
+    assert (step.replayed, step.dead_lettered) == (180, 20)
+    assert hand_out(layer) == 180
+    for _ in range(layer.config.num_buckets):
+        layer.on_timeout()
+    clock.advance(60)
+    assert layer.replay_due().dead_lettered == 180
+    assert layer.pending_count() == 0 and layer.dead_letter_count() == 200
+    # requeue them all, then ack them through the DataFrame path's batch settle
+    back = layer.requeue_dead_letters([d.entry_id for d in layer.list_dead_letters(count=1000)])
+    assert back.requeued == 200 and layer.pending_count() == 200
+    requeued_sids = [r.record_id.source_record_id for ch in range(layer.num_channels)
+                     for batch in layer.persistence.iter_channel(ch) for r in batch.records()]
+    assert len(requeued_sids) == 200
+    layer.record_batch_reads("q1", 7, requeued_sids)
+    assert layer.settle_batch("q1", 7, "ack") == 200
+    commit_all(layer)
+    stats = layer.stats()
+    assert stats["pending"] == 0 and stats["acked"] == 400 and stats["requeued"] == 200
+    assert layer.leftovers() == []
+
+
+def test_replicated_durability_is_refused_without_a_replica(redis_server_url: str) -> None:
+    cfg = FTConfig(redis_url=redis_server_url, namespace=f"t{uuid.uuid4().hex[:10]}", durability="replicated")
+    with pytest.raises(DurabilityError, match="connected replica"):
+        FTLayer(cfg, "topo", "src", num_channels=2).open()
+
+
+def test_replicated_persist_waits_for_a_replica_and_fails_loudly_without_one(tmp_path: Any) -> None:
+    """A persist in 'replicated' mode returns only once a replica has the writes: with the
+    replica frozen (SIGSTOP), it raises DurabilityError; in 'everysec' the same persist returns."""
+    import os
+    import signal
+
+    with EmbeddedCluster(primaries=1, replicas=1, data_dir=tmp_path / "cl") as cluster:
+        url = cluster.urls[0]
+        base = FTConfig(redis_url=url, namespace="rep", waitaof_timeout_ms=500)
+        layer = FTLayer(base.replace(durability="replicated"), "topo", "src", num_channels=2).open()
+        assert layer.persist([make_record(layer, i) for i in range(100)]) == 100
+        (primary,) = cluster.primary_ports()
+        (replica,) = cluster.replica_ports(primary)
+        with cluster.node_client(replica) as rc:
+            rc.execute_command("READONLY")
+            assert rc.hlen(layer.store.keys.pend) == 100  # WAIT returned: the replica has them
+        pid = next(n.pid for n in cluster.nodes if n.port == replica)
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(DurabilityError, match="replica"):
+                layer.persist([make_record(layer, i) for i in range(10)])
+            plain = FTLayer(base.replace(durability="everysec"), "topo", "src", num_channels=2).open()
+            assert plain.persist([make_record(plain, i) for i in range(10)]) == 10
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert layer.pending_count() == 120  # written, only unconfirmed: nothing was dropped
