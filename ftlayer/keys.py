@@ -43,6 +43,8 @@ key suffix        type    contents
                           id>/<batch id>``): task -> 1; deleted when the batch commits,
                           PX expiry as a safety net (``ftlayer.flush_tokens``)
 ``tok:dl:<sid>``   string  the dlq entry id of a record dead-lettered by ingest (retry guard)
+``tok:p:<hash>``   string  a PERSIST call was applied (``<hash>``: xxh64 of its frames; PX expiry):
+                          a retried call files nothing, even after its records were acked
 ``dfb:<q>:<b>``   list    DataFrame path: packed source_record_ids that the read tasks of
                           batch ``b`` of streaming query ``q`` emitted (one element per
                           page of a task, at most 4096 ids each; PX expiry); settled

@@ -190,21 +190,29 @@ local CH_BASE = #KEYS  -- scripts that persist set it to where their channel str
 
 PERSIST = (
     r"""
--- persist: file a batch of source records atomically.
--- KEYS: pend, gen, bcnt, failed, due, stats, bkt, ch:0 .. ch:<num_channels - 1>
--- ARGV: prefix, num_channels, frames (concatenated frames)
--- Returns: {persisted, bucket gen}; ids already in pend are skipped (client retry).
+-- persist: file a batch of source records atomically, at most once per call token.
+-- KEYS: pend, gen, bcnt, failed, due, stats, bkt, call token (tok:p:<hash of the frames>),
+--       ch:0 .. ch:<num_channels - 1>
+-- ARGV: prefix, num_channels, frames (concatenated frames), token ttl ms
+-- Returns: {persisted, bucket gen}. A retried call (its token exists) files nothing: its records
+-- were filed by the first call and may since have been read, processed and acked, so "not
+-- pending" cannot tell a retry from a new record; ids already in pend are skipped as well.
+-- A call whose writes a failover lost lost its token with them, so its retry files them again.
 -- Error (nothing written) if a frame is malformed or its channel >= num_channels.
 """
     + _STATE_KEYS
     + _COMMON
     + r"""
-CH_BASE = 7
+CH_BASE = 8
 local frames, err = split_frames(ARGV[3], tonumber(ARGV[2]))
 err = err or channel_keys_error(tonumber(ARGV[2]))
 if err then return redis.error_reply('ftlayer persist: ' .. err) end
+if redis.call('SET', KEYS[8], '1', 'NX', 'PX', ARGV[4]) == false then
+  redis.call('HINCRBY', K_STATS, 'persisted', 0)  -- a write all the same: see the note in REPLAY
+  return {0, tonumber(redis.call('GET', K_GEN) or '0')}
+end
 local count, gen = persist_frames(frames)
-redis.call('HINCRBY', K_STATS, 'persisted', count)
+redis.call('HINCRBY', K_STATS, 'persisted', count)  -- even 0: see REPLAY (a retry's wait covers the first call)
 return {count, gen}
 """
 )
@@ -514,7 +522,9 @@ for p = 1, #dead - 7, 8 do
     dead_n = dead_n + 1
   end
 end
-if replayed > 0 then redis.call('HINCRBY', K_STATS, 'replayed', replayed) end
+-- always a write, even of 0: a retried call then moves this connection's replication offset past
+-- the first call's writes, so the WAIT/WAITAOF that follows it covers them (SourceStore.run_durable)
+redis.call('HINCRBY', K_STATS, 'replayed', replayed)
 if dead_n > 0 then redis.call('HINCRBY', K_STATS, 'dead_lettered', dead_n) end
 return {replayed, dead_n}
 """
@@ -702,7 +712,7 @@ for i, eid in ipairs(ids) do
   end
 end
 local count = persist_frames(take)
-if count > 0 then redis.call('HINCRBY', K_STATS, 'requeued', count) end
+redis.call('HINCRBY', K_STATS, 'requeued', count)  -- even 0: see REPLAY (a retry's wait covers the first call)
 return count
 """
 )

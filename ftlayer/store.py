@@ -13,7 +13,7 @@ import logging
 import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import redis
 from redis.commands.core import Script
@@ -28,6 +28,7 @@ from ftlayer.layout import FORMAT_VERSION
 from ftlayer.outage import OutageRetry
 
 Clock = Callable[[], float]
+T = TypeVar("T")
 
 COUNTERS = (
     "persisted", "acked", "failed_explicit", "failed_timeout", "replayed",
@@ -154,13 +155,7 @@ class SourceStore:
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """Run one script; Redis errors become AckerError / RedisUnavailableError naming the source."""
         try:
-            if is_cluster(self.client):
-                # a failover (ClusterDown, then a new primary) or a slot migration (TRYAGAIN) takes
-                # seconds; redis-py's cluster client gives up sooner. Scripts are idempotent.
-                ride = OutageRetry(max(self.outage_budget_s, CLUSTER_RIDE_OUT_S), errors=_CLUSTER_TRANSIENT)
-                return ride.call_with_retry(lambda: self.script(name)(keys=keys, args=args),
-                                            lambda _exc: self._refresh_slots())
-            return self.script(name)(keys=keys, args=args)
+            return self.ride_out(lambda: self.script(name)(keys=keys, args=args))
         except (redis.ConnectionError, redis.TimeoutError, ClusterDownError, TryAgainError) as exc:
             where = mask_url(self._url or "<explicit client>")
             msg = f"Redis at {where} unreachable during {name} for source {self.keys.prefix!r}: {exc}"
@@ -168,6 +163,21 @@ class SourceStore:
         except redis.ResponseError as exc:
             msg = f"{name} failed for source {self.keys.prefix!r}: {exc}"
             raise AckerError(msg) from exc
+
+    def ride_out(self, call: Callable[[], T]) -> T:
+        """``call()``; on a cluster, retried through a failover or a slot migration.
+
+        A failover (connections refused, then CLUSTERDOWN, then a new primary) or a slot
+        migration (TRYAGAIN) takes seconds, and redis-py's cluster client gives up sooner; so
+        on a cluster ``call`` is retried with backoff for ``outage_budget_s`` or at least
+        :data:`CLUSTER_RIDE_OUT_S`, re-reading the slot map after each failure. Only for
+        idempotent calls (every ftlayer script, reads, trims). On a single server this is
+        ``call()``: the client's own retry rides out outages there.
+        """
+        if not is_cluster(self.client):
+            return call()
+        ride = OutageRetry(max(self.outage_budget_s, CLUSTER_RIDE_OUT_S), errors=_CLUSTER_TRANSIENT)
+        return ride.call_with_retry(call, lambda _exc: self._refresh_slots())
 
     def node_client(self) -> redis.Redis:
         """A client of the one server that owns this source's keys (the client itself if not a cluster)."""

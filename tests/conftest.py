@@ -7,7 +7,7 @@
 - ``fake_redis``: fakeredis with Lua, only for fast unit tests of single functions.
 - ``spark``: one local[2,4] SparkSession (2 cores, up to 4 attempts per task).
 - ``valkey_cluster``: a Valkey Cluster of 3 primaries and 3 replicas from the same
-  binary, started once on first use (preview of issue 18). Tests must not kill its
+  binary, started once on first use. Tests must not kill its
   nodes; fault tests start their own ``EmbeddedCluster``.
 """
 

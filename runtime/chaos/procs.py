@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from ftlayer.config import DURABILITY_MODES
+from ftlayer.config import SINGLE_SERVER_DURABILITY
 from ftlayer.frames import SemiDeserializedSerializer
 from ftlayer.layer import FTLayer
 from ftlayer.server import EmbeddedServer
@@ -98,8 +98,8 @@ def kill_redis(ctx: ScenarioContext, records: int, durability: str = "everysec",
     """SIGKILL the Redis server mid-run (half the records ingested) and restart it from its AOF
     after ``down_s``; assert what ``durability`` promises (see the module notes) and that the
     query lived through the outage."""
-    if durability not in DURABILITY_MODES:
-        msg = f"chaos kill-redis: durability must be one of {DURABILITY_MODES}, got {durability!r}"
+    if durability not in SINGLE_SERVER_DURABILITY:
+        msg = f"chaos kill-redis: durability must be one of {SINGLE_SERVER_DURABILITY}, got {durability!r}"
         raise ChaosError(msg)
     own = server is None
     if server is None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from ftlayer.config import FTConfig
 from ftlayer.connection import resolved
+from runtime.chaos import cluster as chaos_cluster
 from runtime.chaos import executors as chaos_executors
 from runtime.chaos import procs as chaos_procs
 from runtime.chaos import scenarios as chaos_scenarios
@@ -37,7 +38,7 @@ from runtime.chaos.base import ChaosError, ScenarioContext, new_workdir
 from runtime.checker import Report
 
 # scenarios that start (and kill) a Redis server of their own
-OWN_SERVER = frozenset({"kill-redis", "long-outage"})
+OWN_SERVER = frozenset({"kill-redis", "long-outage", "kill-primary"})
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,8 @@ SCENARIOS: dict[str, Scenario] = {
     "kill-redis": Scenario(chaos_procs.kill_redis, 3000, "the Redis server SIGKILLed, restarted from its AOF "
                                                          "after 3 s"),
     "long-outage": Scenario(chaos_procs.long_outage, 3000, "the Redis server down for 60 s mid-stream"),
+    "kill-primary": Scenario(chaos_cluster.kill_primary, 3000, "on a Valkey Cluster it starts: the source's "
+                             "primary SIGKILLed mid-run, a replica takes over"),
     "webhook-driver-kill": Scenario(chaos_webhook.webhook_driver_kill, 1500, "a webhook-fed driver SIGKILLed under "
                                     "load, restarted on the same port", needs_spark=False),
     "drop-connections": Scenario(chaos_scenarios.drop_connections, 3000, "CLIENT KILL every 200 ms"),

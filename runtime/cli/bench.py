@@ -13,6 +13,12 @@ repeated) and reports medians with their spread:
   (:mod:`runtime.bench.replay`).
 - ``latency``: complete latency (persist to ack) under steady load at a fixed
   trigger interval (:mod:`runtime.bench.latency`).
+- ``cluster``: persist + ack throughput of 2 client processes on a 1-primary and a
+  3-primary Valkey Cluster, alternating; ``cluster_scaling_ratio``
+  (:mod:`runtime.bench.cluster`).
+- ``masters``: FT-on end-to-end throughput on ``local[2]`` and on
+  ``local-cluster[2,1,1024]`` (two executor JVMs), each run in its own process
+  (:mod:`runtime.bench.masters`).
 - ``e2e``: FT on vs FT off vs hand-written Structured Streaming on the same
   topology and input, small records and 1 KiB payloads (:mod:`runtime.bench.e2e`), and the
   same for a DataFrame pipeline (:mod:`runtime.bench.e2e_dataframe`).
@@ -39,14 +45,16 @@ from ftlayer.errors import ConfigError
 from runtime.bench.acker import RESULTS, bench_acker, bench_memory, write_results
 from runtime.cli.env import add_env_options, resolve_env_defaults
 
-BENCHES = ("acker", "scaling", "replay", "latency", "e2e", "e2e-dataframe")
+BENCHES = ("acker", "scaling", "replay", "latency", "e2e", "e2e-dataframe", "cluster", "masters")
 DESCRIPTION = (
     "Run the benchmarks, print a JSON summary and merge it into results.json. Each benchmark measures its "
     "variants side by side in one run (alternating, repeated) and reports medians with their spread: "
     "acker (XOR updates vs raw Redis writes, bytes per pending record), scaling (throughput and memory at "
     "10k/100k/1M pending), replay (records processed again after a killed worker), latency (persist to ack "
     "at a fixed trigger), e2e (FT on vs FT off vs plain Structured Streaming, Topology and DataFrame "
-    "pipelines; e2e-dataframe: the DataFrame pipeline alone)."
+    "pipelines; e2e-dataframe: the DataFrame pipeline alone), cluster (persist+ack throughput of 2 client "
+    "processes on a 1-primary vs a 3-primary Valkey Cluster: cluster_scaling_ratio), masters (FT-on e2e "
+    "throughput on local[2] vs local-cluster[2,1,1024], each in its own process)."
 )
 
 
@@ -162,6 +170,22 @@ def run(args: argparse.Namespace) -> int:
             replay = bench_replay(url, records=args.replay_records, repeats=args.replay_repeats, progress=_say)
             summary["replay_precision"] = round(replay["replay_precision"], 3)
             summary["replay"] = replay
+        if "cluster" in selected:
+            from runtime.bench.cluster import bench_cluster_scaling
+
+            _say(f"cluster: 2 clients x {args.cluster_records:,} records, {args.cluster_repeats} alternating rounds "
+                 f"on 1 and 3 primaries")
+            cluster = bench_cluster_scaling(args.cluster_records, args.cluster_repeats, progress=_say)
+            summary["cluster"] = cluster
+            summary["cluster_scaling_ratio"] = round(cluster["ratio"]["median"], 3)
+        if "masters" in selected:
+            from runtime.bench.masters import bench_masters
+
+            _say(f"masters: FT-on e2e, {args.masters_records:,} records, {args.masters_repeats} alternating rounds "
+                 f"on local[2] and local-cluster[2,1,1024]")
+            masters = bench_masters(url, args.masters_records, args.masters_repeats, progress=_say)
+            summary["e2e_masters"] = masters
+            summary["local_cluster_vs_local_ratio"] = round(masters["local_cluster_vs_local_ratio"]["median"], 3)
         if {"latency", "e2e", "e2e-dataframe"} & set(selected):
             summary.update(_on_spark(url, selected, args))
     finally:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
-from ftlayer.config import DURABILITY_MODES, FTConfig
+from ftlayer.config import DURABILITY_MODES, SINGLE_SERVER_DURABILITY, FTConfig
 from ftlayer.connection import client_for, resolved
 from runtime.chaos.base import new_workdir
 from runtime.chaos.runner import OWN_SERVER, SCENARIOS, run_scenario
@@ -51,11 +52,18 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
 
         spark = local_session(f"ftlayer-chaos-{name}", master=args.master)
     runs: list[dict[str, Any]] = [{}]
-    if name == "kill-redis":
-        modes = DURABILITY_MODES if args.durability == "all" else (args.durability,)
+    if name in ("kill-redis", "kill-primary"):
+        every = SINGLE_SERVER_DURABILITY if name == "kill-redis" else DURABILITY_MODES
+        default = "all" if name == "kill-redis" else "replicated"
+        chosen = default if args.durability is None else args.durability
+        if chosen != "all" and chosen not in every:
+            print(f"ftlayer chaos: {name} takes --durability {' | '.join(every)} | all, not {chosen!r}",
+                  file=sys.stderr)
+            return 2
+        modes = every if chosen == "all" else (chosen,)
         runs = [{"durability": m} for m in modes]
         if config.redis_url:
-            print("ftlayer chaos: kill-redis kills a server it starts itself; --redis-url is not used")
+            print(f"ftlayer chaos: {name} kills a server it starts itself; --redis-url is not used")
     elif name in OWN_SERVER:
         if config.redis_url:
             print(f"ftlayer chaos: {name} kills a server it starts itself; --redis-url is not used")

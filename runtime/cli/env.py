@@ -79,9 +79,10 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
               "ignore saved offsets and read every file from its start"),
     EnvOption("chaos", "--records", "FTLAYER_CHAOS_RECORDS", "int", None,
               "records to emit; default the scenario's CI size (soak: 1000000)", metavar="N", lo=1),
-    EnvOption("chaos", "--durability", "FTLAYER_CHAOS_DURABILITY", "str", "all",
-              "kill-redis only: the durability mode to test, or 'all' for each in turn",
-              choices=("none", "everysec", "waitaof", "all")),
+    EnvOption("chaos", "--durability", "FTLAYER_CHAOS_DURABILITY", "str", None,
+              "kill-redis and kill-primary: the durability mode to test, or 'all' for each in turn "
+              "(default: all for kill-redis, replicated for kill-primary)",
+              choices=("none", "everysec", "waitaof", "replicated", "replicated-aof", "all")),
     EnvOption("chaos", "--workdir", "FTLAYER_CHAOS_WORKDIR", "str", None,
               "directory for the sink output, fault marks and checkpoint; default a new temporary directory",
               metavar="DIR"),
@@ -116,6 +117,12 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
     _bench("--e2e-dataframe-records", "E2E_DATAFRAME_RECORDS", "int", "300000",
            "e2e: small records per run of the DataFrame pipeline", lo=1),
     _bench("--e2e-repeats", "E2E_REPEATS", "int", "3", "e2e: alternating rounds per variant"),
+    _bench("--cluster-records", "CLUSTER_RECORDS", "int", "200000",
+           "cluster: records each of the 2 client processes persists and acks per round", lo=1),
+    _bench("--cluster-repeats", "CLUSTER_REPEATS", "int", "3", "cluster: alternating rounds per cluster size", lo=1),
+    _bench("--masters-records", "MASTERS_RECORDS", "int", "200000",
+           "masters: records of each measured FT-on run on local[2] and on local-cluster[2,1,1024]", lo=1),
+    _bench("--masters-repeats", "MASTERS_REPEATS", "int", "2", "masters: alternating rounds per master", lo=1),
 )
 
 # Variables read elsewhere than an option default: (name, what reads it).

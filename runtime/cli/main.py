@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_redis.add_argument("--port", type=int, default=None, help="port; default a free one")
     p_redis.add_argument(
         "--cluster", action="store_true",
-        help="run a test Valkey Cluster instead (preview): 3 primaries with 1 replica each, free ports; "
+        help="run a test Valkey Cluster instead: 3 primaries with 1 replica each, free ports; "
              "ftlayer's scripts do not run on it yet",
     )
     p_redis.set_defaults(func=_cmd_redis)

@@ -42,8 +42,11 @@ and is kept in ``Ingestor.error`` (the query keeps running and drains what was
 persisted; ``FTQuery.drained()`` then raises instead of reporting drained).
 A :class:`~ftlayer.errors.DurabilityError` (a WAITAOF that timed out in 'waitaof'
 mode: the batch reached the server, its fsync is unconfirmed) stops ingest and
-is kept in ``Ingestor.error``, never retried, since a retry would persist the
-batch again under new ids. Any other Redis error (unreachable, restarting, a script refused) never stops ingest:
+is kept in ``Ingestor.error``, never retried: a stalled disk is for an operator.
+In the 'replicated' modes an unconfirmed WAIT is transient (a failover, a new
+primary without its replica yet): ingest pauses (``paused`` says "durability")
+and retries the same records, which PERSIST skips if already filed, until a
+replica confirms them. Any other Redis error (unreachable, restarting, a script refused) never stops ingest:
 it pauses (``Ingestor.paused`` says why; counted in ``Ingestor.pauses``) and
 retries with backoff, holding the batch, for as long as the outage lasts, so
 nothing read from the source is dropped while the process lives, unless
@@ -164,12 +167,28 @@ class PersistDestination:
         self.batch_size = min(layer.config.flush_batch_size, layer.config.ingest_batch_records)
         self.max_pending = layer.config.max_pending
         self.label = layer.keys.prefix
+        # replicated modes: a wait that is not confirmed (a failover, a replica catching up) is
+        # transient, and a retry of the same frames is safe (see put)
+        self.retry_durability = layer.config.durability.startswith("replicated")
         self._rejecting: tuple[Any, str, SemiDeserializedRecord] | None = None  # a reject being retried
+        self._putting: tuple[list[bytes], list[bytes]] | None = None  # a batch being retried
 
     def put(self, payloads: list[bytes], hashes: list[int], channels: list[int]) -> None:
-        # hot path: frames straight from the parts; channels come from the source's partitioner
-        frames = encode_source_frames(self.layer.source_id, new_ids(2 * len(payloads)), hashes, payloads, channels)
+        # hot path: frames straight from the parts; channels come from the source's partitioner.
+        # Ingest retries a failed put with the same payloads list: reuse its frames (same ids), so
+        # a call that reached the server before its reply was lost files nothing twice (PERSIST
+        # skips known ids), and its durability wait covers them again (PERSIST always writes its
+        # counter, so the wait's replication offset is past the first call's writes).
+        held = self._putting
+        if held is not None and held[0] is payloads:
+            frames = held[1]
+        else:
+            frames = encode_source_frames(
+                self.layer.source_id, new_ids(2 * len(payloads)), hashes, payloads, channels
+            )
+            self._putting = (payloads, frames)
         self.layer.persist_frames(frames)
+        self._putting = None
 
     def reject(self, value: Any, reason: str) -> None:
         # Ingest retries a failed reject with the same value: reuse the record built for it, so
@@ -221,6 +240,7 @@ class Ingestor:
         self.error: BaseException | None = None  # why ingest stopped for good (the source or a hook raised)
         self.paused: str | None = None  # why ingest waits right now (backpressure, Redis unreachable)
         self.pauses = 0  # how many times it started waiting for Redis to come back
+        self.durability_retries = 0  # persists retried because no replica confirmed them (replicated modes)
         self._pause_kind: str | None = None
         self._stop = threading.Event()
         self._done = threading.Event()
@@ -312,8 +332,15 @@ class Ingestor:
         while True:
             try:
                 call()
-            except DurabilityError:  # the write reached the server; a retry would persist it again
-                raise
+            except DurabilityError as exc:  # the write reached the server, its wait is unconfirmed
+                if not getattr(self.destination, "retry_durability", False) or self._stop.is_set():
+                    raise
+                failures += 1
+                self.durability_retries += 1
+                if failures == 1:
+                    log.warning("%s of %s: %s; retrying the same records", what, self.destination.label, exc)
+                self._pause("durability", f"{what}: {exc}")
+                self._stop.wait(PAUSE_BACKOFF.compute(failures))
             except RETRYABLE as exc:
                 if self._stop.is_set():
                     raise

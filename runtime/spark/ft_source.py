@@ -348,12 +348,13 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         Without admission control (pyspark 4.0 calls it with no arguments) it
         returns the tails: no cap, no trim.
         """
-        self._check_once()
+        # a cluster failover is waited out, not an error: every call here is idempotent
+        self.layer.store.ride_out(self._check_once)
         if start is None:
-            tails = self._last_tails = self.tails()
+            tails = self._last_tails = self.layer.store.ride_out(self.tails)
             return tails
         self._check_offset(start, "start")
-        tails = self._last_tails = self.tails(trim_upto=start)
+        tails = self._last_tails = self.layer.store.ride_out(lambda: self.tails(trim_upto=start))
         end: Offset = {}
         for c in self.channels:
             k = channel_key(c)
@@ -444,9 +445,13 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
     def commit(self, end: Offset) -> None:
         """Spark committed everything up to ``end``: trim each channel stream there (one round trip)."""
         self._check_offset(end, "committed")
-        pipe = self.layer.client.pipeline(transaction=False)
-        self._queue_trims(pipe, end)
-        pipe.execute()
+
+        def trim() -> None:
+            pipe = self.layer.client.pipeline(transaction=False)
+            self._queue_trims(pipe, end)
+            pipe.execute()
+
+        self.layer.store.ride_out(trim)  # idempotent: a cluster failover is waited out
 
 
 class FTSource(DataSource):

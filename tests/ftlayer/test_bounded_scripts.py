@@ -16,6 +16,7 @@ import redis
 from ftlayer.config import FTConfig
 from ftlayer.frames import SemiDeserializedSerializer
 from ftlayer.layer import FTLayer
+from ftlayer.persistence import persist_token
 from ftlayer.script_bounds import SCRIPT_MAX_BYTES, split_call
 from ftlayer.server import EmbeddedServer
 from ftlayer.service import FTService
@@ -41,8 +42,10 @@ def persist_raw(layer: FTLayer, n: int, *, per_call: int = 20_000, channel: int 
             for i in range(lo, min(n, lo + per_call))
         ]
         blob = b"".join(_SER.encode(r) for r in recs)
-        args = [layer.store.keys.prefix, num_channels, blob]
-        count, _ = layer.store.run("PERSIST", [*layer.store.state_keys, *layer.store.channel_keys(num_channels)], args)
+        args = [layer.store.keys.prefix, num_channels, blob, 60_000]
+        token = persist_token(layer.store, blob)
+        keys = [*layer.store.state_keys, token, *layer.store.channel_keys(num_channels)]
+        count, _ = layer.store.run("PERSIST", keys, args)
         assert int(count) == len(recs)
         sids.extend(r.record_id.source_record_id for r in recs)
     return sids

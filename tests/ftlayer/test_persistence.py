@@ -80,3 +80,25 @@ def test_trim_done_drops_only_the_completed_head(layer: FTLayer) -> None:
     layer.fail([r.record_id.source_record_id for r in second[1:]])
     assert layer.persistence.trim_done() == 1 and client.xlen(ch) == 0
     assert layer.persistence.trim_done() == 0
+
+
+def test_a_retried_persist_files_nothing_even_after_its_records_were_acked(
+    make_layer: Callable[..., FTLayer],
+) -> None:
+    """Records are visible as soon as PERSIST runs, before a durability wait or a lost reply lets
+    the caller retry: the retry must not file records that were processed and acked meanwhile."""
+    layer = make_layer()
+    recs = [make_record(layer, i, channel=i % 4) for i in range(30)]
+    frames = [SemiDeserializedSerializer().encode(r) for r in recs]
+    assert layer.persist_frames(frames) == 30
+    assert len(layer.ack({r.record_id.source_record_id: r.record_id.current_record_id for r in recs}).acked) == 30
+    assert layer.persist_frames(frames) == 0  # the retry
+    assert layer.pending_count() == 0 and layer.stats()["persisted"] == 30
+    assert sum(len(layer.persistence.read_channel(c).frames) for c in range(4)) == 0
+
+
+def test_an_overlapping_batch_is_not_taken_for_a_retry(layer: FTLayer) -> None:
+    recs = [make_record(layer, i, key=f"k{i}") for i in range(20)]
+    assert layer.persist(recs[:10]) == 10
+    assert layer.persist(recs) == 10  # the same first record, but another call: the new ten are filed
+    assert layer.pending_count() == 20
