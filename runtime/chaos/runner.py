@@ -31,6 +31,7 @@ from ftlayer.config import FTConfig
 from ftlayer.connection import resolved
 from runtime.chaos import cluster as chaos_cluster
 from runtime.chaos import executors as chaos_executors
+from runtime.chaos import ingest_procs as chaos_ingest
 from runtime.chaos import procs as chaos_procs
 from runtime.chaos import scenarios as chaos_scenarios
 from runtime.chaos import webhook as chaos_webhook
@@ -62,6 +63,8 @@ SCENARIOS: dict[str, Scenario] = {
     "kill-redis": Scenario(chaos_procs.kill_redis, 3000, "the Redis server SIGKILLed, restarted from its AOF "
                                                          "after 3 s"),
     "long-outage": Scenario(chaos_procs.long_outage, 3000, "the Redis server down for 60 s mid-stream"),
+    "kill-ingest": Scenario(chaos_ingest.kill_ingest, 6000, "one of two `ftlayer ingest` processes feeding a "
+                            "DataFrame query SIGKILLed mid-file and restarted"),
     "kill-primary": Scenario(chaos_cluster.kill_primary, 3000, "on a Valkey Cluster it starts: the source's "
                              "primary SIGKILLed mid-run, a replica takes over"),
     "webhook-driver-kill": Scenario(chaos_webhook.webhook_driver_kill, 1500, "a webhook-fed driver SIGKILLed under "
