@@ -38,14 +38,14 @@ from __future__ import annotations
 import math
 import operator
 import struct
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ftlayer.errors import InvalidArgumentError, InvalidIdError
 from ftlayer.flush_tokens import FlushToken, as_token
 from ftlayer.script_bounds import FLUSH_MAX_RECORDS
-from ftlayer.store import SourceStore, unpack_ids
+from ftlayer.store import SourceStore, pack_ids, unpack_ids
 
 MAX_REASON_BYTES = 8192
 NO_REPLAY_FLAG = 0x8000  # top bit of a fail's reason length (reasons are < 2**15 bytes): dead-letter at once
@@ -222,7 +222,46 @@ class AckerTable:
         """Ack records: ``{source_record_id: current_record_id}`` XORed out (a sink's ack)."""
         return self.xor(current_ids, token=token)
 
-    def _flush(self, deltas: bytes, fails: bytes, token: FlushToken | None) -> FlushResult:
+    def complete(self, deltas: Mapping[int, int]) -> FlushResult:
+        """Apply only the deltas that complete their record; leave every other record untouched.
+
+        ``acked`` lists the ids this call completed; a delta not applied (its record's tree is
+        still open elsewhere) is the caller's to send later with a token. Needs no token: an
+        applied delta deletes its record, so repeating the call (a client retry, a task retry
+        that re-sends it) finds the id no longer pending and changes nothing (counted late).
+        Bad input is refused whole, as for :meth:`xor`.
+        """
+        where = f"completing flush of source {self.store.keys.prefix!r}"
+        size = min(self.store.config.flush_batch_size, FLUSH_MAX_RECORDS)
+        try:
+            combined = {sid: v for sid, v in deltas.items() if v or not isinstance(v, int)}
+            sids = sorted(combined)
+            packed = [pack_deltas({sid: combined[sid] for sid in sids[i : i + size]})
+                      for i in range(0, len(sids), size)]
+        except (TypeError, ValueError, struct.error) as exc:
+            raise _diagnose(deltas.items(), where) from exc
+        result = FlushResult()
+        for blob in packed:
+            result = result.merge(self._flush(blob, b"", None, completing_only=True))
+        return result
+
+    def pending_of(self, source_record_ids: Sequence[int]) -> list[bool]:
+        """For each id, whether its record is still pending (neither completed nor failed).
+
+        Read-only; one call per ``FLUSH_MAX_RECORDS`` ids. A task retry uses it to skip records
+        that an earlier attempt already brought to completion (or that failed and will replay).
+        """
+        where = f"pending check of source {self.store.keys.prefix!r}"
+        ids = [check_id(sid, where) for sid in source_record_ids]
+        out: list[bool] = []
+        for i in range(0, len(ids), FLUSH_MAX_RECORDS):
+            reply = self.store.run("PENDING", [self.store.keys.pend],
+                                   [self.store.keys.prefix, pack_ids(ids[i : i + FLUSH_MAX_RECORDS])])
+            out.extend(b == ord("1") for b in (reply or b""))
+        return out
+
+    def _flush(self, deltas: bytes, fails: bytes, token: FlushToken | None, *,
+               completing_only: bool = False) -> FlushResult:
         store = self.store
         keys = [*store.state_keys, store.keys.token(token.batch if token else "-")]
         args = [
@@ -234,6 +273,7 @@ class AckerTable:
             store.now_ms(),
             *store.backoff_args(),
             token.task if token else "-",
+            "1" if completing_only else "0",
         ]
         applied, acked_blob, late, failed = store.run("FLUSH", keys, args)
         return FlushResult(bool(applied), unpack_ids(acked_blob or b""), int(late), int(failed))

@@ -130,6 +130,11 @@ class FTConfig:
         "Most source records ingest takes before it persists them, if below flush_batch_size "
         "(1-1000000); it bounds what a source without an ack hook can lose if the driver dies "
         "(1: persist each record alone)."))
+    sink_ack_every_records: int = field(default=1_000, metadata=_doc(
+        "A sink task acks the records it wrote once this many are unacked (checked after each "
+        "Arrow batch it writes), not only when it ends, and a retried sink task skips the records an "
+        "earlier attempt completed, so this bounds what a killed Python worker makes the sink write "
+        "twice (0-1000000; 0: ack once per task and let a retry write everything again, as Spark does)."))
     outage_budget_s: float = field(default=300.0, metadata=_doc(
         "How long Spark tasks, the FT source and the FT service wait for an unreachable Redis, "
         "retrying with backoff, before they give up, seconds (> 0). Ingest never gives up: it pauses."))
@@ -183,6 +188,7 @@ class FTConfig:
         _at_least("waitaof_timeout_ms", self.waitaof_timeout_ms, 1)
         _between("flush_batch_size", self.flush_batch_size, 1, 1_000_000)
         _between("ingest_batch_records", self.ingest_batch_records, 1, 1_000_000)
+        _between("sink_ack_every_records", self.sink_ack_every_records, 0, 1_000_000)
         _positive("outage_budget_s", self.outage_budget_s)
         _between("metrics_port", self.metrics_port, 0, 65535)
         if not self.state_dir.strip():

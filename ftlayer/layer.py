@@ -97,6 +97,14 @@ class FTLayer:
         """Ack ``{source_record_id: current_record_id}`` (the last XOR of a record's life)."""
         return self.acker.ack(current_ids, token=token)
 
+    def complete(self, deltas: Mapping[int, int]) -> FlushResult:
+        """Apply only the deltas that complete their record (no token needed; see AckerTable)."""
+        return self.acker.complete(deltas)
+
+    def pending_of(self, source_record_ids: Sequence[int]) -> list[bool]:
+        """Per id: still pending? (read-only; see AckerTable.pending_of)"""
+        return self.acker.pending_of(source_record_ids)
+
     def fail(self, source_record_ids: Iterable[int], reason: str = "failed explicitly") -> int:
         """Fail pending records now (explicit fail); returns how many were still pending.
 

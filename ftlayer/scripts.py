@@ -223,11 +223,14 @@ FLUSH = (
 -- KEYS: pend, gen, bcnt, failed, due, stats, bkt, token key (a hash per micro-batch of a query)
 -- ARGV: prefix, use_token ('1'|'0'), token ttl ms, deltas (n x [sid 8][value 8]),
 --       fails (n x [sid 8][reason len u16, top bit = no replay][reason]), now ms, backoff initial ms,
---       backoff multiplier, backoff max ms, token field (the task's flush in that batch)
+--       backoff multiplier, backoff max ms, token field (the task's flush in that batch),
+--       completing only ('1': apply a delta only if it completes its record, leave the others
+--       untouched; optional, default '0')
 -- Returns: {applied (1, or 0 if the token was seen), acked sids (packed 8-byte),
 --           late deltas (ids no longer pending), failed count}
 -- A delta for an id that is not pending (already acked or failed) is ignored:
--- late acks never resurrect or corrupt a record.
+-- late acks never resurrect or corrupt a record. A completing-only call needs no token: a
+-- delta it applies deletes its record, so the same call again finds nothing to change.
 """
     + _STATE_KEYS
     + _COMMON
@@ -255,6 +258,7 @@ while pos + 9 <= #fails do
   end
 end
 local deltas, acked, late = ARGV[4], {}, 0
+local completing_only = ARGV[11] == '1'
 local n = math.floor(#deltas / 16)
 for base = 0, n - 1, CHUNK do
   local sids, last = {}, math.min(n - 1, base + CHUNK - 1)
@@ -272,7 +276,7 @@ for base = 0, n - 1, CHUNK do
         done[#done + 1] = sid
         bucket_done(struct.unpack('>I4', v, P_GEN))
         acked[#acked + 1] = sid
-      else
+      elseif not completing_only then
         kv[#kv + 1] = sid
         kv[#kv + 1] = struct.pack('>i4i4', r1, r2) .. string.sub(v, P_GEN)
       end
@@ -288,6 +292,18 @@ if failed_n > 0 then redis.call('HINCRBY', K_STATS, 'failed_explicit', failed_n)
 return {1, table.concat(acked), late, failed_n}
 """
 )
+
+PENDING = r"""
+-- pending: which of the given records are still pending (neither completed nor failed).
+-- KEYS: pend
+-- ARGV: prefix, sids (packed 8-byte)
+-- Returns: a string with one byte per sid, '1' if pending, else '0'. Read-only.
+local sids, out = ARGV[2], {}
+for pos = 1, #sids - 7, 8 do
+  out[#out + 1] = redis.call('HEXISTS', KEYS[1], string.sub(sids, pos, pos + 7)) == 1 and '1' or '0'
+end
+return table.concat(out)
+"""
 
 ROTATE = r"""
 -- rotate: open new timeout buckets up to a target generation; queue the expired ones for scanning.
@@ -816,7 +832,7 @@ return {settled, redis.call('LLEN', KEYS[8])}
 #: Every script the store may run; each gets :data:`LAYOUT` in front of it.
 SCRIPT_NAMES = (
     "PERSIST", "FLUSH", "ROTATE", "EXPIRE", "REPLAY", "READ_CHANNEL", "LEASE", "RELEASE", "TRIM_DONE", "REQUEUE",
-    "DEAD_LETTER", "RESCALE", "BATCH_SETTLE",
+    "DEAD_LETTER", "RESCALE", "BATCH_SETTLE", "PENDING",
 )
 #: First line of every script: a ``#!lua`` shebang makes the server hold a script to the
 #: keys it declares (a cluster refuses any other key; Redis >= 7.0 or Valkey needed).

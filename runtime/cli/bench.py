@@ -11,6 +11,9 @@ repeated) and reports medians with their spread:
 - ``replay``: kill one Python worker during a batch; records processed again
   vs records the fault lost, and what Spark's batch recovery re-runs
   (:mod:`runtime.bench.replay`).
+- ``retry``: the same kill on ``local[2,4]``, where Spark retries the task: what
+  the retry writes again and the sink duplicates, ftlayer next to plain
+  Structured Streaming (:mod:`runtime.bench.retry`).
 - ``latency``: complete latency (persist to ack) under steady load at a fixed
   trigger interval (:mod:`runtime.bench.latency`).
 - ``cluster``: persist + ack throughput of 2 client processes on a 1-primary and a
@@ -45,16 +48,17 @@ from ftlayer.errors import ConfigError
 from runtime.bench.acker import RESULTS, bench_acker, bench_memory, write_results
 from runtime.cli.env import add_env_options, resolve_env_defaults
 
-BENCHES = ("acker", "scaling", "replay", "latency", "e2e", "e2e-dataframe", "cluster", "masters")
+BENCHES = ("acker", "scaling", "replay", "retry", "latency", "e2e", "e2e-dataframe", "cluster", "masters")
 DESCRIPTION = (
     "Run the benchmarks, print a JSON summary and merge it into results.json. Each benchmark measures its "
     "variants side by side in one run (alternating, repeated) and reports medians with their spread: "
     "acker (XOR updates vs raw Redis writes, bytes per pending record), scaling (throughput and memory at "
-    "10k/100k/1M pending), replay (records processed again after a killed worker), latency (persist to ack "
-    "at a fixed trigger), e2e (FT on vs FT off vs plain Structured Streaming, Topology and DataFrame "
-    "pipelines; e2e-dataframe: the DataFrame pipeline alone), cluster (persist+ack throughput of 2 client "
-    "processes on a 1-primary vs a 3-primary Valkey Cluster: cluster_scaling_ratio), masters (FT-on e2e "
-    "throughput on local[2] vs local-cluster[2,1,1024], each in its own process)."
+    "10k/100k/1M pending), replay (records processed again after a killed worker), retry (what a task "
+    "retry on local[2,4] writes again and the sink duplicates it leaves, ftlayer vs plain Spark), latency "
+    "(persist to ack at a fixed trigger), e2e (FT on vs FT off vs plain Structured Streaming, Topology and "
+    "DataFrame pipelines; e2e-dataframe: the DataFrame pipeline alone), cluster (persist+ack throughput of "
+    "2 client processes on a 1-primary vs a 3-primary Valkey Cluster: cluster_scaling_ratio), masters "
+    "(FT-on e2e throughput on local[2] vs local-cluster[2,1,1024], each in its own process)."
 )
 
 
@@ -170,6 +174,12 @@ def run(args: argparse.Namespace) -> int:
             replay = bench_replay(url, records=args.replay_records, repeats=args.replay_repeats, progress=_say)
             summary["replay_precision"] = round(replay["replay_precision"], 3)
             summary["replay"] = replay
+        if "retry" in selected:
+            from runtime.bench.retry import bench_retry
+
+            retry = bench_retry(url, records=args.replay_records, repeats=args.replay_repeats, progress=_say)
+            summary["task_retry"] = retry
+            summary["retry_duplicates_vs_spark"] = round(retry["retry_duplicates_vs_spark"]["median"], 3)
         if "cluster" in selected:
             from runtime.bench.cluster import bench_cluster_scaling
 

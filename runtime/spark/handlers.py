@@ -12,8 +12,10 @@
 - **XorHandler** (operators and sinks): XORs each output id in and the input id
   out (the ack). An operator puts the delta of each input on its first output
   (or on a *carrier row* when it has none), so deltas cross Spark exchanges
-  with the data; the sink combines everything it received per source record
-  and flushes once per task with an idempotent token. Fails (``FailRecord`` or
+  with the data; the sink combines everything it received per source record,
+  sends the deltas that complete records as it goes (``sink_ack_every_records``,
+  applied only where they complete, so safe without a token) and flushes the
+  rest once per task with an idempotent token. Fails (``FailRecord`` or
   any other exception in user code, a key selector, packing an output, keyed
   state, or decoding an input) are flushed by the task that saw them; a
   ``FailRecord(..., replay=False)`` is dead-lettered without replays.
@@ -92,10 +94,34 @@ class XorHandler:
     deltas: dict[int, dict[int, int]] = field(default_factory=dict)
     fails: dict[int, dict[int, str]] = field(default_factory=dict)
     no_replay: dict[int, set[int]] = field(default_factory=dict)
+    touched: dict[int, set[int]] = field(default_factory=dict)  # ids XORed since the last flush
 
     def xor(self, src: int, sid: int, value: int) -> None:
         per = self.deltas.setdefault(src, {})
         per[sid] = per.get(sid, 0) ^ value
+        self.touched.setdefault(src, set()).add(sid)
+
+    def flush_completing(self, layers: Mapping[int, FTLayer]) -> int:
+        """Send the combined delta of every id XORed since the last flush, to be applied only
+        where it completes the record (:meth:`FTLayer.complete`); forget those ids, keep the rest
+        for a later flush. Returns how many records completed.
+
+        Safe without a token: a completing delta deletes its record, so sending it again (a
+        retry of this call, a retried task) changes nothing; a delta that does not complete is
+        never applied here, so it cannot be applied twice. Ids this task failed are left for
+        :meth:`flush` (their fail goes first there).
+        """
+        completed = 0
+        for src, sids in self.touched.items():
+            per = self.deltas.get(src, {})
+            failed = self.fails.get(src, {})
+            send = {sid: per[sid] for sid in sids if per.get(sid) and sid not in failed}
+            if send:
+                for sid in layers[src].complete(send).acked:
+                    del per[sid]
+                    completed += 1
+        self.touched.clear()
+        return completed
 
     def fail(self, src: int, sid: int, reason: str, *, replay: bool = True) -> None:
         per = self.fails.setdefault(src, {})
@@ -128,6 +154,7 @@ class XorHandler:
         self.deltas.clear()
         self.fails.clear()
         self.no_replay.clear()
+        self.touched.clear()
         return out
 
 
@@ -258,6 +285,22 @@ class FTHandler:
         if not self.xors.empty():
             self.xors.flush(layers, token)
 
+    def flush_completing(self, layers: Mapping[int, FTLayer]) -> int:
+        """Ack now the records whose trees this task's deltas complete (see XorHandler)."""
+        return self.xors.flush_completing(layers)
+
+    def still_pending(self, layers: Mapping[int, FTLayer], rows: list[Row]) -> list[Row]:
+        """The rows whose source record is still pending (a retried task's filter): a record an
+        earlier attempt completed was written, and one that failed will be replayed."""
+        by_src: dict[int, list[int]] = {}
+        for row in rows:
+            by_src.setdefault(row[0], []).append(row[1])
+        alive: dict[int, set[int]] = {}
+        for src, sids in by_src.items():
+            flags = layers[src].pending_of(sids)
+            alive[src] = {sid for sid, ok in zip(sids, flags, strict=True) if ok}
+        return [row for row in rows if row[1] in alive[row[0]]]
+
 
 class NonFTHandler(FTHandler):
     """Non-operating handler (FT status off): same calls, no ids, no XOR, no Redis.
@@ -290,6 +333,12 @@ class NonFTHandler(FTHandler):
 
     def flush(self, layers: Mapping[int, FTLayer], token: str | FlushToken) -> None:
         return None
+
+    def flush_completing(self, layers: Mapping[int, FTLayer]) -> int:
+        return 0
+
+    def still_pending(self, layers: Mapping[int, FTLayer], rows: list[Row]) -> list[Row]:
+        return rows
 
 
 def handler_for(ft_on: bool, operator_id: int) -> FTHandler:

@@ -4,8 +4,16 @@
 Arrow batch it decodes the values once, calls the sink's ``write``, and on
 success acks every record of the batch (current id XOR the carried delta); a
 write that raises fails the batch's records, which are replayed. The task
-flushes once, with an idempotent token. :class:`DriverSinkBatch` does the same
-on the driver for a :class:`~runtime.sinks.ForeachBatchSink`.
+flushes at its end, with an idempotent token. :class:`DriverSinkBatch` does the
+same on the driver for a :class:`~runtime.sinks.ForeachBatchSink`.
+
+Progressive acks (``sink_ack_every_records``): once that many written records
+are unacked, the task sends their deltas right away, applied only where they
+complete a record (``FTLayer.complete``, safe without a token); the rest waits
+for the end-of-task flush. A retried task (attempt > 0, e.g. after its Python
+worker was killed) first drops the rows whose record is no longer pending: an
+earlier attempt completed it (written and acked) or it failed (it will be
+replayed). So a retry writes again only what the dead attempt had not acked.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ __all__ = ["DriverSinkBatch", "SinkStage"]
 
 @dataclass(frozen=True)
 class SinkStage:
-    """The mapInArrow function of an executor sink: decode, write, ack (or fail), flush once."""
+    """The mapInArrow function of an executor sink: decode, write, ack (or fail) as it goes, flush at the end."""
 
     env: TaskEnv
     stage_id: int
@@ -42,18 +50,23 @@ class SinkStage:
         partition = tc.partitionId() if tc else 0
         attempt = tc.attemptNumber() if tc else 0
         handler = handler_for(self.env.config.ft_on, self.stage_id)
+        layers = self.env.layers() if handler.ft_on else {}
+        every = self.env.config.sink_ack_every_records if handler.ft_on else 0
         chain = make_chain(self.ops) if self.ops else None
-        written = 0
+        written = unacked = 0
         ctx = SinkContext(str(batch_id), partition, attempt)
         for rb in batches:
             rows: Iterable[Row] = decode_rows(rb, handler, None)
             if chain is not None:  # fused operators: their deltas ride on their outputs
                 rows = handler.process(rows, chain)
+            received = handler.receive(rows)
+            if every and attempt > 0 and received:  # a retry: what an earlier attempt completed stays written
+                received = handler.still_pending(layers, received)
             acks: list[tuple[int, int, int]] = []
             values: list[Any] = []
             origins: list[int] = []
             sids: list[int] = []
-            for src, sid, cid, origin, value, delta in handler.receive(rows):
+            for src, sid, cid, origin, value, delta in received:
                 acks.append((src, sid, cid ^ delta))
                 values.append(value)
                 origins.append(origin)
@@ -66,9 +79,13 @@ class SinkStage:
             else:
                 handler.ack(acks)
                 written += len(values)
+                unacked += len(values)
+            if every and unacked >= every:
+                handler.flush_completing(layers)
+                unacked = 0
         self.env.report(handler)
         if handler.ft_on:
-            handler.flush(self.env.layers(), self.env.token(f"st{self.stage_id}"))
+            handler.flush(layers, self.env.token(f"st{self.stage_id}"))
         self.sink.after_flush(ctx)
         yield pa.RecordBatch.from_arrays([pa.array([written], pa.int64())], names=["written"])
 
