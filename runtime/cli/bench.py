@@ -5,6 +5,8 @@ repeated) and reports medians with their spread:
 
 - ``acker``: XOR updates through the AckerTable vs raw pipelined Redis writes,
   and Redis bytes per pending record (:mod:`runtime.bench.acker`).
+- ``redis-cpu``: the server's CPU per record in each phase of its life (persist,
+  read, ack, trim), no Spark (:mod:`runtime.bench.redis_cpu`).
 - ``scaling``: persist, acker and drain throughput and Redis memory at 10k,
   100k and 1M pending records, plotted as PNG files next to the JSON
   (:mod:`runtime.bench.scaling`, :mod:`runtime.bench.plot`).
@@ -28,7 +30,7 @@ repeated) and reports medians with their spread:
 
 The summary is merged into ``<out>/results.json`` (default ``docs/bench``), so
 running one benchmark keeps the others' figures; the headline keys are
-``ft_on_vs_off_ratio``, ``acker_vs_raw_ratio``,
+``ft_on_vs_off_ratio``, ``ft_on_vs_plain_ratio``, ``redis_cpu_us_per_record``, ``acker_vs_raw_ratio``,
 ``complete_latency_p99_over_trigger``, ``replay_precision`` and
 ``bytes_per_pending_record``, plus the machine and the date.
 """
@@ -48,11 +50,12 @@ from ftlayer.errors import ConfigError
 from runtime.bench.acker import RESULTS, bench_acker, bench_memory, write_results
 from runtime.cli.env import add_env_options, resolve_env_defaults
 
-BENCHES = ("acker", "scaling", "replay", "retry", "latency", "e2e", "e2e-dataframe", "cluster", "masters")
+BENCHES = ("acker", "redis-cpu", "scaling", "replay", "retry", "latency", "e2e", "e2e-dataframe", "cluster", "masters")
 DESCRIPTION = (
     "Run the benchmarks, print a JSON summary and merge it into results.json. Each benchmark measures its "
     "variants side by side in one run (alternating, repeated) and reports medians with their spread: "
-    "acker (XOR updates vs raw Redis writes, bytes per pending record), scaling (throughput and memory at "
+    "acker (XOR updates vs raw Redis writes, bytes per pending record), redis-cpu (server CPU per record "
+    "by phase), scaling (throughput and memory at "
     "10k/100k/1M pending), replay (records processed again after a killed worker), retry (what a task "
     "retry on local[2,4] writes again and the sink duplicates it leaves, ftlayer vs plain Spark), latency "
     "(persist to ack at a fixed trigger), e2e (FT on vs FT off vs plain Structured Streaming, Topology and "
@@ -122,6 +125,7 @@ def _on_spark(url: str, selected: list[str], args: argparse.Namespace) -> dict[s
                 on_round=lambda r, got: _say(f"  round {r + 1}: " + ", ".join(
                     f"{k} {v:,.0f}/s" for k, v in got.items())))
         summary["ft_on_vs_off_ratio"] = round(summary["e2e_small"]["ft_on_vs_off_ratio"]["median"], 3)
+        summary["ft_on_vs_plain_ratio"] = round(summary["e2e_small"]["ft_on_vs_plain_ratio"]["median"], 3)
     if "e2e" in selected or "e2e-dataframe" in selected:
         from runtime.bench.e2e_dataframe import bench_e2e_dataframe
 
@@ -158,6 +162,13 @@ def run(args: argparse.Namespace) -> int:
                 "acker": acker,
                 "memory": memory,
             })
+        if "redis-cpu" in selected:
+            from runtime.bench.redis_cpu import bench_redis_cpu
+
+            _say(f"redis-cpu: server CPU per record by phase, {args.records * 2:,} records, {args.repeats} rounds")
+            cpu = bench_redis_cpu(url, args.records * 2, args.repeats, progress=_say)
+            summary["redis_cpu"] = cpu
+            summary["redis_cpu_us_per_record"] = round(cpu["us_per_record"]["total"]["median"], 2)
         if "scaling" in selected:
             from runtime.bench.plot import plot_scaling
             from runtime.bench.scaling import bench_scaling
