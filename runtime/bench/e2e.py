@@ -15,6 +15,8 @@ last record was processed (query start-up included in every variant alike).
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -67,8 +69,11 @@ def run_ftlayer(spark: Any, config: FTConfig, records: int, payload_bytes: int, 
     source = (make_value(i, payload_bytes) for i in range(records))
     (topo.source("events", source).map(first_map).key_by(lambda e: e["user"]).map(second_map)
      .sink(CallableSink(discard)))
+    # each run its own checkpoint: runs share the topology name, and a ':temp:' state dir is one
+    # per process, so the default checkpoint would carry one run's offsets into the next
+    checkpoint = tempfile.mkdtemp(prefix="ftlayer-bench-e2e-")
     start = time.perf_counter()
-    query = topo.start(spark, trigger_interval_s=0.1)
+    query = topo.start(spark, trigger_interval_s=0.1, checkpoint_location=checkpoint)
     try:
         if not query.await_drained(3600, poll_s=0.05):
             msg = f"bench run ({'ft-on' if ft_on else 'ft-off'}) did not drain"
@@ -76,6 +81,7 @@ def run_ftlayer(spark: Any, config: FTConfig, records: int, payload_bytes: int, 
         elapsed = time.perf_counter() - start
     finally:
         query.stop()
+        shutil.rmtree(checkpoint, ignore_errors=True)
     return Run("ft-on" if ft_on else "ft-off", records, elapsed)
 
 
