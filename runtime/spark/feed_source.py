@@ -225,6 +225,11 @@ class FeedStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignor
 
     def _check(self, offset: Mapping[str, Any], what: str) -> None:
         expected = {"feed"} | {_ch(c) for c in range(self.opts.num_channels)}
+        if "feed" not in offset:
+            msg = (f"the {what} offset in the checkpoint was not written by the FT-off feed source (it has "
+                   f"keys {sorted(offset)}; an FT-on run writes those): give this run its own checkpoint "
+                   "location (a topology's FT-on and FT-off runs cannot share one)")
+            raise ConfigError(msg)
         if set(offset) != expected:
             msg = (f"the {what} offset of the feed source has keys {sorted(offset)}, expected "
                    f"{sorted(expected)}: a checkpoint cannot change the channel count")

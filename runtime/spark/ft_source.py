@@ -314,6 +314,11 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
 
     def _check_offset(self, offset: Mapping[str, Any], what: str) -> None:
         expected = {channel_key(c) for c in self.channels}
+        if "feed" in offset:
+            msg = (f"the {what} offset in the checkpoint was written by an FT-off run (the feed source), not by "
+                   f"FT source '{self.opts.topology}/{self.opts.source}': give this run its own checkpoint "
+                   "location (a topology's FT-on and FT-off runs cannot share one)")
+            raise ConfigError(msg)
         if set(offset) != expected:
             o = self.opts
             msg = (

@@ -14,7 +14,7 @@ import redis
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from ftlayer.config import FTConfig
-from ftlayer.errors import FailRecord
+from ftlayer.errors import ConfigError, FailRecord
 from ftlayer.keyhash import key_hash
 from runtime.driver.feed import Feed, FeedDestination, FeedServer
 from runtime.driver.ingest import Ingestor
@@ -229,5 +229,16 @@ def test_feed_server_refuses_bad_requests_and_lives_on() -> None:
         Ingestor(FeedDestination(server.feed, FTConfig(status="off")), range(5)).run()
         start = reader.initialOffset()
         assert [v for _, v in _read(reader, start, reader.latestOffset(start, ReadAllAvailable()))] == list(range(5))
+    finally:
+        server.stop()
+
+
+def test_feed_reader_names_a_checkpoint_of_an_ft_on_run() -> None:
+    """An FT-off run started on a checkpoint an FT-on run of the topology wrote (stream-id offsets)."""
+    server = FeedServer(Feed(2)).start()
+    try:
+        reader = _reader(server)
+        with pytest.raises(ConfigError, match=r"not written by the FT-off feed source.*its own checkpoint location"):
+            reader.latestOffset({"ch0": "1795530973337-0", "ch1": "1795530973337-0"}, reader.getDefaultReadLimit())
     finally:
         server.stop()

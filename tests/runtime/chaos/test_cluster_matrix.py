@@ -34,3 +34,27 @@ def test_scenario_on_the_cluster(spark: Any, cluster_config: FTConfig, tmp_path:
     _no_loss_no_leak(report)
     expected = records - (1 if scenario == "poison" else 0)
     assert report.delivered == expected
+
+
+def test_delayed_acks_on_the_cluster(spark: Any, cluster_config: FTConfig, tmp_path: Path) -> None:
+    """Acks held past the timeout: the records time out and replay on the cluster's buckets, and
+    the late acks are ignored (each key of the source lives on one primary, EXPIRE included)."""
+    report = run_scenario("delayed-acks", spark, cluster_config, 2000, workdir=tmp_path, delayed=3)
+    _no_loss_no_leak(report)
+    assert {1997, 1998, 1999} <= set(report.expected_replays)
+    assert report.stats["late_deltas"] > 0
+
+
+def test_mixed_on_the_cluster(spark: Any, cluster_config: FTConfig, tmp_path: Path) -> None:
+    report = run_scenario("mixed", spark, cluster_config, 3000, workdir=tmp_path)
+    _no_loss_no_leak(report)
+    assert report.delivered == 2999  # all but the poison record
+    assert {"fail-rate", "kill-worker", "poison"} <= set(report.faults)
+
+
+def test_kill_driver_on_the_cluster(spark: Any, cluster_config: FTConfig, tmp_path: Path) -> None:
+    """The driver SIGKILLed mid-run and restarted on its checkpoint, its state on the cluster."""
+    report = run_scenario("kill-driver", spark, cluster_config, 1500, workdir=tmp_path)
+    _no_loss_no_leak(report)
+    assert report.delivered == 1500
+    assert report.ok, report.summary()

@@ -359,3 +359,10 @@ def test_codec_reads_frames_behind_a_prefix(layer: FTLayer) -> None:
     bad[7] = bad[7][:-1] + bytes([bad[7][-1] ^ 1])
     with pytest.raises(FrameError, match="frame 7"):
         frames_to_record_batch(bad, prefix=12)
+
+
+def test_an_ft_off_checkpoint_is_refused_with_the_reason(layer: FTLayer, ft_config: FTConfig) -> None:
+    """A checkpoint written by an FT-off run of the same topology (feed offsets) is named as such."""
+    reader = reader_for(ft_config)
+    with pytest.raises(ConfigError, match=r"written by an FT-off run.*its own checkpoint location"):
+        reader.latestOffset({"feed": "f1", "ch0": 10, "ch1": 12}, reader.getDefaultReadLimit())
