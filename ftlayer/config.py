@@ -135,6 +135,10 @@ class FTConfig:
         "Arrow batch it writes), not only when it ends, and a retried sink task skips the records an "
         "earlier attempt completed, so this bounds what a killed Python worker makes the sink write "
         "twice (0-1000000; 0: ack once per task and let a retry write everything again, as Spark does)."))
+    fuse_source_stage: bool = field(default=True, metadata=_doc(
+        "Run a source's first operator stage inside the task that reads the source, when it is the "
+        "source's only reader (one Arrow round trip between the JVM and Python less per record); "
+        "false keeps it a separate mapInArrow stage. Ids, acks and results are the same either way."))
     outage_budget_s: float = field(default=300.0, metadata=_doc(
         "How long Spark tasks, the FT source and the FT service wait for an unreachable Redis, "
         "retrying with backoff, before they give up, seconds (> 0). Ingest never gives up: it pauses."))

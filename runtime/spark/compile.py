@@ -41,6 +41,7 @@ from runtime.query import FTProgress, FTQuery, Progress
 from runtime.sinks import ForeachBatchSink, RedisHashSink
 from runtime.spark.conf import effective_config
 from runtime.spark.feed_source import feed_host
+from runtime.spark.fused_read import FusedStage
 from runtime.spark.sink_stage import DriverSinkBatch, SinkStage
 from runtime.spark.stages import ROW_SCHEMA, Fanout, Stage, StatefulStage, TaskEnv
 from runtime.trigger import Trigger
@@ -198,10 +199,24 @@ class Compiler:
             return ops, parent, node
 
     def stage_df(self, tail: OpNode, key: Callable[[Any], Any] | None) -> Any:
-        """Fuse the run of single-consumer operators ending at ``tail`` into one stage."""
+        """Fuse the run of single-consumer operators ending at ``tail`` into one stage; a stage
+        that is its source's only reader runs inside the source's read task (fused_read)."""
         ops, parent, node = self.chain(tail)
         stage = Stage(self.env, self._next_stage(), tuple(ops), key=key, fanout=self.fanout(parent, node))
+        if isinstance(parent, SourceNode) and stage.fanout is None and self.config.fuse_source_stage:
+            return self.source_df(parent, FusedStage(parent.index, stage).encode())
         return self.df_for(parent).mapInArrow(stage, ROW_SCHEMA)
+
+    def source_df(self, node: SourceNode, fused_stage: str) -> Any:
+        """The source's DataFrame with the stage ``fused_stage`` run in its read tasks (ROW_SCHEMA)."""
+        from runtime.spark.feed_source import read_feed_stream
+        from runtime.spark.ft_source import read_stream
+
+        if self.config.ft_on:
+            return read_stream(self.spark, self.config, self.topology.name, node.name, self.n,
+                               max_records_per_batch=self._max_records, fused_stage=fused_stage)
+        return read_feed_stream(self.spark, self._feeds[node.index], max_records_per_batch=self._max_records,
+                                fused_stage=fused_stage)
 
     def start(self, checkpoint: str | None, trigger: Trigger, max_records: int | None, query_name: str) -> FTQuery:
         topo = self.topology

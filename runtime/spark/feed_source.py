@@ -208,6 +208,7 @@ class FeedStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignor
         self.opts = options
         self._target: Offset | None = None
         self._last_tails: Offset | None = None
+        self.fused: str | None = None  # the first stage, run in the read task (runtime.spark.fused_read)
 
     @property
     def client(self) -> FeedClient:
@@ -288,6 +289,16 @@ class FeedStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignor
                 for c in range(self.opts.num_channels)]
 
     def read(self, partition: FeedPartition) -> Iterator[Any]:  # type: ignore[override]
+        """Record batches of the buffered rows of ``(start, end]`` of one channel (run through the
+        fused first stage, if the compiler gave one: ``runtime.spark.fused_read``)."""
+        if self.fused is not None:
+            from runtime.spark.fused_read import decode
+
+            yield from decode(self.fused).run(self.read_raw(partition))
+            return
+        yield from self.read_raw(partition)
+
+    def read_raw(self, partition: FeedPartition) -> Iterator[Any]:
         """Record batches of the buffered rows of ``(start, end]`` of one channel."""
         import pyarrow as pa
 
@@ -316,9 +327,21 @@ class FeedSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        return feed_schema()
+        from runtime.spark.fused_read import fused_from, row_struct
+
+        return row_struct() if fused_from(self.options) is not None else feed_schema()
 
     def streamReader(self, schema: StructType) -> FeedStreamReader:
+        from runtime.spark.fused_read import fused_from, row_struct, same_schema
+
+        fused = fused_from(self.options)
+        if fused is not None:
+            if not same_schema(schema, row_struct()):
+                msg = f"a feed source with a fused stage has the stage's row schema; got {schema.simpleString()!r}"
+                raise ConfigError(msg)
+            reader = FeedStreamReader(FeedOptions.parse(self.options))
+            reader.fused = fused
+            return reader
         if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in feed_schema()]:
             msg = f"the feed source has the fixed schema {SOURCE_SCHEMA_DDL!r}; got {schema.simpleString()!r}"
             raise ConfigError(msg)
@@ -334,7 +357,8 @@ def feed_host(spark: SparkSession) -> str:
 
 
 def read_feed_stream(
-    spark: SparkSession, server: FeedServer, *, max_records_per_batch: int | None = None
+    spark: SparkSession, server: FeedServer, *, max_records_per_batch: int | None = None,
+    fused_stage: str | None = None,
 ) -> DataFrame:
     """A streaming DataFrame of a started feed server's rows (registers the format first)."""
     spark.dataSource.register(FeedSource)
@@ -347,4 +371,6 @@ def read_feed_stream(
     if max_records_per_batch is not None:
         options["max_records_per_batch"] = str(max_records_per_batch)
     FeedOptions.parse(options)
+    if fused_stage is not None:  # the first stage runs in the read task (runtime.spark.fused_read)
+        options["fused_stage"] = fused_stage
     return spark.readStream.format(FORMAT).options(**options).load()

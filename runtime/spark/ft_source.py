@@ -250,6 +250,7 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         self._checked = False
         self._target: Offset | None = None  # Trigger.AvailableNow: tails when the query started
         self._last_tails: Offset | None = None  # seen by the last latestOffset, for progress reports
+        self.fused: str | None = None  # the first stage, run in the read task (runtime.spark.fused_read)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -414,7 +415,17 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         return [ChannelPartition(c, start[channel_key(c)], end[channel_key(c)]) for c in self.channels]
 
     def read(self, partition: ChannelPartition) -> Iterator[Any]:  # type: ignore[override]
-        """Arrow record batches of the still-pending records of ``(start, end]`` of one channel."""
+        """Arrow record batches of the still-pending records of ``(start, end]`` of one channel
+        (run through the fused first stage, if the compiler gave one: ``runtime.spark.fused_read``)."""
+        if self.fused is not None:
+            from runtime.spark.fused_read import decode
+
+            yield from decode(self.fused).run(self.read_raw(partition))
+            return
+        yield from self.read_raw(partition)
+
+    def read_raw(self, partition: ChannelPartition) -> Iterator[Any]:
+        """The records of ``(start, end]`` of one channel as read (source columns)."""
         c, after, until = partition.channel, partition.start, partition.end
         if compare_ids(until, after) <= 0:
             return
@@ -467,13 +478,33 @@ class FTSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        return source_schema()
+        from runtime.spark.fused_read import fused_from, row_struct
+
+        return row_struct() if fused_from(self.options) is not None else source_schema()
 
     def streamReader(self, schema: StructType) -> FTStreamReader:
+        fused = fused_reader(self.options, schema)
+        if fused is not None:
+            return fused
         if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in source_schema()]:
             msg = f"the FT source has the fixed schema {SOURCE_SCHEMA_DDL!r}; got {schema.simpleString()!r}"
             raise ConfigError(msg)
         return FTStreamReader(FTSourceOptions.parse(self.options))
+
+
+def fused_reader(options: Mapping[str, str], schema: StructType) -> FTStreamReader | None:
+    """The reader of a source that runs the compiler's first stage (option ``fused_stage``), or None."""
+    from runtime.spark.fused_read import fused_from, row_struct, same_schema
+
+    fused = fused_from(options)
+    if fused is None:
+        return None
+    if not same_schema(schema, row_struct()):
+        msg = f"an FT source with a fused stage has the stage's row schema; got {schema.simpleString()!r}"
+        raise ConfigError(msg)
+    reader = FTStreamReader(FTSourceOptions.parse(options))
+    reader.fused = fused
+    return reader
 
 
 REGISTERED_ATTR = "_ftlayer_format"  # set on a session once format "ftlayer" is registered in it
@@ -500,6 +531,7 @@ def read_stream(
     *,
     max_records_per_batch: int | None = None,
     read_page_entries: int | None = None,
+    fused_stage: str | None = None,
 ) -> DataFrame:
     """A streaming DataFrame of the source's persisted records (registers the format first).
 
@@ -522,4 +554,6 @@ def read_stream(
     if read_page_entries is not None:
         options["read_page_entries"] = str(read_page_entries)
     FTSourceOptions.parse(options)  # refuse bad values here, not in a Spark worker
+    if fused_stage is not None:  # the first stage runs in the read task (runtime.spark.fused_read)
+        options["fused_stage"] = fused_stage
     return spark.readStream.format(FORMAT).options(**options).load()

@@ -37,6 +37,7 @@ from runtime.spark.ft_source import (
     FTSource,
     FTSourceOptions,
     FTStreamReader,
+    fused_reader,
     source_schema,
 )
 from runtime.spark.payload_columns import METADATA_COLUMN, decode_batch, metadata_type
@@ -96,6 +97,9 @@ class FTDataSource(FTSource):
     """``format("ftlayer")`` for both paths: the raw source schema (the Topology compiler) or a user schema."""
 
     def streamReader(self, schema: StructType) -> FTStreamReader:
+        fused = fused_reader(self.options, schema)
+        if fused is not None:
+            return fused
         raw = source_schema()
         if [(f.name, f.dataType) for f in schema.fields] == [(f.name, f.dataType) for f in raw.fields]:
             return FTStreamReader(FTSourceOptions.parse(self.options))
