@@ -50,6 +50,9 @@ ROW_COLUMNS = ("src", "sid", "cid", "origin", "key_hash", "channel", "payload", 
 def make_chain(ops: Sequence[Op]) -> Callable[[Any], list[Any]]:
     """Fuse operators into one function from an input value to its list of outputs."""
     steps = [(op.kind, op.fn) for op in ops]
+    if len(steps) == 1 and steps[0][0] == "map":  # the common stage: one map, no list per step
+        only = steps[0][1]
+        return lambda value: [only(value)]
 
     def run(value: Any) -> list[Any]:
         values = [value]
