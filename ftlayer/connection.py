@@ -20,19 +20,25 @@ with its password masked.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
-from typing import cast
+from collections.abc import Callable
+from typing import TypeVar, cast
 from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 from redis.retry import Retry
 
 from ftlayer.config import FTConfig, mask_url
 from ftlayer.errors import RedisUnavailableError
 from ftlayer.outage import OutageRetry
 from ftlayer.server import EmbeddedServer
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _embedded: EmbeddedServer | None = None
@@ -127,6 +133,37 @@ def _cluster_enabled(client: redis.Redis) -> bool:
 def is_cluster(client: redis.Redis) -> bool:
     """True if ``client`` is a cluster client (``redis.RedisCluster``)."""
     return isinstance(client, redis.RedisCluster)
+
+
+#: Least time a call on a cluster keeps retrying through a failover or a slot migration.
+CLUSTER_RIDE_OUT_S = 30.0
+CLUSTER_TRANSIENT: tuple[type[Exception], ...] = (
+    redis.ConnectionError, redis.TimeoutError, ClusterDownError, TryAgainError, SlotNotCoveredError,
+)
+
+
+def refresh_slots(client: redis.Redis) -> None:
+    """After a node did not answer: let a cluster client re-read the slot map (a failover)."""
+    if is_cluster(client):
+        try:
+            cast(redis.RedisCluster, client).nodes_manager.initialize()
+        except redis.RedisError as exc:
+            log.debug("slot map refresh failed: %s", exc)
+
+
+def ride_out(client: redis.Redis, call: Callable[[], T], budget_s: float) -> T:
+    """``call()``; on a cluster, retried through a failover or a slot migration.
+
+    A failover (connections refused, then CLUSTERDOWN, then a new primary) or a slot migration
+    (TRYAGAIN) takes seconds, and redis-py's cluster client gives up sooner; so on a cluster
+    ``call`` is retried with backoff for ``budget_s`` or at least :data:`CLUSTER_RIDE_OUT_S`,
+    re-reading the slot map after each failure. Only for idempotent calls. On a single server
+    this is ``call()``: the client's own retry (``outage_budget_s``) rides out outages there.
+    """
+    if not is_cluster(client):
+        return call()
+    ride = OutageRetry(max(budget_s, CLUSTER_RIDE_OUT_S), errors=CLUSTER_TRANSIENT)
+    return ride.call_with_retry(call, lambda _exc: refresh_slots(client))
 
 
 def _connect_error(url: str, exc: redis.RedisError) -> str:

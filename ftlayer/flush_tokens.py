@@ -79,8 +79,14 @@ def delete_batch_tokens(stores: Iterable[SourceStore], query_id: str, batch_ids:
     for store in stores:
         keys = [store.keys.token(batch_key(query_id, b)) for b in ids]
         for i in range(0, len(keys), 500):
-            deleted += int(store.client.delete(*keys[i : i + 500]))
+            # one source's keys share its hash tag: one slot, one node on a cluster
+            deleted += _delete(store, keys[i : i + 500])
     return deleted
+
+
+def _delete(store: SourceStore, keys: list[str]) -> int:
+    """DEL ``keys`` (idempotent), riding out a cluster failover."""
+    return int(store.ride_out(lambda: store.client.delete(*keys)))
 
 
 def stale_batches(store: SourceStore, query_id: str, upto: int) -> list[int]:
@@ -88,7 +94,8 @@ def stale_batches(store: SourceStore, query_id: str, upto: int) -> list[int]:
     whose first clean-up does not know what an earlier driver left)."""
     prefix = store.keys.token(batch_key(query_id, ""))
     out: list[int] = []
-    for raw in store.client.scan_iter(match=prefix + "*", count=1000):
+    found = store.ride_out(lambda: list(store.client.scan_iter(match=prefix + "*", count=1000)))
+    for raw in found:
         tail = raw.decode()[len(prefix):]
         if tail.isdigit() and int(tail) <= upto:
             out.append(int(tail))

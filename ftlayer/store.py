@@ -17,15 +17,14 @@ from typing import Any, TypeVar, cast
 
 import redis
 from redis.commands.core import Script
-from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import ClusterDownError, TryAgainError
 
 from ftlayer import scripts
 from ftlayer.config import FTConfig, mask_url
-from ftlayer.connection import client_for, is_cluster, redis_url_for
+from ftlayer.connection import client_for, is_cluster, redis_url_for, refresh_slots, ride_out
 from ftlayer.errors import AckerError, DurabilityError, RedisUnavailableError
 from ftlayer.keys import SourceKeys, owner_key, sources_key
 from ftlayer.layout import FORMAT_VERSION
-from ftlayer.outage import OutageRetry
 
 Clock = Callable[[], float]
 T = TypeVar("T")
@@ -37,12 +36,6 @@ COUNTERS = (
 OWNER_TAG = "ftlayer"  # the "by" of an owner record that ftlayer wrote
 _SCRIPT_NAMES = scripts.SCRIPT_NAMES
 log = logging.getLogger(__name__)
-
-#: Least time a script call on a cluster keeps retrying through a failover or a slot migration.
-CLUSTER_RIDE_OUT_S = 30.0
-_CLUSTER_TRANSIENT: tuple[type[Exception], ...] = (
-    redis.ConnectionError, redis.TimeoutError, ClusterDownError, TryAgainError, SlotNotCoveredError,
-)
 
 # durability mode -> (wait command without its timeout: its counts are the minimums the
 # reply must reach, what it confirms)
@@ -165,19 +158,10 @@ class SourceStore:
             raise AckerError(msg) from exc
 
     def ride_out(self, call: Callable[[], T]) -> T:
-        """``call()``; on a cluster, retried through a failover or a slot migration.
-
-        A failover (connections refused, then CLUSTERDOWN, then a new primary) or a slot
-        migration (TRYAGAIN) takes seconds, and redis-py's cluster client gives up sooner; so
-        on a cluster ``call`` is retried with backoff for ``outage_budget_s`` or at least
-        :data:`CLUSTER_RIDE_OUT_S`, re-reading the slot map after each failure. Only for
-        idempotent calls (every ftlayer script, reads, trims). On a single server this is
-        ``call()``: the client's own retry rides out outages there.
-        """
-        if not is_cluster(self.client):
-            return call()
-        ride = OutageRetry(max(self.outage_budget_s, CLUSTER_RIDE_OUT_S), errors=_CLUSTER_TRANSIENT)
-        return ride.call_with_retry(call, lambda _exc: self._refresh_slots())
+        """``call()``; on a cluster, retried through a failover or a slot migration for
+        ``outage_budget_s`` or at least ``CLUSTER_RIDE_OUT_S`` (``ftlayer.connection.ride_out``).
+        Only for idempotent calls (every ftlayer script, reads, trims)."""
+        return ride_out(self.client, call, self.outage_budget_s)
 
     def node_client(self) -> redis.Redis:
         """A client of the one server that owns this source's keys (the client itself if not a cluster)."""
@@ -238,12 +222,7 @@ class SourceStore:
 
     def _refresh_slots(self) -> None:
         """After a node did not answer: let a cluster client re-read the slot map (a failover)."""
-        client = self.client
-        if is_cluster(client):
-            try:
-                cast(redis.RedisCluster, client).nodes_manager.initialize()
-            except redis.RedisError as exc:
-                log.debug("slot map refresh failed: %s", exc)
+        refresh_slots(self.client)
 
     def register(self, num_channels: int) -> None:
         """Record the source in the namespace and its channel count in ``meta`` (first writer wins).

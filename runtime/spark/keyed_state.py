@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from ftlayer.config import FTConfig
-from ftlayer.connection import client_for
+from ftlayer.connection import client_for, ride_out
 from ftlayer.errors import KeyedStateError, SerializationError
 from serialization.payload import pack_payload, unpack_payload
 
@@ -87,7 +87,9 @@ class KeyedStateStore:
         missing = list(dict.fromkeys(f for f in fields if f not in self.states and f not in self.broken))
         if not missing:
             return
-        for field, raw in zip(missing, self._client().hmget(self.key, missing), strict=True):
+        client = self._client()
+        got = ride_out(client, lambda: client.hmget(self.key, missing), self.config.outage_budget_s)
+        for field, raw in zip(missing, got, strict=True):
             if raw is None:
                 self.states[field] = {}
                 continue
@@ -133,7 +135,9 @@ class KeyedStateStore:
         """Write back every state :meth:`apply` changed since the last save, in the packed form
         it checked (one round trip)."""
         if self.dirty:
-            self._client().hset(self.key, mapping={f: self.packed[f] for f in self.dirty})
+            client, mapping = self._client(), {f: self.packed[f] for f in self.dirty}
+            # idempotent (the same packed states again), so a cluster failover is ridden out
+            ride_out(client, lambda: client.hset(self.key, mapping=mapping), self.config.outage_budget_s)
             self.dirty.clear()
 
     def read_all(self) -> dict[Any, dict[str, Any]]:
