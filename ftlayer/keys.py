@@ -67,6 +67,9 @@ from dataclasses import dataclass
 
 from ftlayer.errors import ConfigError
 
+#: Version of the Redis layout these key names describe (``ftlayer.layout`` migrates older ones).
+FORMAT_VERSION = 2
+
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 

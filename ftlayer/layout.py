@@ -30,13 +30,13 @@ import struct
 from typing import TYPE_CHECKING
 
 from ftlayer.errors import ConfigError
+from ftlayer.keys import FORMAT_VERSION
 
 if TYPE_CHECKING:
     from ftlayer.store import SourceStore
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2
 
 
 def ensure_layout(store: SourceStore) -> int:

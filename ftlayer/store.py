@@ -23,8 +23,7 @@ from ftlayer import scripts
 from ftlayer.config import FTConfig, mask_url
 from ftlayer.connection import client_for, is_cluster, redis_url_for, refresh_slots, ride_out
 from ftlayer.errors import AckerError, DurabilityError, RedisUnavailableError
-from ftlayer.keys import SourceKeys, owner_key, sources_key
-from ftlayer.layout import FORMAT_VERSION
+from ftlayer.keys import FORMAT_VERSION, SourceKeys, owner_key, sources_key
 
 Clock = Callable[[], float]
 T = TypeVar("T")

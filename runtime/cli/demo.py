@@ -23,27 +23,19 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import FailRecord
 from ftlayer.keyhash import key_hash
+from runtime.cli.demo_events import click_events
 from runtime.driver.progress import TaskProgress
 from runtime.sinks import JsonLinesSink
 from runtime.testing import once
 from runtime.topology import FTQuery, Topology
 from serialization.payload import unpack_payload
-
-T0 = datetime(2026, 11, 21, tzinfo=timezone.utc)
-
-
-def click_events(n: int) -> Any:
-    """Raw click lines, as a socket would deliver them; generated once, never rewound."""
-    for i in range(n):
-        agent = "bot/1.0" if i % 40 == 7 else "mozilla"
-        yield f"{i}|user-{(i * 7919) % 211}|/page/{i % 17}|{agent}|{(T0 + timedelta(seconds=i)).isoformat()}"
 
 
 class Parse:

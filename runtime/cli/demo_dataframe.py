@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlayer.config import FTConfig
-from runtime.cli.demo import click_events
+from runtime.cli.demo_events import click_events
 from runtime.driver.progress import TaskProgress
 from runtime.testing import once
 

@@ -9,8 +9,9 @@ from collections.abc import Callable
 import pytest
 
 from ftlayer.errors import ConfigError
+from ftlayer.keys import FORMAT_VERSION
 from ftlayer.layer import FTLayer
-from ftlayer.layout import FORMAT_VERSION, ensure_layout
+from ftlayer.layout import ensure_layout
 from serialization.serializers import make_record
 from tests.ftlayer.conftest import FakeClock, hand_out
 
