@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import struct
 import sys
 import time
@@ -36,6 +35,7 @@ import redis
 from ftlayer.config import FTConfig
 from ftlayer.ids import child_id
 from ftlayer.layer import FTLayer
+from runtime.bench.common import delete_namespace, summary
 from runtime.driver.progress import TaskProgress
 from serialization.serializers import make_record
 
@@ -73,7 +73,7 @@ def _acker_round(url: str, n: int, batch: int) -> float:
     if len(done.acked) != n:
         msg = f"acker bench: {len(done.acked)} of {n} records completed"
         raise RuntimeError(msg)
-    _cleanup(url, cfg.namespace)
+    delete_namespace(url, cfg.namespace)
     return elapsed
 
 
@@ -97,17 +97,6 @@ def _raw_round(url: str, n: int, batch: int) -> float:
     elapsed = time.perf_counter() - start
     client.delete(key)
     return elapsed
-
-
-def _cleanup(url: str, namespace: str) -> None:
-    client = redis.Redis.from_url(url)
-    keys = list(client.scan_iter(match=f"{namespace}:*", count=1000))
-    for i in range(0, len(keys), 500):
-        client.delete(*keys[i : i + 500])
-
-
-def _summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def bench_acker(url: str, n: int, repeats: int, batch: int) -> dict[str, Any]:
@@ -137,9 +126,9 @@ def bench_acker(url: str, n: int, repeats: int, batch: int) -> dict[str, Any]:
     return {
         "updates": 2 * n,
         "flush_batch_size": batch,
-        "acker_updates_per_s": _summary(acker_rates),
-        "raw_hset_hdel_per_s": _summary(raw_rates),
-        "ratio": _summary(ratios),
+        "acker_updates_per_s": summary(acker_rates),
+        "raw_hset_hdel_per_s": summary(raw_rates),
+        "ratio": summary(ratios),
     }
 
 
@@ -167,7 +156,7 @@ def bench_memory(url: str, n: int, payload_bytes: int) -> dict[str, Any]:
     for key in client.scan_iter(match=layer.keys.prefix + "*", count=1000):
         key_bytes += int(client.execute_command("MEMORY", "USAGE", key, "SAMPLES", "0") or 0)  # type: ignore[no-untyped-call]
     pend_usage = int(client.execute_command("MEMORY", "USAGE", layer.keys.pend, "SAMPLES", "0"))  # type: ignore[no-untyped-call]
-    _cleanup(url, cfg.namespace)
+    delete_namespace(url, cfg.namespace)
     return {
         "pending_records": n,
         "payload_bytes": payload_len,

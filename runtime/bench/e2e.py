@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
+from runtime.bench.common import summary
 from runtime.sinks import CallableSink
 from runtime.topology import Topology
 
@@ -130,12 +131,6 @@ def run_plain(spark: Any, records: int, payload_bytes: int) -> Run:
     return Run("plain", done, elapsed)
 
 
-def _summary(values: list[float]) -> dict[str, float]:
-    import statistics
-
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def bench_e2e(spark: Any, config: FTConfig, records: int, payload_bytes: int, repeats: int, *,
               on_round: Any = None) -> dict[str, Any]:
     """Alternate ft-on, ft-off and plain ``repeats`` times (order rotated each round).
@@ -170,7 +165,7 @@ def bench_e2e(spark: Any, config: FTConfig, records: int, payload_bytes: int, re
     return {
         "records": records,
         "payload_bytes": payload_bytes,
-        "records_per_s": {name: _summary(v) for name, v in rates.items()},
-        "ft_on_vs_off_ratio": _summary(on_off),
-        "ft_on_vs_plain_ratio": _summary(on_plain),
+        "records_per_s": {name: summary(v) for name, v in rates.items()},
+        "ft_on_vs_off_ratio": summary(on_off),
+        "ft_on_vs_plain_ratio": summary(on_plain),
     }

@@ -24,7 +24,6 @@ Variants alternate inside one process (one SparkSession), each repeated; records
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 import uuid
@@ -33,6 +32,7 @@ from typing import Any
 
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
 from ftlayer.connection import client_for
+from runtime.bench.common import summary
 from runtime.bench.e2e import USERS, Run, make_value
 
 SCHEMA = "i long, user string, page string"
@@ -126,10 +126,6 @@ def run_plain(spark: Any, records: int) -> Run:
     return Run("plain", done, elapsed)
 
 
-def _summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def bench_e2e_dataframe(spark: Any, config: FTConfig, records: int, repeats: int, *,
                         on_round: Any = None) -> dict[str, Any]:
     """Alternate ft-on, ft-off and plain ``repeats`` times (order rotated each round), after one
@@ -159,7 +155,7 @@ def bench_e2e_dataframe(spark: Any, config: FTConfig, records: int, repeats: int
     return {
         "records": records,
         "pipeline": "withColumn, filter (10 % out), repartition by user, withColumn, foreachBatch count",
-        "records_per_s": {name: _summary(v) for name, v in rates.items()},
-        "ft_on_vs_off_ratio": _summary(on_off),
-        "ft_on_vs_plain_ratio": _summary(on_plain),
+        "records_per_s": {name: summary(v) for name, v in rates.items()},
+        "ft_on_vs_off_ratio": summary(on_off),
+        "ft_on_vs_plain_ratio": summary(on_plain),
     }

@@ -57,6 +57,7 @@ from typing import Any
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
 from ftlayer.connection import client_for, resolved
 from ftlayer.errors import FTLayerError
+from runtime.bench.common import delete_namespace
 from runtime.bench.e2e import first_map, make_value, second_map
 from runtime.sinks import ExecutorSink, SinkContext
 from runtime.topology import Topology
@@ -246,13 +247,6 @@ def summarize(collector: Collector, source: PacedSource) -> dict[str, Any]:
     }
 
 
-def _cleanup(url: str, namespace: str) -> None:
-    client = client_for(url)
-    keys = list(client.scan_iter(match=f"{namespace}:*", count=1000))
-    for j in range(0, len(keys), 500):
-        client.delete(*keys[j : j + 500])
-
-
 def _wait_measured(query: Any, source: PacedSource, collector: Collector, say: Callable[[str], None],
                    *, trigger_s: float, measure_s: float) -> None:
     """Drive the run until the source ended: mark readiness; fail fast on a dead query, a stuck
@@ -331,7 +325,7 @@ def bench_latency(
             query.stop()
         result = summarize(collector, source)
     finally:
-        _cleanup(url, cfg.namespace)
+        delete_namespace(url, cfg.namespace)
     return {
         "namespace": cfg.namespace,
         "trigger_interval_s": trigger_interval_s,

@@ -19,7 +19,6 @@ phases. The INFO calls themselves cost a few microseconds per phase, not per rec
 
 from __future__ import annotations
 
-import statistics
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +29,7 @@ from ftlayer.config import FTConfig
 from ftlayer.frames import encode_source_frames
 from ftlayer.ids import RecordId, new_ids
 from ftlayer.layer import FTLayer
-from runtime.bench.acker import _cleanup
+from runtime.bench.common import delete_namespace, summary
 from serialization.payload import pack_payload
 
 PHASES = ("persist", "read", "ack", "trim")
@@ -86,12 +85,8 @@ def one_round(url: str, records: int, *, channels: int = 2, sink_group: int = 10
         spent["trim"] = server_cpu_s(client) - t0
     finally:
         client.close()
-        _cleanup(url, namespace)
+        delete_namespace(url, namespace)
     return {phase: spent[phase] * 1e6 / records for phase in PHASES}
-
-
-def _summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def bench_redis_cpu(url: str, records: int = 200_000, repeats: int = 3,
@@ -108,7 +103,7 @@ def bench_redis_cpu(url: str, records: int = 200_000, repeats: int = 3,
     return {
         "records": records,
         "repeats": repeats,
-        "us_per_record": {p: _summary([r[p] for r in rounds]) for p in (*PHASES, "total")},
+        "us_per_record": {p: summary([r[p] for r in rounds]) for p in (*PHASES, "total")},
         "method": "server CPU (INFO cpu, user+sys) during each phase / records; persist in ingest batches, "
         "read through READ_CHANNEL, ack through completing-only flushes of 1000, trim to the tails; no Spark",
     }

@@ -33,12 +33,9 @@ import argparse
 import json
 import os
 import queue
-import shutil
 import signal
-import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -47,12 +44,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-import redis
-
 from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError
 from ftlayer.keyhash import key_hash, pmod
 from ftlayer.layer import FTLayer
+from runtime.bench.common import delete_namespace, round_dirs, summary
 from runtime.bench.replay_app import GO, SOURCE, TOPOLOGY, read_passes, user_key
 from runtime.chaos.procs import pending_ids
 from runtime.checker import check
@@ -190,16 +186,6 @@ def failed_batch_records(checkpoint: Path, entries: dict[int, list[tuple[str, in
     return batch, total
 
 
-def _cleanup(url: str, namespace: str) -> None:
-    client = redis.Redis.from_url(url)
-    try:
-        keys = list(client.scan_iter(match=f"{namespace}:*", count=1000))
-        for i in range(0, len(keys), 500):
-            client.delete(*keys[i : i + 500])
-    finally:
-        client.close()
-
-
 def replay_round(url: str, records: int, workdir: Path, *, partitions: int = 2, kill_partition: int = 0,
                  batch_rows: int = 250) -> dict[str, Any]:
     """One round (see the module notes); returns its figures. Raises ReplayBenchError if the
@@ -271,11 +257,7 @@ def replay_round(url: str, records: int, workdir: Path, *, partitions: int = 2, 
             "ok": report.ok,
         }
     finally:
-        _cleanup(url, namespace)
-
-
-def _summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+        delete_namespace(url, namespace)
 
 
 def bench_replay(url: str, *, records: int = 20_000, repeats: int = 3, workdir: Path | None = None,
@@ -289,13 +271,9 @@ def bench_replay(url: str, *, records: int = 20_000, repeats: int = 3, workdir: 
     pass files and driver logs (a temporary directory, removed afterwards, if None).
     """
     say = progress or (lambda _msg: None)
-    own = workdir is None
-    root = Path(tempfile.mkdtemp(prefix="ftlayer-bench-replay-")) if workdir is None else workdir
     rounds: list[dict[str, Any]] = []
-    try:
-        for r in range(repeats):
-            rdir = root / f"round{r + 1}"
-            rdir.mkdir(parents=True, exist_ok=False)
+    with round_dirs(workdir, "ftlayer-bench-replay-", repeats) as dirs:
+        for r, rdir in enumerate(dirs):
             say(f"replay round {r + 1}/{repeats}: {records:,} records over {partitions} partitions")
             got = replay_round(url, records, rdir, partitions=partitions)
             rounds.append(got)
@@ -303,19 +281,16 @@ def bench_replay(url: str, *, records: int = 20_000, repeats: int = 3, workdir: 
                 f"(precision {got['replay_precision']:.3f}), Spark re-runs {got['spark_rerun']:,} "
                 f"({got['spark_rerun_over_lost']:.2f}x), sink duplicates {got['sink_duplicates']:,}, "
                 f"ok={got['ok']}")
-    finally:
-        if own:
-            shutil.rmtree(root, ignore_errors=True)
     keys = ("replay_precision", "spark_rerun_over_lost", "lost_in_flight", "reprocessed", "spark_rerun",
             "sink_duplicates", "timeout_replays")
     out: dict[str, Any] = {
-        "replay_precision": _summary([r["replay_precision"] for r in rounds])["median"],
+        "replay_precision": summary([r["replay_precision"] for r in rounds])["median"],
         "records": records,
         "partitions": partitions,
         "repeats": repeats,
         "all_ok": all(r["ok"] for r in rounds),
         "all_same_ids": all(r["same_ids"] for r in rounds),
-        **{f"{k}_summary": _summary([float(r[k]) for r in rounds]) for k in keys},
+        **{f"{k}_summary": summary([float(r[k]) for r in rounds]) for k in keys},
         "rounds": rounds,
         "method": "B records persisted first, one micro-batch over P partitions and a keyed shuffle; a "
         "sink task's Python worker dies (local[2], no task retry) after the other sink tasks flushed; "

@@ -23,11 +23,8 @@ only the rest and duplicates at most what was written after the last ack.
 from __future__ import annotations
 
 import json
-import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -37,7 +34,7 @@ from typing import Any
 from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError
 from ftlayer.layer import FTLayer
-from runtime.bench.replay import _cleanup
+from runtime.bench.common import delete_namespace, round_dirs, summary
 from runtime.bench.retry_app import SOURCE, TOPOLOGY, user_of
 from runtime.driver.ingest import Ingestor
 
@@ -102,11 +99,7 @@ def retry_round(url: str, records: int, workdir: Path, *, batch_rows: int = 250)
             out[run["variant"]] = got
         return out
     finally:
-        _cleanup(url, namespace)
-
-
-def _summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+        delete_namespace(url, namespace)
 
 
 def bench_retry(url: str, *, records: int = 20_000, repeats: int = 3, progress: Progress | None = None,
@@ -114,13 +107,9 @@ def bench_retry(url: str, *, records: int = 20_000, repeats: int = 3, progress: 
     """``repeats`` rounds; per variant the median/min/max of each count, and
     ``retry_duplicates_vs_spark`` = ftlayer's sink duplicates / Spark's (median over rounds)."""
     say = progress or (lambda _msg: None)
-    own = workdir is None
-    root = Path(tempfile.mkdtemp(prefix="ftlayer-bench-retry-")) if workdir is None else workdir
     rounds: list[dict[str, Any]] = []
-    try:
-        for r in range(repeats):
-            rdir = root / f"round{r + 1}"
-            rdir.mkdir(parents=True)
+    with round_dirs(workdir, "ftlayer-bench-retry-", repeats) as dirs:
+        for r, rdir in enumerate(dirs):
             say(f"retry round {r + 1}/{repeats}: {records:,} records, local[2,4], a sink worker killed mid-task")
             got = retry_round(url, records, rdir)
             rounds.append(got)
@@ -129,16 +118,13 @@ def bench_retry(url: str, *, records: int = 20_000, repeats: int = 3, progress: 
                 say(f"  {v:8} task of {g['partition_records']:,}: wrote {g['written_before_kill']:,} before the kill, "
                     f"retry rewrote {g['rewritten_by_retry']:,}, sink duplicates {g['sink_duplicates']:,}, "
                     f"lost {g['lost']}")
-    finally:
-        if own:
-            shutil.rmtree(root, ignore_errors=True)
     keys = ("partition_records", "written_before_kill", "rewritten_by_retry", "sink_duplicates", "lost")
     out: dict[str, Any] = {
         "records": records,
         "repeats": repeats,
         "master": "local[2,4]",
-        **{v: {k: _summary([float(r[v][k]) for r in rounds]) for k in keys} for v in ("ftlayer", "spark")},
-        "retry_duplicates_vs_spark": _summary(
+        **{v: {k: summary([float(r[v][k]) for r in rounds]) for k in keys} for v in ("ftlayer", "spark")},
+        "retry_duplicates_vs_spark": summary(
             [r["ftlayer"]["sink_duplicates"] / max(1, r["spark"]["sink_duplicates"]) for r in rounds]),
         "all_killed": all(r[v]["killed"] for r in rounds for v in ("ftlayer", "spark")),
         "lost_total": sum(r[v]["lost"] for r in rounds for v in ("ftlayer", "spark")),

@@ -1,0 +1,44 @@
+"""What every benchmark shares: the spread of a figure, round directories, namespace clean-up."""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import redis
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    """A figure over its rounds: median, min and max."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def delete_namespace(url: str, namespace: str) -> None:
+    """Delete every key of a benchmark's throw-away namespace."""
+    client = redis.Redis.from_url(url)
+    try:
+        keys = list(client.scan_iter(match=f"{namespace}:*", count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
+    finally:
+        client.close()
+
+
+@contextmanager
+def round_dirs(workdir: Path | None, prefix: str, repeats: int) -> Iterator[list[Path]]:
+    """``repeats`` fresh directories ``round1 ...`` under ``workdir``, or under a temporary
+    directory (``prefix``) that is removed afterwards if ``workdir`` is None."""
+    own = workdir is None
+    root = Path(tempfile.mkdtemp(prefix=prefix)) if workdir is None else workdir
+    try:
+        dirs = [root / f"round{r + 1}" for r in range(repeats)]
+        for d in dirs:
+            d.mkdir(parents=True, exist_ok=False)
+        yield dirs
+    finally:
+        if own:
+            shutil.rmtree(root, ignore_errors=True)
