@@ -94,33 +94,32 @@ class XorHandler:
     deltas: dict[int, dict[int, int]] = field(default_factory=dict)
     fails: dict[int, dict[int, str]] = field(default_factory=dict)
     no_replay: dict[int, set[int]] = field(default_factory=dict)
-    touched: dict[int, set[int]] = field(default_factory=dict)  # ids XORed since the last flush
 
     def xor(self, src: int, sid: int, value: int) -> None:
         per = self.deltas.setdefault(src, {})
         per[sid] = per.get(sid, 0) ^ value
-        self.touched.setdefault(src, set()).add(sid)
 
-    def flush_completing(self, layers: Mapping[int, FTLayer]) -> int:
-        """Send the combined delta of every id XORed since the last flush, to be applied only
-        where it completes the record (:meth:`FTLayer.complete`); forget those ids, keep the rest
-        for a later flush. Returns how many records completed.
+    def flush_completing(self, layers: Mapping[int, FTLayer], ids: Iterable[tuple[int, int, int]]) -> int:
+        """Send the combined delta of each ``(src, sid, _)`` in ``ids`` (the rows written since the
+        last call), to be applied only where it completes the record (:meth:`FTLayer.complete`);
+        forget those ids, keep the rest for a later flush. Returns how many records completed.
 
         Safe without a token: a completing delta deletes its record, so sending it again (a
         retry of this call, a retried task) changes nothing; a delta that does not complete is
         never applied here, so it cannot be applied twice. Ids this task failed are left for
         :meth:`flush` (their fail goes first there).
         """
+        send: dict[int, dict[int, int]] = {}
+        for src, sid, _ in ids:
+            value = self.deltas.get(src, {}).get(sid)
+            if value and sid not in self.fails.get(src, {}):
+                send.setdefault(src, {})[sid] = value
         completed = 0
-        for src, sids in self.touched.items():
-            per = self.deltas.get(src, {})
-            failed = self.fails.get(src, {})
-            send = {sid: per[sid] for sid in sids if per.get(sid) and sid not in failed}
-            if send:
-                for sid in layers[src].complete(send).acked:
-                    del per[sid]
-                    completed += 1
-        self.touched.clear()
+        for src, deltas in send.items():
+            per = self.deltas[src]
+            for sid in layers[src].complete(deltas).acked:
+                del per[sid]
+                completed += 1
         return completed
 
     def fail(self, src: int, sid: int, reason: str, *, replay: bool = True) -> None:
@@ -154,7 +153,6 @@ class XorHandler:
         self.deltas.clear()
         self.fails.clear()
         self.no_replay.clear()
-        self.touched.clear()
         return out
 
 
@@ -285,9 +283,9 @@ class FTHandler:
         if not self.xors.empty():
             self.xors.flush(layers, token)
 
-    def flush_completing(self, layers: Mapping[int, FTLayer]) -> int:
-        """Ack now the records whose trees this task's deltas complete (see XorHandler)."""
-        return self.xors.flush_completing(layers)
+    def flush_completing(self, layers: Mapping[int, FTLayer], ids: Iterable[tuple[int, int, int]]) -> int:
+        """Ack now the records of ``ids`` whose trees this task's deltas complete (see XorHandler)."""
+        return self.xors.flush_completing(layers, ids)
 
     def still_pending(self, layers: Mapping[int, FTLayer], rows: list[Row]) -> list[Row]:
         """The rows whose source record is still pending (a retried task's filter): a record an
@@ -334,7 +332,7 @@ class NonFTHandler(FTHandler):
     def flush(self, layers: Mapping[int, FTLayer], token: str | FlushToken) -> None:
         return None
 
-    def flush_completing(self, layers: Mapping[int, FTLayer]) -> int:
+    def flush_completing(self, layers: Mapping[int, FTLayer], ids: Iterable[tuple[int, int, int]]) -> int:
         return 0
 
     def still_pending(self, layers: Mapping[int, FTLayer], rows: list[Row]) -> list[Row]:

@@ -53,7 +53,8 @@ class SinkStage:
         layers = self.env.layers() if handler.ft_on else {}
         every = self.env.config.sink_ack_every_records if handler.ft_on else 0
         chain = make_chain(self.ops) if self.ops else None
-        written = unacked = 0
+        written = 0
+        unacked: list[tuple[int, int, int]] = []  # rows written and acked in the task, not yet sent
         ctx = SinkContext(str(batch_id), partition, attempt)
         for rb in batches:
             rows: Iterable[Row] = decode_rows(rb, handler, None)
@@ -79,10 +80,11 @@ class SinkStage:
             else:
                 handler.ack(acks)
                 written += len(values)
-                unacked += len(values)
-            if every and unacked >= every:
-                handler.flush_completing(layers)
-                unacked = 0
+                if every:
+                    unacked.extend(acks)
+            if every and len(unacked) >= every:
+                handler.flush_completing(layers, unacked)
+                unacked = []
         self.env.report(handler)
         if handler.ft_on:
             handler.flush(layers, self.env.token(f"st{self.stage_id}"))
