@@ -35,7 +35,6 @@ Cost: one round trip per ``min(flush_batch_size, FLUSH_MAX_RECORDS)`` deltas; se
 
 from __future__ import annotations
 
-import math
 import operator
 import struct
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -185,28 +184,17 @@ class AckerTable:
         """
         where = f"flush of source {self.store.keys.prefix!r}"
         fail_map = _checked_fails(fails, where)
-        size = min(self.store.config.flush_batch_size, FLUSH_MAX_RECORDS)  # bounded Lua time per call
         if not isinstance(deltas, (Mapping, list, tuple)):
             try:  # an iterator is read once here, so a bad pair can still be named below
                 deltas = list(deltas)
             except TypeError as exc:
                 msg = f"{where}: deltas must be a mapping or pairs of (id, delta), got {type(deltas).__name__}"
                 raise InvalidIdError(msg) from exc
-        try:  # fast path: pack every chunk first; struct refuses any id or delta that is no int64
-            if isinstance(deltas, Mapping):
-                combined = {sid: v for sid, v in deltas.items() if v or not isinstance(v, int)}
-            else:
-                combined = combine_deltas(deltas)
-            sids = sorted(combined)
-            chunks = max(1, math.ceil(len(sids) / size))
-            packed = [
-                pack_deltas({sid: combined[sid] for sid in sids[i * size : (i + 1) * size]})
-                for i in range(chunks)
-            ]
-        except (TypeError, ValueError, struct.error) as exc:
-            raise _diagnose(deltas.items() if isinstance(deltas, Mapping) else deltas, where) from exc
-        if not sids and not fail_map:
+        packed = self._packed(deltas, where)
+        if not packed and not fail_map:
             return FlushResult()
+        packed = packed or [b""]  # fails alone still go in one call
+        chunks = len(packed)
         packed_fails = pack_fails(fail_map, no_replay)
         # Only now, with every chunk packed and checked, does the first one go out.
         result = FlushResult()
@@ -231,19 +219,27 @@ class AckerTable:
         that re-sends it) finds the id no longer pending and changes nothing (counted late).
         Bad input is refused whole, as for :meth:`xor`.
         """
-        where = f"completing flush of source {self.store.keys.prefix!r}"
-        size = min(self.store.config.flush_batch_size, FLUSH_MAX_RECORDS)
-        try:
-            combined = {sid: v for sid, v in deltas.items() if v or not isinstance(v, int)}
-            sids = sorted(combined)
-            packed = [pack_deltas({sid: combined[sid] for sid in sids[i : i + size]})
-                      for i in range(0, len(sids), size)]
-        except (TypeError, ValueError, struct.error) as exc:
-            raise _diagnose(deltas.items(), where) from exc
         result = FlushResult()
-        for blob in packed:
+        for blob in self._packed(deltas, f"completing flush of source {self.store.keys.prefix!r}"):
             result = result.merge(self._flush(blob, b"", None, completing_only=True))
         return result
+
+    def _packed(self, deltas: Mapping[int, int] | list[Any] | tuple[Any, ...], where: str) -> list[bytes]:
+        """Deltas combined per id (zeros dropped), sorted and packed in chunks of at most
+        ``min(flush_batch_size, FLUSH_MAX_RECORDS)`` (bounded Lua time per call); none if empty.
+        Every chunk is packed before any is sent: struct refuses an id or delta that is no
+        int64, and :class:`InvalidIdError` then names the first bad pair (nothing applied)."""
+        size = min(self.store.config.flush_batch_size, FLUSH_MAX_RECORDS)
+        try:
+            if isinstance(deltas, Mapping):
+                combined = {sid: v for sid, v in deltas.items() if v or not isinstance(v, int)}
+            else:
+                combined = combine_deltas(deltas)
+            sids = sorted(combined)
+            return [pack_deltas({sid: combined[sid] for sid in sids[i : i + size]})
+                    for i in range(0, len(sids), size)]
+        except (TypeError, ValueError, struct.error) as exc:
+            raise _diagnose(deltas.items() if isinstance(deltas, Mapping) else deltas, where) from exc
 
     def pending_of(self, source_record_ids: Sequence[int]) -> list[bool]:
         """For each id, whether its record is still pending (neither completed nor failed).
