@@ -7,8 +7,13 @@ and out once (when acked). Contract of :meth:`AckerTable.xor`:
 - **Atomic and exact.** All deltas of one call are applied in one server-side
   script, with exact 64-bit XOR (two 32-bit halves in Lua).
 - **First zero only.** The ids returned as acked reached 0 in this call. The
-  same call deletes the record's persisted frame and bucket entry, so an id is
-  reported acked at most once.
+  same call marks the record settled in its chunk (and deletes the chunk with
+  its last record), so an id is reported acked at most once.
+- **State per chunk.** Ack values live in the record's chunk (``ftlayer.chunks``):
+  the initial value of every record in one array, a settled bit per record,
+  and a per-record value (``xv``) only for a record whose tree was flushed in
+  parts. Deltas are sent sorted by id, so the records of one chunk come
+  together and the server loads and writes each chunk once per call.
 - **Late deltas are ignored.** A delta for an id that is no longer pending
   (completed, or failed and handed to the replayer) changes nothing and is
   counted as late. A late ack never resurrects a record.
@@ -41,12 +46,14 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftlayer.chunks import ChunkState, chunk_key, index_of
 from ftlayer.errors import InvalidArgumentError, InvalidIdError
 from ftlayer.flush_tokens import FlushToken, as_token
 from ftlayer.script_bounds import FLUSH_MAX_RECORDS
-from ftlayer.store import SourceStore, pack_ids, unpack_ids
+from ftlayer.store import SourceStore, pack_ids
 
 MAX_REASON_BYTES = 8192
+_OTHER = struct.Struct(">IB")  # FLUSH's reply: position of a delta that did not complete, its status
 NO_REPLAY_FLAG = 0x8000  # top bit of a fail's reason length (reasons are < 2**15 bytes): dead-letter at once
 
 
@@ -251,7 +258,7 @@ class AckerTable:
         ids = [check_id(sid, where) for sid in source_record_ids]
         out: list[bool] = []
         for i in range(0, len(ids), FLUSH_MAX_RECORDS):
-            reply = self.store.run("PENDING", [self.store.keys.pend],
+            reply = self.store.run("PENDING", [self.store.keys.chunks],
                                    [self.store.keys.prefix, pack_ids(ids[i : i + FLUSH_MAX_RECORDS])])
             out.extend(b == ord("1") for b in (reply or b""))
         return out
@@ -271,17 +278,32 @@ class AckerTable:
             token.task if token else "-",
             "1" if completing_only else "0",
         ]
-        applied, acked_blob, late, failed = store.run("FLUSH", keys, args)
-        return FlushResult(bool(applied), unpack_ids(acked_blob or b""), int(late), int(failed))
+        applied, others, late, failed = store.run("FLUSH", keys, args)
+        acked: list[int] = []
+        if applied and deltas:  # every delta completed its record but those listed in `others`
+            sids = struct.unpack(f">{len(deltas) // 8}q", deltas)[0::2]
+            if others:
+                skip = {pos for pos, _status in _OTHER.iter_unpack(others)}
+                acked = [sid for j, sid in enumerate(sids) if j not in skip]
+            else:
+                acked = list(sids)
+        return FlushResult(bool(applied), acked, int(late), int(failed))
 
     def value(self, source_record_id: int) -> int | None:
         """Current ack value of a pending id (None if not pending). For tests and inspection."""
         sid = check_id(source_record_id, f"value of source {self.store.keys.prefix!r}")
-        raw: bytes | None = self.store.client.hget(self.store.keys.pend, struct.pack(">q", sid))  # type: ignore[assignment]
-        if raw is None:
+        k = self.store.keys
+        key, index = chunk_key(sid), index_of(sid)
+        pipe = self.store.client.pipeline(transaction=False)
+        pipe.hget(k.chunks, key)
+        pipe.hget(k.partials, struct.pack(">q", sid))
+        pipe.hget(k.chunk_acks, key)
+        state, partial, acks = pipe.execute()
+        if state is None or not ChunkState.parse(state).pending(index):
             return None
-        return int(struct.unpack(">q", raw[:8])[0])
+        raw = partial if partial is not None else acks[8 * index : 8 * index + 8]
+        return int(struct.unpack(">q", raw)[0])
 
     def pending_count(self) -> int:
         """Source records persisted and neither completed nor failed."""
-        return int(self.store.client.hlen(self.store.keys.pend))
+        return int(self.store.client.get(self.store.keys.live) or 0)

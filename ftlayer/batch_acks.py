@@ -6,9 +6,9 @@ kept. Instead:
 
 - each read task files the source record ids it emitted for micro-batch ``b``
   of streaming query ``q`` with :meth:`BatchAcks.record` (one ``RPUSH`` per page
-  of a task, elements of at most :data:`IDS_PER_ELEMENT` ids, into
-  ``dfb:<q>:<b>`` of the source; plus the source's name in the query's
-  ``dfq:<q>`` set, same round trip);
+  of a task into ``dfb:<q>:<b>`` of the source, as one bitmap of emitted records
+  per chunk (``ftlayer.chunks``), elements of at most :data:`CHUNKS_PER_ELEMENT`
+  chunks; plus the source's name in the query's ``dfq:<q>`` set, same round trip);
 - the acking point, once the batch's write succeeded, calls :meth:`settle`
   with ``mode="ack"``: every listed record still pending completes (its rows
   were written, or all filtered out); one whose write failed calls it with
@@ -25,19 +25,38 @@ list elements). A key never settled (the query stopped mid-batch) expires after
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
 import redis
 
+from ftlayer.chunks import chunk_key, index_of
 from ftlayer.keys import query_sources_key
-from ftlayer.store import SourceStore, pack_ids
+from ftlayer.store import SourceStore
 
-__all__ = ["BATCH_KEY_TTL_S", "ELEMENTS_PER_CALL", "IDS_PER_ELEMENT", "BatchAcks", "query_sources"]
+__all__ = ["BATCH_KEY_TTL_S", "CHUNKS_PER_ELEMENT", "ELEMENTS_PER_CALL", "BatchAcks", "chunk_bitmaps",
+           "query_sources"]
 
-IDS_PER_ELEMENT = 4096  # ids per list element: bounds one element's work in the script
-ELEMENTS_PER_CALL = 16  # list elements per BATCH_SETTLE call: at most ~65k ids per call
+CHUNKS_PER_ELEMENT = 16  # chunk bitmaps per list element: bounds one element's work in the script
+ELEMENTS_PER_CALL = 16  # list elements per BATCH_SETTLE call: at most 256 chunks per call
 BATCH_KEY_TTL_S = 7 * 24 * 3600  # an unsettled batch key is garbage after this (its records timed out long ago)
+
+
+def chunk_bitmaps(sids: Sequence[int]) -> list[bytes]:
+    """``[chunk id 6][bitmap length u16][bitmap]`` for each chunk the ids fall in, in first-seen
+    order (bit ``i``: record ``i`` of the chunk is listed). An id listed twice sets its bit once."""
+    groups: dict[bytes, bytearray] = {}
+    for sid in sids:
+        key, i = chunk_key(sid), index_of(sid)
+        bits = groups.get(key)
+        if bits is None:
+            bits = groups[key] = bytearray()
+        need = (i >> 3) + 1
+        if len(bits) < need:
+            bits.extend(bytes(need - len(bits)))
+        bits[i >> 3] |= 1 << (i & 7)
+    return [key + struct.pack(">H", len(bits)) + bytes(bits) for key, bits in groups.items()]
 
 
 class BatchAcks:
@@ -62,7 +81,8 @@ class BatchAcks:
         key = self.store.keys.batch_reads(query_id, batch_id)
         ttl_ms = BATCH_KEY_TTL_S * 1000
         qkey = query_sources_key(self.store.config.namespace, query_id)
-        elements = [pack_ids(sids[i : i + IDS_PER_ELEMENT]) for i in range(0, len(sids), IDS_PER_ELEMENT)]
+        pieces = chunk_bitmaps(sids)
+        elements = [b"".join(pieces[i : i + CHUNKS_PER_ELEMENT]) for i in range(0, len(pieces), CHUNKS_PER_ELEMENT)]
         pipe = self.store.client.pipeline(transaction=False)
         pipe.rpush(key, *elements)
         pipe.pexpire(key, ttl_ms)

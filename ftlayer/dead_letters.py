@@ -16,12 +16,13 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ftlayer.chunks import assign_sids, pack_record_chunks
 from ftlayer.errors import FrameError, FTLayerError
 from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.ids import RecordId, new_ids
 from ftlayer.keyhash import NO_KEY_HASH, pmod
 from ftlayer.script_bounds import CALL_MAX_RECORDS
-from ftlayer.store import SourceStore
+from ftlayer.store import SourceStore, in_use_error
 
 log = logging.getLogger(__name__)
 _SERIALIZER = SemiDeserializedSerializer()
@@ -101,8 +102,7 @@ def _requeue_chunk(store: SourceStore, ids: list[str], num_channels: int) -> Req
     for eid in ids:
         pipe.xrange(store.keys.dlq, min=eid, max=eid, count=1)
     found: list[list[tuple[bytes, dict[bytes, bytes]]]] = pipe.execute()
-    fresh = iter(new_ids(2 * len(ids)))
-    entries: list[bytes] = []
+    todo: list[tuple[bytes, SemiDeserializedRecord, int]] = []  # (entry id, record, channel)
     missing: list[str] = []
     undecodable: list[str] = []
     for eid, raw in zip(ids, found, strict=True):
@@ -120,21 +120,41 @@ def _requeue_chunk(store: SourceStore, ids: list[str], num_channels: int) -> Req
             channel = pmod(rec.key_hash, num_channels)
         else:
             channel = old_ch
-        new = SemiDeserializedRecord(
-            rec.source_id, RecordId(next(fresh), next(fresh)), rec.key_hash, rec.origin_id, 0,
-            rec.payload, channel,
-        )
-        raw_id = eid.encode()
-        entries.append(struct.pack(">H", len(raw_id)) + raw_id + _SERIALIZER.encode(new))
-    if not entries:
+        todo.append((eid.encode(), rec, channel))
+    if not todo:
         return RequeueResult(0, missing, undecodable)
     k = store.keys
-    (count,) = store.run_durable([(
-        "REQUEUE",
-        [*store.state_keys, k.dlq, *store.channel_keys(num_channels)],
-        [k.prefix, num_channels, b"".join(entries)],
-    )])
-    return RequeueResult(int(count), missing, undecodable)
+    for _ in range(_DRAWS):
+        chunks, entry_ids = _requeue_input(todo)
+        (count,) = store.run_durable([(
+            "REQUEUE",
+            [*store.state_keys, k.dlq, *store.channel_keys(num_channels)],
+            [k.prefix, num_channels, chunks, entry_ids],
+        )])
+        if not isinstance(count, list):
+            return RequeueResult(int(count), missing, undecodable)
+    raise in_use_error(k, bytes(count[1]), "requeue")
+
+
+_DRAWS = 8  # draws of new chunk ids before a requeue gives up (each collides with odds ~ live / 2**48)
+
+
+def _requeue_input(todo: list[tuple[bytes, SemiDeserializedRecord, int]]) -> tuple[bytes, bytes]:
+    """New chunks for the requeued records (fresh ids, replay count 0, origin kept) and, aligned
+    with their records, the dead letters' entry ids."""
+    channels = [ch for _, _, ch in todo]
+    sids = assign_sids(channels)
+    cids = new_ids(len(todo))
+    frames = [
+        _SERIALIZER.encode(SemiDeserializedRecord(
+            rec.source_id, RecordId(sid, cid), rec.key_hash, rec.origin_id, 0, rec.payload, ch,
+        ))
+        for (_, rec, ch), sid, cid in zip(todo, sids, cids, strict=True)
+    ]
+    packed = pack_record_chunks(frames, sids, cids, channels)
+    eid_of = {sid: eid for sid, (eid, _, _) in zip(sids, todo, strict=True)}
+    entry_ids = b"".join(struct.pack(">H", len(eid_of[s])) + eid_of[s] for c in packed for s in c.sids)
+    return b"".join(c.blob for c in packed), entry_ids
 
 
 class DeadLetters:

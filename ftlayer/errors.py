@@ -14,6 +14,7 @@ from __future__ import annotations
 __all__ = [
     "AckerError",
     "ChannelCountMismatchError",
+    "ChunkIdInUseError",
     "ConfigError",
     "DurabilityError",
     "EmbeddedServerError",
@@ -85,6 +86,18 @@ class KeyHashError(FTLayerError, TypeError):
 
 class AckerError(FTLayerError):
     """A flush, persist or replay call against the acker state failed or got a malformed reply."""
+
+
+class ChunkIdInUseError(AckerError):
+    """A persist named a chunk id that a pending chunk of the source already uses; nothing was written.
+
+    ftlayer's own writers draw new ids and persist again; a caller that chose the ids itself gets
+    this error. ``chunk`` is the chunk's 6-byte field name (``ftlayer.chunks``).
+    """
+
+    def __init__(self, msg: str, chunk: bytes = b"") -> None:
+        super().__init__(msg)
+        self.chunk = chunk
 
 
 class InvalidArgumentError(FTLayerError, TypeError, ValueError):

@@ -63,8 +63,6 @@ __all__ = [
     "OFFSET_SOURCE_ID",
     "OFFSET_SOURCE_RECORD_ID",
     "OFFSET_VERSION",
-    "PEND_GEN_OFFSET",
-    "PEND_PREFIX",
     "SemiDeserializedRecord",
     "SemiDeserializedSerializer",
     "encode_frame",
@@ -88,10 +86,7 @@ OFFSET_CHANNEL = 42
 OFFSET_CRC = 44
 OFFSET_PAYLOAD = 48
 
-# A ``pend`` value (ftlayer.keys) is ``ack value (8) | bucket gen u32 (4) | frame``; the Lua
-# in ftlayer.scripts reads both layouts through names generated from these constants.
-PEND_GEN_OFFSET = 8
-PEND_PREFIX = 12
+# The Lua in ftlayer.scripts reads frames through names generated from these constants (ftlayer.lua_lib).
 # A ``failed`` value is ``failed at, ms f64 (8) | reason length u16 (2) | reason | frame``.
 FAILED_PREFIX = 10
 

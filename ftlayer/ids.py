@@ -109,10 +109,17 @@ def new_ids(count: int) -> list[int]:
     return _GENERATOR.next_ids(count)
 
 
+_INDEX_CLEAR = -1 << 16  # ftlayer.chunks: the low 16 bits of a source record id are its index in its chunk
+
+
 def new_record_id() -> RecordId:
-    """A RecordId for a new source record (both halves fresh and independent)."""
+    """A RecordId for a new source record (both halves fresh and independent).
+
+    The source record id is index 0 of a fresh random chunk (``ftlayer.chunks``), so
+    a record built alone is persisted as a chunk of its own.
+    """
     sid, cid = _GENERATOR.next_ids(2)
-    return RecordId(sid, cid)
+    return RecordId((sid & _INDEX_CLEAR) or (1 << 16), cid)
 
 
 _CHILD = struct.Struct("<qqI")

@@ -8,26 +8,32 @@ reshape the data. The per-source tag is the unit of scale-out.
 ================  ======  ===============================================================
 key suffix        type    contents
 ================  ======  ===============================================================
-``pend``          hash    source_record_id (8 bytes BE) -> ack value (8) | bucket gen (4)
-                          | frame. The acker table and the persistence layer in one entry,
-                          so the call that sees the ack value reach 0 deletes the record.
+``ck``            hash    chunk id (6 bytes, ``ftlayer.chunks``) -> chunk state: bucket gen
+                          u32 | stream-entry gen u32 | channel u16 | records n u16 | still
+                          pending u16 | with a partial XOR u16 | flags u8 | settled bitmap
+                          (bit i: record i completed, failed, or a hole). Present while any
+                          record of the chunk is pending; deleted with its last one
+``ci``            hash    chunk id -> n x 8-byte initial ack values (the records' current ids)
+``cf``            hash    chunk id -> the records' frames in index order (4 zero bytes for a hole)
+``xv``            hash    source_record_id (8 bytes) -> current ack value (8), only for a record
+                          whose tree was flushed in parts (split over tasks); deleted when it settles
+``live``          string  records pending now (the sum of the chunks' pending counts)
 ``gen``           string  current bucket generation (rotations so far)
 ``bkt``           list    the timeout buckets of every generation, in generation order:
-                          one element per persist call, bucket gen (u32) + packed 8-byte
-                          source_record_ids; an element of re-filed records is gen +
-                          ``R`` + n x (id 8, entry gen u32). Elements of buckets whose
-                          records all completed leave from the head (format 2)
-``bcnt``          hash    gen -> records of that bucket still in ``pend``; at 0 the count
-                          is deleted and the bucket's elements may leave ``bkt``
+                          one element per persist call or re-filing, bucket gen (u32) + packed
+                          6-byte chunk ids. Elements of buckets whose chunks all settled leave
+                          from the head
+``bcnt``          hash    gen -> chunks of that bucket still pending; at 0 the count is deleted
+                          and the bucket's elements may leave ``bkt``
 ``gtime``         hash    gen -> ms when that bucket opened (written by ``rotate``; gen 0 at
                           register); only gens >= current - num_buckets are kept. Feeds
                           the oldest-pending age of ``ftlayer status``
 ``expq``          list    generations expired by ``rotate`` and not yet scanned
-``ch:<c>``        stream  channel c: entries ``i`` = packed source_record_ids, ``g`` = bucket
-                          gen when written; in persist order; the FT source reads these;
-                          trimmed after Spark commits
+``ch:<c>``        stream  channel c: entries ``c`` = packed 6-byte chunk ids, ``g`` = bucket gen
+                          when written, ``n`` = records; in persist order; the FT source reads
+                          these; trimmed after Spark commits
 ``rd``            hash    channel -> ``"<entry gen> <stream id>"`` of the newest entry a
-                          reader has read (the read watermark): records up to it were
+                          reader has read (the read watermark): chunks up to it were
                           handed to a task; a timeout re-files the others instead of failing
 ``failed``        hash    failed source_record_id -> fail time ms (double) | reason length
                           (u16; top bit set: dead-letter without replays) | reason | frame
@@ -36,19 +42,20 @@ key suffix        type    contents
 ``stats``         hash    counters: persisted, acked, failed_explicit, failed_timeout,
                           replayed, dead_lettered, requeued, late_deltas, duplicate_flushes,
                           refiled_unread
-``meta``          hash    num_channels, format version (2; 1 kept a list per bucket
-                          generation and is migrated on start), created time
+``meta``          hash    num_channels, format version (3; 1 and 2 are migrated on start, see
+                          ``ftlayer.layout``), created time
 ``lease``         string  owner token of the rotator lease (with PX expiry)
 ``tok:<batch>``   hash    applied flush tokens of one micro-batch of one query (``<query
                           id>/<batch id>``): task -> 1; deleted when the batch commits,
                           PX expiry as a safety net (``ftlayer.flush_tokens``)
 ``tok:dl:<sid>``   string  the dlq entry id of a record dead-lettered by ingest (retry guard)
-``tok:p:<hash>``   string  a PERSIST call was applied (``<hash>``: xxh64 of its frames; PX expiry):
+``tok:p:<hash>``  string  a PERSIST call was applied (``<hash>``: xxh64 of its input; PX expiry):
                           a retried call files nothing, even after its records were acked
-``dfb:<q>:<b>``   list    DataFrame path: packed source_record_ids that the read tasks of
-                          batch ``b`` of streaming query ``q`` emitted (one element per
-                          page of a task, at most 4096 ids each; PX expiry); settled
-                          (acked or failed) and emptied by the batch's acking point
+``dfb:<q>:<b>``   list    DataFrame path: the records that the read tasks of batch ``b`` of
+                          streaming query ``q`` emitted, as [chunk id 6][bitmap length u16]
+                          [bitmap] per chunk (PX expiry); settled (acked or failed) and
+                          emptied by the batch's acking point
+``pend``          hash    layout format 2 only (one entry per record): emptied by the migration
 ================  ======  ===============================================================
 
 Namespace-level (no hash tag): ``<namespace>:sources`` (set of ``topology/source``)
@@ -68,7 +75,7 @@ from dataclasses import dataclass
 from ftlayer.errors import ConfigError
 
 #: Version of the Redis layout these key names describe (``ftlayer.layout`` migrates older ones).
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
@@ -103,7 +110,33 @@ class SourceKeys:
         return self.prefix + suffix
 
     @property
+    def chunks(self) -> str:
+        """``ck``: chunk id -> chunk state (header and settled bitmap)."""
+        return self.key("ck")
+
+    @property
+    def chunk_acks(self) -> str:
+        """``ci``: chunk id -> the records' initial ack values."""
+        return self.key("ci")
+
+    @property
+    def chunk_frames(self) -> str:
+        """``cf``: chunk id -> the records' frames."""
+        return self.key("cf")
+
+    @property
+    def partials(self) -> str:
+        """``xv``: source record id -> ack value, for trees flushed in parts."""
+        return self.key("xv")
+
+    @property
+    def live(self) -> str:
+        """``live``: records pending now."""
+        return self.key("live")
+
+    @property
     def pend(self) -> str:
+        """``pend``: layout format 2's per-record hash (read only by the migration)."""
         return self.key("pend")
 
     @property

@@ -19,6 +19,7 @@ import redis
 
 from ftlayer.acker_table import AckerTable, FlushResult
 from ftlayer.batch_acks import BatchAcks
+from ftlayer.chunks import PackedChunk, encode_source_chunks
 from ftlayer.config import FTConfig
 from ftlayer.dead_letters import DeadLetter, DeadLetters, RequeueResult
 from ftlayer.errors import InvalidIdError
@@ -123,8 +124,27 @@ class FTLayer:
         return self.buckets.rotate(use_lease=use_lease)
 
     def persist_frames(self, frames: Sequence[bytes]) -> int:
-        """Persist frames ingest encoded itself (``ftlayer.frames.encode_source_frames``); as :meth:`persist`."""
+        """Persist encoded frames (grouped into chunks by their ids); as :meth:`persist`."""
         return self.persistence.persist_frames(frames)
+
+    def persist_new(self, payloads: Sequence[bytes], key_hashes: Sequence[int], channels: Sequence[int]) -> int:
+        """Persist new source records from their parts, under ids drawn here (ingest's hot path).
+
+        The ids are drawn per channel in chunks (``ftlayer.chunks.assign_sids``); a chunk id
+        found in use is drawn again. For a retry after a lost reply, use :meth:`new_chunks`
+        and :meth:`persist_chunks` and send the same chunks again.
+        """
+        return self.persist_chunks(self.new_chunks(payloads, key_hashes, channels))
+
+    def new_chunks(
+        self, payloads: Sequence[bytes], key_hashes: Sequence[int], channels: Sequence[int],
+    ) -> list[PackedChunk]:
+        """New source records as packed chunks under freshly drawn ids (see :meth:`persist_new`)."""
+        return encode_source_chunks(self.source_id, payloads, key_hashes, channels)
+
+    def persist_chunks(self, chunks: list[PackedChunk]) -> int:
+        """Persist chunks from :meth:`new_chunks`; chunk ids in use are drawn again (in place)."""
+        return self.persistence.persist_chunks(chunks, rekey=True)
 
     # --- the read side (the FT source) and the DataFrame path ---------------------------
     def check_channels(self) -> None:
@@ -135,9 +155,10 @@ class FTLayer:
         """One bounded read of a channel (``PersistenceLayer.read_channel``; same arguments)."""
         return self.persistence.read_channel(channel, **kw)
 
-    def fail_unreadable(self, values: Sequence[tuple[bytes, str]]) -> int:
-        """Dead-letter stored values whose frame fails its checks (``PersistenceLayer.fail_unreadable``)."""
-        return self.persistence.fail_unreadable(values)
+    def fail_unreadable(self, records: Sequence[tuple[int, str]]) -> int:
+        """Dead-letter ``(source record id, reason)`` of records whose stored frame fails its checks
+        (``PersistenceLayer.fail_unreadable``)."""
+        return self.persistence.fail_unreadable(records)
 
     def record_batch_reads(self, query_id: str, batch_id: int, sids: Sequence[int]) -> None:
         """DataFrame path: file the ids a read task emitted for ``batch_id`` of ``query_id``."""

@@ -1,21 +1,26 @@
 """PersistenceLayer: durable copies of source records, filed for timeout and routing.
 
-``persist(records)`` is one atomic server-side call per chunk of at most
-``flush_batch_size`` records (and at most ``script_bounds.CALL_MAX_RECORDS``
+Records are filed in *chunks* (``ftlayer.chunks``): the records of one call
+for one channel, named by the high 48 bits of their source record ids.
+``persist(records)`` is one atomic server-side call per group of whole chunks
+of at most ``flush_batch_size`` records (and ``script_bounds.CALL_MAX_RECORDS``
 records and ``CALL_MAX_BYTES`` bytes, so no call holds the server long). For
-each record not yet known it:
+each chunk not yet known it:
 
-1. stores the frame by source_record_id (``pend``), with ack value = the
-   record's current id, since the source emits the record itself once;
-2. files the id in the current timeout bucket;
-3. appends the id to the stream of the record's channel.
+1. stores its frames, its records' ack values (= their current ids, since the
+   source emits each record itself once) and its state (all pending), one hash
+   field each, under the chunk id;
+2. files the chunk in the current timeout bucket;
+3. appends the chunk id to the stream of its channel.
 
 It returns only after the write is durable to the degree the durability mode
-promises ('waitaof' waits for the AOF fsync), and only then may the record be
-emitted. Persisting the same id again is a no-op, so a client retry is safe.
+promises ('waitaof' waits for the AOF fsync), and only then may the records be
+emitted. A call retried with the same input files nothing twice (its token); a
+chunk id already in use by a pending chunk refuses the call whole
+(:class:`~ftlayer.errors.ChunkIdInUseError`).
 
 Channels are read back with :meth:`read_channel` (by stream-id range, so a
-re-run micro-batch reads the same records minus those completed since) and
+re-run micro-batch reads the same records minus those settled since) and
 trimmed with :meth:`trim` once Spark has committed a range. A read call is
 bounded by records, bytes and time (``ftlayer.script_bounds``) and returns a
 cursor (stream id and position inside that entry); :meth:`iter_channel` loops
@@ -25,42 +30,60 @@ over the calls and reads a range whole, each record once, in order.
 from __future__ import annotations
 
 import logging
-import struct
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import xxhash
 
 from ftlayer.acker_table import AckerTable
 from ftlayer.channels import check_channel_count
+from ftlayer.chunks import ChunkState, PackedChunk, frame_spans, pack_chunks, rekey_chunk, sid_at
 from ftlayer.errors import ChannelCountMismatchError, FrameError, InvalidArgumentError
-from ftlayer.frames import (
-    NO_CHANNEL,
-    OFFSET_SOURCE_RECORD_ID,
-    PEND_PREFIX,
-    SemiDeserializedRecord,
-    SemiDeserializedSerializer,
-)
+from ftlayer.frames import NO_CHANNEL, SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.layout import ensure_layout
 from ftlayer.script_bounds import (
+    CALL_MAX_BYTES,
+    CALL_MAX_CHUNKS,
+    CALL_MAX_RECORDS,
     READ_MAX_RECORDS,
     SCRIPT_BUDGET_MS,
     SCRIPT_MAX_BYTES,
     TRIM_MAX_RECORDS,
-    split_call,
 )
-from ftlayer.store import SourceStore
+from ftlayer.store import SourceStore, in_use_error
 
 _SERIALIZER = SemiDeserializedSerializer()
 log = logging.getLogger(__name__)
 
 
-
-
 def persist_token(store: SourceStore, blob: bytes) -> str:
-    """The token key of a PERSIST call: ``tok:p:<xxh64 of its frames>`` (the frames carry the
+    """The token key of a PERSIST call: ``tok:p:<xxh64 of its input>`` (the input carries the
     records' ids, so only the same call, retried, has the same token; about 0.1 ms per MB)."""
     return store.keys.token(f"p:{xxhash.xxh64_hexdigest(blob)}")
+
+
+def call_groups(
+    chunks: Sequence[PackedChunk], max_records: int, max_bytes: int = CALL_MAX_BYTES,
+) -> list[tuple[int, int]]:
+    """Consecutive whole chunks grouped into calls of at most ``max_records`` records,
+    ``max_bytes`` bytes and ``CALL_MAX_CHUNKS`` chunks (a chunk larger than either goes
+    alone), as ``(start, end)`` index ranges. Deterministic: the same chunks give the same
+    calls, so a retried persist sends the same inputs (and tokens)."""
+    out: list[tuple[int, int]] = []
+    start = records = size = 0
+    for i, c in enumerate(chunks):
+        if i > start and (records + c.records > max_records or size + len(c.blob) > max_bytes
+                          or i - start >= CALL_MAX_CHUNKS):
+            out.append((start, i))
+            start, records, size = i, 0, 0
+        records += c.records
+        size += len(c.blob)
+    if start < len(chunks):
+        out.append((start, len(chunks)))
+    return out
+
+
+_DRAWS = 8  # draws of new chunk ids before a persist gives up (each collides with odds ~ live / 2**48)
 
 
 def _stream_pos(entry_id: str) -> tuple[float, float]:
@@ -73,26 +96,59 @@ def _stream_pos(entry_id: str) -> tuple[float, float]:
     return (float(ms), float(seq or 0))
 
 
+def chunk_records(key: bytes, state: bytes, frames: bytes) -> tuple[list[int], list[bytes]]:
+    """The pending records of one chunk as read: ``(sids, frames)``, in index order.
+
+    A record's id is its position in the chunk (``ftlayer.chunks.sid_at``), not what its frame
+    says, so a damaged frame is still named right; damaged frames are returned as they are
+    (the reader checks every frame and fails those that fail).
+    """
+    st = ChunkState.parse(state)
+    settled = st.settled
+    sids: list[int] = []
+    out: list[bytes] = []
+    for i, (start, end) in enumerate(frame_spans(frames, st.n)):
+        if settled[i >> 3] >> (i & 7) & 1:
+            continue
+        out.append(frames[start:end])
+        sids.append(sid_at(key, i))
+    return sids, out
+
+
 @dataclass(frozen=True)
 class ChannelBatch:
     """Records read from one channel, still serialized, and the cursor where the read stopped.
 
-    ``values`` are the records' ``pend`` values: each frame starts at byte
-    :data:`PEND_PREFIX` (``runtime.spark.arrow_codec.frames_to_record_batch`` reads
-    them in place with ``prefix=PEND_PREFIX``). The cursor is ``last_id`` (the
-    last stream entry read, '' if none) and ``skip``: 0 if that entry was read
-    whole, else how many of its ids were read (pass both back to go on).
+    ``chunks`` holds per chunk read its id, stored state and frames as they came from Redis;
+    :attr:`sids` and :attr:`frames` are its pending records (settled ones skipped), in order.
+    The cursor is ``last_id`` (the last stream entry read, '' if none) and ``skip``: 0 if that
+    entry was read whole, else how many of its chunks were read (pass both back to go on).
     """
 
     channel: int
     last_id: str
-    values: list[bytes]
+    chunks: list[tuple[bytes, bytes, bytes]] = field(default_factory=list)  # (chunk id, state, frames)
     skip: int = 0
 
     @property
+    def sids(self) -> list[int]:
+        """Source record ids of the pending records, in read order."""
+        return self.pending()[0]
+
+    @property
     def frames(self) -> list[bytes]:
-        """The frames alone (a copy of each)."""
-        return [v[PEND_PREFIX:] for v in self.values]
+        """Frames of the pending records, in read order (a copy of each)."""
+        return self.pending()[1]
+
+    def pending(self) -> tuple[list[int], list[bytes]]:
+        """``(sids, frames)`` of the pending records, in read order."""
+        sids: list[int] = []
+        frames: list[bytes] = []
+        for key, state, blob in self.chunks:
+            got_sids, got = chunk_records(key, state, blob)
+            sids.extend(got_sids)
+            frames.extend(got)
+        return sids, frames
 
     def records(self) -> list[SemiDeserializedRecord]:
         """The frames decoded (payloads stay msgpack bytes)."""
@@ -126,7 +182,7 @@ class PersistenceLayer:
                 return
             if recorded == self.num_channels:
                 return
-            keys = [k.meta, k.pend, k.failed, *(k.channel(c) for c in range(recorded))]
+            keys = [k.meta, k.chunks, k.failed, k.live, *(k.channel(c) for c in range(recorded))]
             reply = self.store.run("RESCALE", keys, [recorded, self.num_channels])
             if int(reply[0]) == 1:
                 log.warning("source %s/%s: channel count changed from %d to %d (the source was drained)",
@@ -139,11 +195,12 @@ class PersistenceLayer:
         raise ChannelCountMismatchError(msg)
 
     def persist(self, records: Sequence[SemiDeserializedRecord]) -> int:
-        """Persist records atomically per chunk; returns how many were new. See module contract.
+        """Persist records atomically per call; returns how many were new. See module contract.
 
         Every record is checked and encoded before anything is sent: an item that is
         no :class:`SemiDeserializedRecord` raises :class:`InvalidArgumentError`, a
-        channel out of range :class:`FrameError`, and nothing is written.
+        channel out of range :class:`FrameError`, ids that do not fit the chunk layout
+        :class:`~ftlayer.errors.InvalidIdError`, and nothing is written.
         """
         for i, rec in enumerate(records):
             if not isinstance(rec, SemiDeserializedRecord):
@@ -161,24 +218,53 @@ class PersistenceLayer:
         return self.persist_frames([_SERIALIZER.encode(r) for r in records])
 
     def persist_frames(self, frames: Sequence[bytes]) -> int:
-        """Persist already-encoded frames (the hot path: no re-encoding).
+        """Persist already-encoded frames, grouped into chunks by their ids (``ftlayer.chunks``).
 
         Idempotent: calling it again with the same frames files nothing twice, even once
         the first call's records were processed and acked (each server-side call carries
-        a token named after a hash of its frames; see PERSIST), unless a failover
+        a token named after a hash of its input; see PERSIST), unless a failover
         lost the first call's writes, which are then filed again.
         """
-        size = self.store.config.flush_batch_size
+        return self.persist_chunks(pack_chunks(frames))
+
+    def persist_chunks(self, chunks: list[PackedChunk], *, rekey: bool = False) -> int:
+        """Persist packed chunks (ingest's hot path: ``ftlayer.chunks.pack_record_chunks``).
+
+        A call that names a chunk id in use by pending records writes nothing. With ``rekey``
+        (ids ftlayer drew itself) the chunks of such a call get fresh ids (``chunks`` is
+        updated in place, so a caller that retries after a lost reply sends the chunks as
+        they were last sent) and only that call is sent again. Without it,
+        :class:`ChunkIdInUseError` names the chunk; the other calls were applied.
+        """
+        size = min(self.store.config.flush_batch_size, CALL_MAX_RECORDS)
         channels = self.store.channel_keys(self.num_channels)
         ttl_ms = self.store.token_ttl_ms()
-        blobs = [b"".join(part) for i in range(0, len(frames), size) for part in split_call(frames[i : i + size])]
-        calls = [
-            ("PERSIST", [*self.store.state_keys, persist_token(self.store, blob), *channels],
-             [self.store.keys.prefix, self.num_channels, blob, ttl_ms])
-            for blob in blobs
-        ]
-        # in the waiting durability modes, the calls and their wait share one connection
-        return sum(int(count) for count, _gen in self.store.run_durable(calls))
+        groups = call_groups(chunks, size)
+        todo = list(range(len(groups)))
+        total = 0
+        for _ in range(_DRAWS):
+            blobs = [b"".join(c.blob for c in chunks[groups[g][0] : groups[g][1]]) for g in todo]
+            calls = [
+                ("PERSIST", [*self.store.state_keys, persist_token(self.store, blob), *channels],
+                 [self.store.keys.prefix, self.num_channels, blob, ttl_ms])
+                for blob in blobs
+            ]
+            # in the waiting durability modes, the calls and their wait share one connection
+            refused: list[tuple[int, bytes]] = []
+            for g, (count, gen) in zip(todo, self.store.run_durable(calls), strict=True):
+                if int(count) < 0:
+                    refused.append((g, bytes(gen)))
+                else:
+                    total += int(count)
+            if not refused:
+                return total
+            if not rekey:
+                raise in_use_error(self.store.keys, refused[0][1], "persist")
+            for g, _ in refused:
+                start, end = groups[g]
+                chunks[start:end] = [rekey_chunk(c) for c in chunks[start:end]]
+            todo = [g for g, _ in refused]
+        raise in_use_error(self.store.keys, refused[0][1], "persist")
 
     def read_channel(
         self,
@@ -191,22 +277,23 @@ class PersistenceLayer:
         max_records: int = READ_MAX_RECORDS,
         max_bytes: int = SCRIPT_MAX_BYTES,
     ) -> ChannelBatch:
-        """One bounded read of the still-pending records with stream ids in (after, until].
+        """One bounded read of the pending records with stream ids in (after, until].
 
         With ``skip`` > 0 the read starts inside entry ``after``, at its
-        ``skip``-th id (a cursor returned by the previous call). At most
-        ``max_entries`` entries, ``max_records`` ids examined and about
-        ``max_bytes`` of values per call (at least one id); the returned cursor
-        says where it stopped. Use :meth:`iter_channel` to read a whole range.
+        ``skip``-th chunk (a cursor returned by the previous call). At most
+        ``max_entries`` entries, about ``max_records`` records examined and
+        ``max_bytes`` of frames per call (at least one chunk); the returned
+        cursor says where it stopped. Use :meth:`iter_channel` to read a whole range.
         """
         k = self.store.keys
         reply = self.store.run(
             "READ_CHANNEL",
-            [k.channel(channel), k.pend, k.read_marks],
+            [k.channel(channel), k.chunks, k.chunk_frames, k.read_marks],
             [after, skip, until, max_entries, max_records, max_bytes, SCRIPT_BUDGET_MS, channel],
         )
         last = reply[0].decode() if reply and reply[0] else ""
-        return ChannelBatch(channel, last, list(reply[2:]), int(reply[1]))
+        rest = reply[2:]
+        return ChannelBatch(channel, last, list(zip(rest[::3], rest[1::3], rest[2::3], strict=True)), int(reply[1]))
 
     def iter_channel(
         self,
@@ -218,10 +305,10 @@ class PersistenceLayer:
         max_records: int = READ_MAX_RECORDS,
         max_bytes: int = SCRIPT_MAX_BYTES,
     ) -> Iterator[ChannelBatch]:
-        """Every still-pending record of (after, until], in stream order, each once, in bounded calls.
+        """Every pending record of (after, until], in stream order, each once, in bounded calls.
 
         Yields one batch per server-side call (batches may be empty when a
-        chunk held only completed records).
+        chunk held only settled records).
         """
         skip = 0
         while True:
@@ -233,31 +320,30 @@ class PersistenceLayer:
                 return
             after, skip = batch.last_id, batch.skip
 
-    def fail_unreadable(self, bad: Sequence[tuple[bytes, str]]) -> int:
+    def fail_unreadable(self, bad: Sequence[tuple[int, str]]) -> int:
         """Fail the records whose stored frame a reader could not decode, for the dead-letter queue.
 
-        ``bad`` holds ``(pend value as read, reason)``. Each is failed with its
-        reason and without replays (a replay would re-read the same bytes), so
-        the replayer dead-letters it at once; the rest of the channel goes on.
-        A value is failed only if it is still exactly the ``pend`` entry of the
-        id its frame header names: a header damaged so that it names another
-        id fails nothing, and that record times out and is dead-lettered as
-        undecodable. Idempotent (a record no longer pending is skipped).
-        Returns how many records were failed.
+        ``bad`` holds ``(source record id, reason)``; the id is the record's place in
+        its chunk, so a damaged header cannot misname it. Each is failed with its
+        reason and without replays (a replay would re-read the same bytes), so the
+        replayer dead-letters it at once; the rest of the channel goes on.
+        Idempotent (a record no longer pending is skipped). Returns how many records
+        were failed.
         """
-        start = PEND_PREFIX + OFFSET_SOURCE_RECORD_ID
-        named = [(v[start : start + 8], v, reason) for v, reason in bad if len(v) >= start + 8]
-        if not named:
+        if not bad:
             return 0
-        stored: list[bytes | None] = self.store.client.hmget(self.store.keys.pend, [n[0] for n in named])  # type: ignore[assignment]
-        fails = {
-            struct.unpack(">q", sid)[0]: reason
-            for (sid, value, reason), now in zip(named, stored, strict=True)
-            if now == value
-        }
-        if not fails:
-            return 0
+        fails = dict(bad)
         return AckerTable(self.store).xor({}, fails=fails, no_replay=set(fails)).failed
+
+    def iter_pending(self, count: int = 100) -> Iterator[tuple[int, bytes]]:
+        """``(source record id, frame)`` of every pending record, chunk by chunk (HSCAN order:
+        a chunk filed or settled meanwhile may be seen or not). For inspection and tests."""
+        k = self.store.keys
+        client = self.store.client
+        for key, state in client.hscan_iter(k.chunks, count=count):
+            frames = client.hget(k.chunk_frames, key)
+            if frames is not None:
+                yield from zip(*chunk_records(key, state, frames), strict=True)  # type: ignore[arg-type]
 
     def channel_tail(self, channel: int) -> str:
         """Id of the newest entry of a channel stream ('0-0' if it never had one)."""
@@ -282,7 +368,7 @@ class PersistenceLayer:
         for c in range(self.num_channels):
             for _ in range(max_calls):
                 count, more = self.store.run(
-                    "TRIM_DONE", [k.channel(c), k.pend], [max_entries, TRIM_MAX_RECORDS, SCRIPT_BUDGET_MS]
+                    "TRIM_DONE", [k.channel(c), k.chunks], [max_entries, TRIM_MAX_RECORDS, SCRIPT_BUDGET_MS]
                 )
                 removed += int(count)
                 if not int(more):
@@ -293,7 +379,7 @@ class PersistenceLayer:
         """Drop stream entries with id <= ``upto`` (Spark committed them). Returns entries removed.
 
         Trimming only removes the channel index; records still pending stay in
-        ``pend`` and time out or get replayed as usual.
+        their chunks and time out or get replayed as usual.
         """
         ms, _, seq = upto.partition("-")
         min_id = f"{ms}-{int(seq or 0) + 1}"

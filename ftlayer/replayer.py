@@ -26,17 +26,39 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ftlayer.acker_table import NO_REPLAY_FLAG
+from ftlayer.chunks import assign_sids, pack_record_chunks
 from ftlayer.errors import FrameError, PartitioningError
 from ftlayer.frames import FAILED_PREFIX, SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.ids import RecordId, new_ids
 from ftlayer.keyhash import pmod
 from ftlayer.script_bounds import CALL_MAX_BYTES, CALL_MAX_RECORDS
-from ftlayer.store import SourceStore
+from ftlayer.store import SourceStore, in_use_error
 
 log = logging.getLogger(__name__)
 _SERIALIZER = SemiDeserializedSerializer()
 _FAILED_HEADER = struct.Struct(">dH")  # FAILED_PREFIX bytes (ftlayer.frames), read by the Lua too
 assert _FAILED_HEADER.size == FAILED_PREFIX
+
+
+_DRAWS = 8  # draws of new chunk ids before a replay gives up (each collides with odds ~ live / 2**48)
+
+
+def _replay_chunks(replays: list[tuple[int, SemiDeserializedRecord, int]]) -> tuple[bytes, bytes]:
+    """The REPLAY input for ``replays``: new chunks (fresh ids, grouped per channel) and, aligned
+    with their records, the old ids."""
+    if not replays:
+        return b"", b""
+    channels = [ch for _, _, ch in replays]
+    sids = assign_sids(channels)
+    cids = new_ids(len(replays))
+    frames = [
+        _SERIALIZER.encode(rec.replayed(RecordId(sid, cid), ch))
+        for (_, rec, ch), sid, cid in zip(replays, sids, cids, strict=True)
+    ]
+    packed = pack_record_chunks(frames, sids, cids, channels)
+    old_of = {sid: old for sid, (old, _, _) in zip(sids, replays, strict=True)}
+    olds = b"".join(struct.pack(f">{c.records}q", *(old_of[s] for s in c.sids)) for c in packed)
+    return b"".join(c.blob for c in packed), olds
 
 
 class ReplayRouter(Protocol):
@@ -132,12 +154,11 @@ class Replayer:
         todo = self.due(limit or cfg.flush_batch_size)
         if not todo:
             return ReplayResult()
-        fresh = iter(new_ids(2 * len(todo)))
         total = ReplayResult()
-        replays: list[bytes] = []
+        replays: list[tuple[int, SemiDeserializedRecord, int]] = []  # (old sid, record, channel)
         dead: list[bytes] = []
         size = 0
-        # one call per chunk; in the waiting durability modes each waits before it returns
+        # one call per chunk of work; in the waiting durability modes each waits before it returns
         for item in todo:
             old = struct.pack(">q", item.source_record_id)
             rec = item.record
@@ -155,9 +176,8 @@ class Replayer:
                         f"0..{self.num_channels - 1}"
                     )
                     raise PartitioningError(msg)
-                new = rec.replayed(RecordId(next(fresh), next(fresh)), channels[0])
-                replays.append(old + _SERIALIZER.encode(new))
-                size += len(replays[-1])
+                replays.append((item.source_record_id, rec, channels[0]))
+                size += len(item.frame)
             # bounded calls (ftlayer.script_bounds): a replay storm never holds the server long
             if len(replays) + len(dead) >= CALL_MAX_RECORDS or size >= CALL_MAX_BYTES:
                 total = total.plus(self._replay_call(replays, dead))
@@ -166,15 +186,23 @@ class Replayer:
             total = total.plus(self._replay_call(replays, dead))
         return total
 
-    def _replay_call(self, replays: list[bytes], dead: list[bytes]) -> ReplayResult:
-        """One REPLAY call: re-persist ``replays`` ([old sid][new frame]) and dead-letter ``dead``."""
+    def _replay_call(self, replays: list[tuple[int, SemiDeserializedRecord, int]], dead: list[bytes]) -> ReplayResult:
+        """One REPLAY call: re-persist ``replays`` under new ids (new chunks) and dead-letter ``dead``.
+
+        New ids are drawn per call; if a drawn chunk id is in use (nothing was written) they are
+        drawn again.
+        """
         k = self.store.keys
-        ((replayed, dead_n),) = self.store.run_durable([(
-            "REPLAY",
-            [*self.store.state_keys, k.dlq, *self.store.channel_keys(self.num_channels)],
-            [k.prefix, self.num_channels, b"".join(replays), b"".join(dead), self.store.now_ms()],
-        )])
-        return ReplayResult(int(replayed), int(dead_n))
+        for _ in range(_DRAWS):
+            chunks, olds = _replay_chunks(replays)
+            ((replayed, dead_n),) = self.store.run_durable([(
+                "REPLAY",
+                [*self.store.state_keys, k.dlq, *self.store.channel_keys(self.num_channels)],
+                [k.prefix, self.num_channels, chunks, olds, b"".join(dead), self.store.now_ms()],
+            )])
+            if int(replayed) >= 0:
+                return ReplayResult(int(replayed), int(dead_n))
+        raise in_use_error(k, bytes(dead_n), "replay")
 
     def replay_all_due(self) -> ReplayResult:
         """Call :meth:`replay_due` until nothing is due."""

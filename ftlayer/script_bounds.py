@@ -23,7 +23,8 @@ Scripts whose work grows with the size of the call (persist, flush, replay,
 requeue) are bounded by the callers, which split their input into calls of at
 most :data:`CALL_MAX_RECORDS` records and :data:`CALL_MAX_BYTES` bytes.
 
-Figures (valkey 9 on the shared 2-core test machine, other runs' Spark busy):
+Figures (valkey 9 on the shared 2-core test machine, other runs' Spark busy; layout format 2,
+one hash entry per record; format 3's chunks make persists and reads several times cheaper):
 a timeout-scan call of 500 records took 10-20 ms (up to ~40 ms when the
 server lost the CPU), a channel read of 5,000 records about 15 ms, a persist
 of 1,000 records about 13 ms; 200,000 records timing out at once took about
@@ -44,8 +45,11 @@ READ_MAX_RECORDS = 5_000
 TRIM_MAX_RECORDS = 5_000
 #: Value bytes one scanning call moves at most (the record that crosses it is the last one).
 SCRIPT_MAX_BYTES = 4 << 20
-#: Records per persist / replay / requeue call (callers split larger inputs).
-CALL_MAX_RECORDS = 1_000
+#: Records per persist / replay / requeue call (callers split larger inputs; a chunk is never split,
+#: so a call holds at least one). Filing is a few operations per chunk (format 3), ~1.5 ms per call.
+CALL_MAX_RECORDS = 4_096
+#: Chunks per persist call (many one-record chunks, as records made one by one give, cost ~5 us each).
+CALL_MAX_CHUNKS = 1_024
 #: Deltas per FLUSH call: a sink task's flush of more goes in several calls (FLUSH is ~5 us a delta).
 FLUSH_MAX_RECORDS = 5_000
 #: Frame bytes per persist / replay / requeue call (a single larger frame goes alone).

@@ -1,217 +1,61 @@
-"""All server-side Lua of ftlayer, in one module.
+"""All server-side Lua scripts of ftlayer, in one module (their shared library: ``ftlayer.lua_lib``).
 
-Representation of 64-bit values: Redis Lua numbers are doubles and its ``bit``
-library is 32-bit, so ids and ack values never become Lua numbers. They travel
-and are stored as 8-byte big-endian strings; XOR is done on the two 32-bit
-halves (``struct.unpack('>I4I4')`` then ``bit.bxor``), which is exact.
+The state they work on is layout format 3 (``ftlayer.keys``): records live in
+*chunks* (``ftlayer.chunks``), one ``ck``/``ci``/``cf`` entry per chunk, so
+filing, reading and timing out cost a few operations per chunk and an ack a
+few Lua steps on numbers per record, with no per-record key, field or string.
 
-Layouts are defined once: every script starts with :data:`LAYOUT`, Lua
-locals generated from the constants of ``ftlayer.frames`` that the encoder
-uses (1-based): ``F_SID``/``F_CID`` (source and current record id, 8 bytes
-each), ``F_REPLAY`` and ``F_CHANNEL`` (u16), ``F_HEADER`` and ``F_BODY_MIN``,
-and for a ``pend`` value (``ack (8) | bucket gen (u32) | frame``) ``P_GEN``
-and ``P_FRAME``, and for a ``failed`` value (``failed_ms f64 | reason
-length u16 | reason | frame``) ``FL_REASON``. No script spells an offset as a number
-(``tests/ftlayer/test_frame_layout.py`` checks it).
+Handed out or not (stalls): a channel stream entry is ``c`` = the packed chunk
+ids, ``g`` = the bucket gen it was written in (entries are in gen order), ``n``
+= its record count. ``READ_CHANNEL`` keeps each channel's read watermark in
+``rd`` (``"<entry gen> <stream id>"`` of the newest entry a reader has finished
+or entered), so ``EXPIRE`` can tell a chunk that a task received from one still
+waiting in its stream, at no per-record cost on reads.
 
-Handed out or not (stalls): a channel stream entry is ``i`` = packed ids, ``g`` =
-the bucket gen it was written in (entries are in gen order). ``READ_CHANNEL``
-keeps each channel's read watermark in ``rd`` (``"<entry gen> <stream id>"`` of the
-newest entry a reader has finished or entered), so ``EXPIRE`` can tell a record that a
-task received from one still waiting in its stream, at no per-record cost on reads.
+Every key a script touches is in its KEYS (the ``#!lua`` shebang makes the
+server check it): the buckets of all generations share one list (``bkt``,
+elements tagged with their generation) and a script that files records declares
+every channel stream.
 
-Every key a script touches is in its KEYS (the ``#!lua`` shebang makes the server
-check it): the buckets of all generations share one list (``bkt``, elements tagged
-with their generation) and a script that persists declares every channel stream.
-
-Every script is idempotent under a client retry: persist skips ids already
-present, flushes carry a token, fails and replays act only on entries still in
-the state they expect, rotate can be tied to an expected generation.
+Every script is idempotent under a client retry: persist skips a call whose
+token exists, flushes carry a token, fails and replays act only on records
+still in the state they expect, rotate can be tied to an expected generation.
 """
 
 from __future__ import annotations
 
-from ftlayer.frames import (
-    BODY_FIXED_SIZE,
-    FAILED_PREFIX,
-    HEADER_SIZE,
-    OFFSET_CHANNEL,
-    OFFSET_CURRENT_RECORD_ID,
-    OFFSET_REPLAY_COUNT,
-    OFFSET_SOURCE_RECORD_ID,
-    PEND_GEN_OFFSET,
-    PEND_PREFIX,
-)
+from ftlayer.lua_lib import CHUNK_LIB, CLOCK, COMMON, LAYOUT, PERSIST_LIB, STATE_KEYS
 
-LAYOUT = f"""
--- frame and pend-value layout, generated from ftlayer.frames (1-based)
-local F_SID, F_CID = {OFFSET_SOURCE_RECORD_ID + 1}, {OFFSET_CURRENT_RECORD_ID + 1}
-local F_REPLAY, F_CHANNEL = {OFFSET_REPLAY_COUNT + 1}, {OFFSET_CHANNEL + 1}
-local F_HEADER, F_BODY_MIN = {HEADER_SIZE}, {BODY_FIXED_SIZE}
-local P_GEN, P_FRAME = {PEND_GEN_OFFSET + 1}, {PEND_PREFIX + 1}
-local FL_REASON = {FAILED_PREFIX + 1}
-"""
-
-# Shared helpers, prepended to the scripts that fail or persist records. They
-# expect K_PEND, K_GEN, K_BCNT, K_FAILED, K_DUE, K_STATS, K_BKT and CH_BASE to be set
-# (the stream of channel c is KEYS[CH_BASE + 1 + c]; persist_frames writes to it).
-# A script that calls bucket_done (directly or through fail_entry) must call
-# settle_buckets before it returns.
-_COMMON = r"""
-local LEFT_BUCKET = {}
-local function bucket_done(g)
-  -- a record filed in bucket g left `pend`; counted here, applied by settle_buckets
-  LEFT_BUCKET[g] = (LEFT_BUCKET[g] or 0) + 1
-end
-
-local HEAD_DROP_MAX = 1024  -- bucket elements one call may drop (bounded script time)
-
-local function drop_done_heads()
-  -- pop the head elements of `bkt` whose bucket has no pending record left. Elements
-  -- are in generation order, so buckets that completed leave from the head; one
-  -- behind an older bucket still pending waits for it (or for EXPIRE)
-  local live = {}
-  for _ = 1, HEAD_DROP_MAX do
-    local e = redis.call('LINDEX', K_BKT, 0)
-    if not e then return end
-    local g = struct.unpack('>I4', e)
-    if live[g] == nil then live[g] = redis.call('HEXISTS', K_BCNT, g) == 1 end
-    if live[g] then return end
-    redis.call('LPOP', K_BKT)
-  end
-end
-
-local function settle_buckets()
-  -- one HINCRBY per bucket touched (not per record); a bucket's count goes with its last record
-  local emptied = false
-  for g, n in pairs(LEFT_BUCKET) do
-    if redis.call('HINCRBY', K_BCNT, g, -n) <= 0 then
-      redis.call('HDEL', K_BCNT, g)
-      emptied = true
-    end
-  end
-  LEFT_BUCKET = {}
-  if emptied then drop_done_heads() end
-end
-
-local function channel_keys_error(nch)
-  -- nil if KEYS declares a stream for each of nch channels after CH_BASE, else why not
-  if #KEYS < CH_BASE + nch then
-    return 'KEYS declares ' .. (#KEYS - CH_BASE) .. ' channel streams for ' .. nch .. ' channels'
-  end
-  return nil
-end
-
-local NO_REPLAY = 32768  -- top bit of a reason length: dead-letter without replays
-
-local function fail_entry(sid, v, reason, now_ms, b_init, b_mult, b_max, no_replay)
-  -- move a pending record to `failed`, due for replay after its backoff (due now, with the
-  -- NO_REPLAY bit on its stored reason length, if it is to be dead-lettered at once)
-  local g = struct.unpack('>I4', v, P_GEN)
-  redis.call('HDEL', K_PEND, sid)
-  bucket_done(g)
-  local frame = string.sub(v, P_FRAME)
-  local rc = struct.unpack('>I2', frame, F_REPLAY)
-  local delay = b_init * (b_mult ^ math.min(rc, 64))
-  if delay > b_max then delay = b_max end
-  local rlen = #reason
-  if no_replay then delay = 0; rlen = rlen + NO_REPLAY end
-  redis.call('HSET', K_FAILED, sid, struct.pack('>dI2', now_ms, rlen) .. reason .. frame)
-  redis.call('ZADD', K_DUE, now_ms + delay, sid)
-end
-
-local function split_frames(blob, nch)
-  -- split concatenated frames; nil plus an error if one is malformed or off-range
-  local frames, pos, n = {}, 1, #blob
-  while pos <= n do
-    if pos + F_HEADER - 1 > n then return nil, 'truncated frame at byte ' .. pos end
-    local len = struct.unpack('>I4', blob, pos)
-    if len < F_BODY_MIN or pos + 3 + len > n then return nil, 'bad frame length at byte ' .. pos end
-    local frame = string.sub(blob, pos, pos + 3 + len)
-    local ch = struct.unpack('>I2', frame, F_CHANNEL)
-    if ch >= nch then return nil, 'channel ' .. ch .. ' out of range 0..' .. (nch - 1) end
-    frames[#frames + 1] = frame
-    pos = pos + 4 + len
-  end
-  return frames
-end
-
-local CHUNK = 500  -- fields per HMGET/HSET/HDEL: one redis.call costs ~2 us, a field ~0.2 us
-
-local function persist_frames(frames)
-  -- file new records: pend entry (ack = current id), bucket, channel stream
-  local gen = tonumber(redis.call('GET', K_GEN) or '0')
-  local genb = struct.pack('>I4', gen)
-  local all, per_ch, count, seen = {}, {}, 0, {}
-  for base = 1, #frames, CHUNK do
-    local sids = {}
-    for i = base, math.min(#frames, base + CHUNK - 1) do sids[#sids + 1] = string.sub(frames[i], F_SID, F_SID + 7) end
-    local have, kv = redis.call('HMGET', K_PEND, unpack(sids)), {}
-    for j, sid in ipairs(sids) do
-      if not have[j] and not seen[sid] then  -- already pending: a retried call
-        seen[sid] = true
-        local frame = frames[base + j - 1]
-        kv[#kv + 1] = sid
-        kv[#kv + 1] = string.sub(frame, F_CID, F_CID + 7) .. genb .. frame
-        count = count + 1
-        all[#all + 1] = sid
-        local ch = struct.unpack('>I2', frame, F_CHANNEL)
-        local t = per_ch[ch]
-        if t == nil then t = {}; per_ch[ch] = t end
-        t[#t + 1] = sid
-      end
-    end
-    if #kv > 0 then redis.call('HSET', K_PEND, unpack(kv)) end
-  end
-  if count > 0 then
-    redis.call('RPUSH', K_BKT, genb .. table.concat(all))
-    redis.call('HINCRBY', K_BCNT, gen, count)
-    for ch, sids in pairs(per_ch) do
-      redis.call('XADD', KEYS[CH_BASE + 1 + ch], '*', 'i', table.concat(sids), 'g', gen)
-    end
-  end
-  return count, gen
-end
-"""
-
-# The server's CPU time inside a script. TIME cannot serve: the server freezes it for the
-# whole script. The bounded scripts (see ftlayer.script_bounds) stop once their budget is spent.
-_CLOCK = r"""
-local function clock_ms()
-  return os.clock() * 1000
-end
-"""
-
-_STATE_KEYS = r"""
-local K_PEND, K_GEN, K_BCNT, K_FAILED, K_DUE, K_STATS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local K_BKT = KEYS[7]
-local CH_BASE = #KEYS  -- scripts that persist set it to where their channel streams start
-"""
+_STATE = STATE_KEYS + COMMON + CHUNK_LIB
 
 PERSIST = (
     r"""
--- persist: file a batch of source records atomically, at most once per call token.
--- KEYS: pend, gen, bcnt, failed, due, stats, bkt, call token (tok:p:<hash of the frames>),
+-- persist: file a batch of source records, chunk by chunk, atomically, at most once per call token.
+-- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, call token (tok:p:<hash of the input>),
 --       ch:0 .. ch:<num_channels - 1>
--- ARGV: prefix, num_channels, frames (concatenated frames), token ttl ms
--- Returns: {persisted, bucket gen}. A retried call (its token exists) files nothing: its records
--- were filed by the first call and may since have been read, processed and acked, so "not
--- pending" cannot tell a retry from a new record; ids already in pend are skipped as well.
--- A call whose writes a failover lost lost its token with them, so its retry files them again.
--- Error (nothing written) if a frame is malformed or its channel >= num_channels.
+-- ARGV: prefix, num_channels, chunks (ftlayer.chunks persist input, concatenated), token ttl ms
+-- Returns: {records filed, bucket gen}; {-1, chunk id} if a chunk id of the input is already in
+-- use (nothing is written: the caller draws new ids). A retried call (its token exists) files
+-- nothing: its records were filed by the first call and may since have been read, processed and
+-- acked. A call whose writes a failover lost lost its token with them, so its retry files them again.
+-- Error (nothing written) if a chunk is malformed or its channel >= num_channels.
 """
-    + _STATE_KEYS
-    + _COMMON
+    + _STATE
+    + PERSIST_LIB
     + r"""
-CH_BASE = 8
-local frames, err = split_frames(ARGV[3], tonumber(ARGV[2]))
+CH_BASE = 12
+local chunks, err = parse_chunks(ARGV[3], tonumber(ARGV[2]))
 err = err or channel_keys_error(tonumber(ARGV[2]))
 if err then return redis.error_reply('ftlayer persist: ' .. err) end
-if redis.call('SET', KEYS[8], '1', 'NX', 'PX', ARGV[4]) == false then
+if redis.call('EXISTS', KEYS[12]) == 1 then
   redis.call('HINCRBY', K_STATS, 'persisted', 0)  -- a write all the same: see the note in REPLAY
   return {0, tonumber(redis.call('GET', K_GEN) or '0')}
 end
-local count, gen = persist_frames(frames)
+local used = chunk_in_use(chunks)
+if used then return {-1, used} end
+redis.call('SET', KEYS[12], '1', 'PX', ARGV[4])
+local count, gen = store_chunks(chunks)
+settle_counts()
 redis.call('HINCRBY', K_STATS, 'persisted', count)  -- even 0: see REPLAY (a retry's wait covers the first call)
 return {count, gen}
 """
@@ -220,30 +64,33 @@ return {count, gen}
 FLUSH = (
     r"""
 -- flush: apply explicit fails, then XOR deltas, at most once per token.
--- KEYS: pend, gen, bcnt, failed, due, stats, bkt, token key (a hash per micro-batch of a query)
--- ARGV: prefix, use_token ('1'|'0'), token ttl ms, deltas (n x [sid 8][value 8]),
---       fails (n x [sid 8][reason len u16, top bit = no replay][reason]), now ms, backoff initial ms,
---       backoff multiplier, backoff max ms, token field (the task's flush in that batch),
---       completing only ('1': apply a delta only if it completes its record, leave the others
---       untouched; optional, default '0')
--- Returns: {applied (1, or 0 if the token was seen), acked sids (packed 8-byte),
---           late deltas (ids no longer pending), failed count}
--- A delta for an id that is not pending (already acked or failed) is ignored:
--- late acks never resurrect or corrupt a record. A completing-only call needs no token: a
--- delta it applies deletes its record, so the same call again finds nothing to change.
+-- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, token key (a hash per micro-batch)
+-- ARGV: prefix, use_token ('1'|'0'), token ttl ms, deltas (n x [sid 8][value 8], sorted by sid so
+--       the records of a chunk come together), fails (n x [sid 8][reason len u16, top bit = no
+--       replay][reason]), now ms, backoff initial ms, backoff multiplier, backoff max ms, token
+--       field (the task's flush in that batch), completing only ('1': apply a delta only if it
+--       completes its record, leave the others untouched; optional, default '0')
+-- Returns: {applied (1, or 0 if the token was seen), the deltas that did not complete their record,
+--           as [position u32][status u8] each (status 0: the record is not pending (late), 2: applied,
+--           its tree still open, 3: not applied (completing only)); every other delta completed its
+--           record; late deltas, failed count}
+-- A delta for a record that is not pending (already completed or failed) is ignored: late acks
+-- never resurrect or corrupt a record. A completing-only call needs no token: a delta it applies
+-- settles its record, so the same call again finds nothing to change.
+-- Cost: per chunk touched, two HGETs and one HSET (or three HDELs when its last record settles);
+-- per delta, a few Lua steps on numbers (plus an HGET/HDEL in `xv` in a chunk whose trees are split).
 """
-    + _STATE_KEYS
-    + _COMMON
+    + _STATE
     + r"""
 if ARGV[2] == '1' then
-  if redis.call('HSETNX', KEYS[8], ARGV[10], '1') == 0 then
+  if redis.call('HSETNX', KEYS[12], ARGV[10], '1') == 0 then
     redis.call('HINCRBY', K_STATS, 'duplicate_flushes', 1)
     return {0, '', 0, 0}
   end
-  redis.call('PEXPIRE', KEYS[8], ARGV[3])  -- safety net: the batch's commit deletes it first
+  redis.call('PEXPIRE', KEYS[12], ARGV[3])  -- safety net: the batch's commit deletes it first
 end
 local now, b_init, b_mult, b_max = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local fails, failed_n, pos = ARGV[5], 0, 1
+local fails, failed_n, pos, cache = ARGV[5], 0, 1, {}
 while pos + 9 <= #fails do
   local sid = string.sub(fails, pos, pos + 7)
   local rlen = struct.unpack('>I2', fails, pos + 8)
@@ -251,56 +98,100 @@ while pos + 9 <= #fails do
   if no_replay then rlen = rlen - NO_REPLAY end
   local reason = string.sub(fails, pos + 10, pos + 9 + rlen)
   pos = pos + 10 + rlen
-  local v = redis.call('HGET', K_PEND, sid)
-  if v then
-    fail_entry(sid, v, reason, now, b_init, b_mult, b_max, no_replay)
+  local key, i = string.sub(sid, 1, KEY_BYTES), struct.unpack('>I2', sid, KEY_BYTES + 1)
+  local c = cache[key]
+  if c == nil then
+    c = chunk_load(key) or false
+    cache[key] = c
+  end
+  if c and chunk_pending(c, i) then
+    chunk_fail(c, i, reason, now, b_init, b_mult, b_max, no_replay)
     failed_n = failed_n + 1
   end
 end
-local deltas, acked, late = ARGV[4], {}, 0
-local completing_only = ARGV[11] == '1'
-local n = math.floor(#deltas / 16)
-for base = 0, n - 1, CHUNK do
-  local sids, last = {}, math.min(n - 1, base + CHUNK - 1)
-  for i = base, last do sids[#sids + 1] = string.sub(deltas, 16 * i + 1, 16 * i + 8) end
-  local vals, done, kv = redis.call('HMGET', K_PEND, unpack(sids)), {}, {}
-  for j, sid in ipairs(sids) do
-    local v = vals[j]
-    if not v then
-      late = late + 1
-    else
-      local a1, a2 = struct.unpack('>I4I4', v)
-      local d1, d2 = struct.unpack('>I4I4', deltas, 16 * (base + j - 1) + 9)
-      local r1, r2 = bit.bxor(a1, d1), bit.bxor(a2, d2)
-      if r1 == 0 and r2 == 0 then
-        done[#done + 1] = sid
-        bucket_done(struct.unpack('>I4', v, P_GEN))
-        acked[#acked + 1] = sid
-      elseif not completing_only then
-        kv[#kv + 1] = sid
-        kv[#kv + 1] = struct.pack('>i4i4', r1, r2) .. string.sub(v, P_GEN)
+for _, c in pairs(cache) do
+  if c then chunk_save(c) end
+end
+local deltas, completing_only = ARGV[4], ARGV[11] == '1'
+local others, acked_n, late = {}, 0, 0  -- others: [position u32][status u8] of deltas that did not complete
+local c, bits, cids, hi0, lo0 = nil, nil, nil, -1, -1
+for j = 0, math.floor(#deltas / 16) - 1 do
+  local p = 16 * j + 1
+  local hi, lo, i, d1, d2 = struct.unpack('>I4I2I2I4I4', deltas, p)
+  if hi ~= hi0 or lo ~= lo0 then
+    if c then chunk_save(c) end
+    hi0, lo0 = hi, lo
+    c = chunk_load(string.sub(deltas, p, p + KEY_BYTES - 1))
+    if c then bits, cids = c.bits, nil end
+  end
+  local s = 0
+  if c and i < c.n then
+    local b, m = bit.rshift(i, 3) + 1, P2[bit.band(i, 7) + 1]
+    local v = bits[b]
+    if bit.band(v, m) == 0 then
+      local a1, a2
+      if c.partials > 0 then
+        a1, a2 = chunk_value(c, i)
+      else  -- the common case, inline: the initial value
+        if not cids then
+          cids = redis.call('HGET', K_CI, c.key)
+          c.cids = cids
+        end
+        a1, a2 = struct.unpack('>I4I4', cids, 8 * i + 1)
+      end
+      if a1 == d1 and a2 == d2 then  -- both read unsigned: equal halves XOR to 0
+        if c.partials > 0 then
+          chunk_settle(c, i)
+        else
+          bits[b] = v + m
+          c.left = c.left - 1
+          c.dirty = true
+          LIVE = LIVE - 1
+        end
+        s = 1
+        acked_n = acked_n + 1
+      elseif completing_only then
+        s = 3
+      else
+        chunk_set_partial(c, i, bit.bxor(a1, d1), bit.bxor(a2, d2))
+        s = 2
       end
     end
   end
-  if #done > 0 then redis.call('HDEL', K_PEND, unpack(done)) end
-  if #kv > 0 then redis.call('HSET', K_PEND, unpack(kv)) end
+  if s ~= 1 then
+    if s == 0 then late = late + 1 end
+    others[#others + 1] = struct.pack('>I4B', j, s)
+  end
 end
-settle_buckets()
-if #acked > 0 then redis.call('HINCRBY', K_STATS, 'acked', #acked) end
+if c then chunk_save(c) end
+settle_counts()
+if acked_n > 0 then redis.call('HINCRBY', K_STATS, 'acked', acked_n) end
 if late > 0 then redis.call('HINCRBY', K_STATS, 'late_deltas', late) end
 if failed_n > 0 then redis.call('HINCRBY', K_STATS, 'failed_explicit', failed_n) end
-return {1, table.concat(acked), late, failed_n}
+return {1, table.concat(others), late, failed_n}
 """
 )
 
 PENDING = r"""
 -- pending: which of the given records are still pending (neither completed nor failed).
--- KEYS: pend
+-- KEYS: ck
 -- ARGV: prefix, sids (packed 8-byte)
--- Returns: a string with one byte per sid, '1' if pending, else '0'. Read-only.
-local sids, out = ARGV[2], {}
+-- Returns: a string with one byte per sid, '1' if pending, else '0'. Read-only; one HGET per chunk.
+local sids, out, cache = ARGV[2], {}, {}
 for pos = 1, #sids - 7, 8 do
-  out[#out + 1] = redis.call('HEXISTS', KEYS[1], string.sub(sids, pos, pos + 7)) == 1 and '1' or '0'
+  local key = string.sub(sids, pos, pos + KEY_BYTES - 1)
+  local i = struct.unpack('>I2', sids, pos + KEY_BYTES)
+  local st = cache[key]
+  if st == nil then
+    st = redis.call('HGET', KEYS[1], key) or false
+    cache[key] = st
+  end
+  local p = '0'
+  if st and i < struct.unpack('>I2', st, CK_N)
+      and bit.band(string.byte(st, HDR + math.floor(i / 8) + 1), P2[i % 8 + 1]) == 0 then
+    p = '1'
+  end
+  out[#out + 1] = p
 end
 return table.concat(out)
 """
@@ -333,40 +224,35 @@ return {1, target, target - n, g}
 
 EXPIRE = (
     r"""
--- expire: fail the still-pending records of expired buckets, in bounded chunks.
--- KEYS: pend, gen, bcnt, failed, due, stats, bkt, expq, rd (read watermarks),
+-- expire: fail the still-pending records of expired buckets, in bounded chunks of work.
+-- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, expq, rd (read watermarks),
 --       ch:0 .. ch:<num_channels - 1>
 -- ARGV: prefix, now ms, backoff initial ms, backoff multiplier, backoff max ms,
---       max record ids to examine, max value bytes to move, time budget ms
+--       max records to examine, max frame bytes to move, time budget ms
 -- Returns: {failed sids (packed 8-byte), expired buckets still queued}
--- A record acked or failed earlier is no longer in pend and is skipped, so a
--- record that completed never expires. Each record fails at most once.
--- Bounded: the call stops at the first limit reached (after at least one id) and
--- pushes the unscanned rest of the bucket element back to the head of `bkt`, so
--- the next call goes on at the next id: no id is skipped or scanned twice.
--- `bkt` holds the elements of every bucket in generation order, so the elements of
--- the oldest queued generation are at its head; an element of an older bucket whose
--- records all completed is dropped unscanned.
--- Stalls: a record whose channel entry no reader has read yet (Spark stalled or
--- behind) is not failed. It keeps its id, ack value and stream entry and is
--- re-filed in the current bucket (counted in `refiled_unread`): a stall never
--- spends the replay budget, and the record is checked again one timeout later.
--- A re-filed record that a task has read since gets one more timeout (it may have
--- been read just now) and then fails as usual: a record read after a stall has at
--- least timeout_s to complete. A bucket element is [gen u32] .. n x [sid 8], or, for
--- re-filed records (length - 4 not a multiple of 8), [gen u32] .. 'R' .. n x [sid 8][entry
--- gen u32, top bit: read at re-filing]; the pushed-back rest of an element keeps its head.
+-- A record acked or failed earlier is no longer pending and is skipped, so a record that
+-- completed never expires. Each record fails at most once. A bucket element is [gen u32] ..
+-- k x [chunk id 6]; a chunk whose state names a newer gen was re-filed and is skipped here.
+-- Bounded: the call stops at the first limit reached (after at least one chunk) and pushes the
+-- unscanned rest of the bucket element back to the head of `bkt`, so the next call goes on at
+-- the next chunk: none is skipped or scanned twice. `bkt` holds the elements of every bucket in
+-- generation order, so the elements of the oldest queued generation are at its head; an element
+-- of an older bucket whose chunks all settled is dropped unscanned.
+-- Stalls: a chunk whose channel entry no reader has read yet (Spark stalled or behind) is not
+-- failed. It keeps its ids, ack values and stream entry and is re-filed in the current bucket
+-- (its records counted in `refiled_unread`): a stall never spends the replay budget, and the
+-- chunk is checked again one timeout later. A re-filed chunk that a task has read since gets one
+-- more timeout (it may have been read just now; flag SEEN) and then fails as usual: a record
+-- read after a stall has at least timeout_s to complete.
 """
-    + _STATE_KEYS
-    + _COMMON
-    + _CLOCK
+    + _STATE
+    + CLOCK
     + r"""
 local now, b_init, b_mult, b_max = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local max_n, max_b, budget = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local t0, n, bytes, out, stop = clock_ms(), 0, 0, {}, false
 local cur = tonumber(redis.call('GET', K_GEN) or '0')
-local curb, refiled, kv, unread_n = struct.pack('>I4', cur), {}, {}, 0
-local READ_FLAG = 2147483648
+local refiled, unread_n = {}, 0
 local marks, unread_after = {}, {}
 
 local function entry_gen(e)
@@ -377,12 +263,20 @@ local function entry_gen(e)
   return nil
 end
 
-local function handed_out(sid, ch, egen)
-  -- has a reader read the entry of channel ch, written in gen egen, that holds sid?
+local function entry_chunks(e)
+  local f = e[2]
+  for i = 1, #f - 1, 2 do
+    if f[i] == 'c' then return f[i + 1] end
+  end
+  return ''
+end
+
+local function handed_out(key, ch, egen)
+  -- has a reader read the entry of channel ch, written in gen egen, that holds chunk key?
   local m = marks[ch]
   if m == nil then
     m = false
-    local raw = redis.call('HGET', KEYS[9], ch)
+    local raw = redis.call('HGET', KEYS[13], ch)
     if raw then
       local g, id = string.match(raw, '^(%d+) (.+)$')
       m = {tonumber(g), id}
@@ -403,146 +297,221 @@ local function handed_out(sid, ch, egen)
       done = #es < 64
       for _, en in ipairs(es) do
         if entry_gen(en) ~= m[1] then done = true; break end
-        local ids = en[2][2]
-        for q = 1, #ids - 7, 8 do set[string.sub(ids, q, q + 7)] = true end
+        local ids = entry_chunks(en)
+        for q = 1, #ids - KEY_BYTES + 1, KEY_BYTES do set[string.sub(ids, q, q + KEY_BYTES - 1)] = true end
         after = '(' .. en[1]
       end
     end
     unread_after[ch] = set
   end
-  return not set[sid]
+  return not set[key]
 end
 
-CH_BASE = 9
+CH_BASE = 13
 while not stop do
-  local e = redis.call('LINDEX', KEYS[8], 0)
+  local e = redis.call('LINDEX', KEYS[12], 0)
   if not e then break end
   local blob = redis.call('LINDEX', K_BKT, 0)
   local eg = blob and struct.unpack('>I4', blob) or nil
   if eg == nil or eg > tonumber(e) then
     -- no element of queued bucket e is left: it is done
-    redis.call('LPOP', KEYS[8])
+    redis.call('LPOP', KEYS[12])
     redis.call('HDEL', K_BCNT, e)
   elseif redis.call('HEXISTS', K_BCNT, eg) == 0 then
-    redis.call('LPOP', K_BKT)  -- an older bucket whose records all completed
+    redis.call('LPOP', K_BKT)  -- an older bucket whose chunks all settled
   else
     redis.call('LPOP', K_BKT)
-    local p, stride, head = 5, 8, string.sub(blob, 1, 4)
-    if (#blob - 4) % 8 ~= 0 then p, stride, head = 6, 12, head .. 'R' end  -- re-filed records
-    local last = #blob - stride + 1
+    local p, last = 5, #blob - KEY_BYTES + 1
     while p <= last do
-      local sid = string.sub(blob, p, p + 7)
-      local egen, seen = eg, false
-      if stride == 12 then
-        egen = struct.unpack('>I4', blob, p + 8)
-        if egen >= READ_FLAG then egen, seen = egen - READ_FLAG, true end
-      end
-      p, n = p + stride, n + 1
-      local v = redis.call('HGET', K_PEND, sid)
-      if v and struct.unpack('>I4', v, P_GEN) == eg then
-        bytes = bytes + #v
-        local ch = struct.unpack('>I2', v, P_FRAME - 1 + F_CHANNEL)
-        if ch >= #KEYS - CH_BASE then
-          return redis.error_reply('ftlayer expire: channel ' .. ch .. ' has no declared stream key')
+      local c = chunk_load(string.sub(blob, p, p + KEY_BYTES - 1))
+      p = p + KEY_BYTES
+      if c and c.gen == eg then
+        n = n + c.n
+        if c.ch >= #KEYS - CH_BASE then
+          return redis.error_reply('ftlayer expire: channel ' .. c.ch .. ' has no declared stream key')
         end
-        local read = seen or handed_out(sid, ch, egen)
-        if read and (seen or stride == 8) then
-          fail_entry(sid, v, 'timeout', now, b_init, b_mult, b_max, false)
-          out[#out + 1] = sid
+        local seen = bit.band(c.flags, FLAG_SEEN) ~= 0
+        local read = seen or handed_out(c.key, c.ch, c.egen)
+        if read and (seen or bit.band(c.flags, FLAG_REFILED) == 0) then
+          for i = 0, c.n - 1 do
+            if chunk_pending(c, i) then
+              bytes = bytes + chunk_fail(c, i, 'timeout', now, b_init, b_mult, b_max, false)
+              out[#out + 1] = chunk_sid(c, i)
+            end
+          end
+          chunk_save(c)
         else
           bucket_done(eg)
-          if read then egen = egen + READ_FLAG else unread_n = unread_n + 1 end
-          refiled[#refiled + 1] = sid .. struct.pack('>I4', egen)
-          local a1, a2 = struct.unpack('>i4i4', v)  -- the ack value, kept
-          kv[#kv + 1] = sid
-          kv[#kv + 1] = struct.pack('>i4i4', a1, a2) .. curb .. string.sub(v, P_FRAME)
-          if #kv >= 2 * CHUNK then
-            redis.call('HSET', K_PEND, unpack(kv))
-            kv = {}
-          end
+          if not read then unread_n = unread_n + c.left end
+          c.gen = cur
+          c.flags = FLAG_REFILED + (read and FLAG_SEEN or 0)
+          c.dirty = true
+          chunk_save(c)
+          refiled[#refiled + 1] = c.key
         end
       end
-      if n >= max_n or bytes >= max_b or (n % 64 == 0 and clock_ms() - t0 >= budget) then
+      if n >= max_n or bytes >= max_b or clock_ms() - t0 >= budget then
         stop = true
         break
       end
     end
     -- the unscanned rest stays first in the bucket list, where the next call starts
-    if p <= last then redis.call('LPUSH', K_BKT, head .. string.sub(blob, p)) end
+    if p <= last then redis.call('LPUSH', K_BKT, string.sub(blob, 1, 4) .. string.sub(blob, p)) end
   end
 end
-if #kv > 0 then redis.call('HSET', K_PEND, unpack(kv)) end
 if #refiled > 0 then
-  redis.call('RPUSH', K_BKT, curb .. 'R' .. table.concat(refiled))
+  redis.call('RPUSH', K_BKT, struct.pack('>I4', cur) .. table.concat(refiled))
   redis.call('HINCRBY', K_BCNT, cur, #refiled)
 end
 if unread_n > 0 then redis.call('HINCRBY', K_STATS, 'refiled_unread', unread_n) end
-settle_buckets()
+settle_counts()
 drop_done_heads()
 if #out > 0 then redis.call('HINCRBY', K_STATS, 'failed_timeout', #out) end
-return {table.concat(out), redis.call('LLEN', KEYS[8])}
+return {table.concat(out), redis.call('LLEN', KEYS[12])}
 """
 )
 
 REPLAY = (
     r"""
 -- replay: re-persist failed records under new ids, or dead-letter them.
--- KEYS: pend, gen, bcnt, failed, due, stats, bkt, dlq, ch:0 .. ch:<num_channels - 1>
--- ARGV: prefix, num_channels, replays (n x [old sid 8][new frame]),
---       dead (n x [old sid 8]), now ms
--- Returns: {replayed, dead-lettered}. An old id no longer in `failed` (another
--- replayer took it) is skipped, so each failure is replayed at most once.
+-- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, dlq, ch:0 .. ch:<num_channels - 1>
+-- ARGV: prefix, num_channels, replays (persist input: chunks of the new records),
+--       olds (per chunk, per index: the failed record's old sid, 8 bytes), dead (n x [old sid 8]), now ms
+-- Returns: {replayed, dead-lettered}, or {-1, chunk id} if a new chunk id is in use (nothing
+-- written: the caller draws new ids). An old id no longer in `failed` (another replayer took it)
+-- leaves a hole in its new chunk, so each failure is replayed at most once.
 """
-    + _STATE_KEYS
-    + _COMMON
+    + _STATE
+    + PERSIST_LIB
     + r"""
-CH_BASE = 8
-local nch, blob = tonumber(ARGV[2]), ARGV[3]
-local key_err = channel_keys_error(nch)
-if key_err then return redis.error_reply('ftlayer replay: ' .. key_err) end
-local olds, frames, pos = {}, {}, 1
-while pos <= #blob do
-  if pos + 8 + F_HEADER - 1 > #blob then return redis.error_reply('ftlayer replay: truncated entry at byte ' .. pos) end
-  local old = string.sub(blob, pos, pos + 7)
-  local len = struct.unpack('>I4', blob, pos + 8)
-  local frame = string.sub(blob, pos + 8, pos + 11 + len)
-  if len < F_BODY_MIN or #frame ~= len + 4 then
-    return redis.error_reply('ftlayer replay: bad frame at byte ' .. pos)
-  end
-  local ch = struct.unpack('>I2', frame, F_CHANNEL)
-  if ch >= nch then return redis.error_reply('ftlayer replay: channel ' .. ch .. ' out of range') end
-  olds[#olds + 1] = old
-  frames[#frames + 1] = frame
-  pos = pos + 12 + len
+CH_BASE = 12
+local nch = tonumber(ARGV[2])
+local chunks, err = parse_chunks(ARGV[3], nch)
+err = err or channel_keys_error(nch)
+if err then return redis.error_reply('ftlayer replay: ' .. err) end
+local used = chunk_in_use(chunks)
+if used then return {-1, used} end
+local olds, at = ARGV[4], 0
+for _, c in ipairs(chunks) do
+  local base = at
+  take_records(c, function(i)
+    local old = string.sub(olds, base + 8 * i + 1, base + 8 * i + 8)
+    if redis.call('HDEL', K_FAILED, old) == 1 then
+      redis.call('ZREM', K_DUE, old)
+      return true
+    end
+    return false
+  end)
+  at = at + 8 * c.n
 end
-local take = {}
-for i, old in ipairs(olds) do
-  if redis.call('HDEL', K_FAILED, old) == 1 then
-    redis.call('ZREM', K_DUE, old)
-    take[#take + 1] = frames[i]
-  end
-end
-local replayed = persist_frames(take)
-local dead, dead_n = ARGV[4], 0
+local replayed = store_chunks(chunks)
+local dead, dead_n = ARGV[5], 0
 for p = 1, #dead - 7, 8 do
   local old = string.sub(dead, p, p + 7)
   local v = redis.call('HGET', K_FAILED, old)
   if v then
     local t, rlen = struct.unpack('>dI2', v)
     if rlen >= NO_REPLAY then rlen = rlen - NO_REPLAY end
-    redis.call('XADD', KEYS[8], '*', 'sid', old, 'failed_ms', string.format('%.0f', t),
-      'dead_ms', ARGV[5], 'reason', string.sub(v, FL_REASON, FL_REASON - 1 + rlen),
+    redis.call('XADD', KEYS[12], '*', 'sid', old, 'failed_ms', string.format('%.0f', t),
+      'dead_ms', ARGV[6], 'reason', string.sub(v, FL_REASON, FL_REASON - 1 + rlen),
       'frame', string.sub(v, FL_REASON + rlen))
     redis.call('HDEL', K_FAILED, old)
     redis.call('ZREM', K_DUE, old)
     dead_n = dead_n + 1
   end
 end
+settle_counts()
 -- always a write, even of 0: a retried call then moves this connection's replication offset past
 -- the first call's writes, so the WAIT/WAITAOF that follows it covers them (SourceStore.run_durable)
 redis.call('HINCRBY', K_STATS, 'replayed', replayed)
 if dead_n > 0 then redis.call('HINCRBY', K_STATS, 'dead_lettered', dead_n) end
 return {replayed, dead_n}
+"""
+)
+
+REQUEUE = (
+    r"""
+-- requeue: move dead letters back into their channel streams as new source records.
+-- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, dlq, ch:0 .. ch:<num_channels - 1>
+-- ARGV: prefix, num_channels, chunks (persist input of the new records),
+--       entry ids (per chunk, per index: [entry id length u16][entry id], length 0 for a hole)
+-- Returns: records requeued, or {-1, chunk id} if a new chunk id is in use (nothing written).
+-- Per record, atomically: if XDEL removed the dead letter, its new frame is filed like a new
+-- record (chunk, current bucket, channel stream); an entry already gone (purged, requeued
+-- elsewhere) leaves a hole. Error (nothing written) if the input is malformed.
+"""
+    + _STATE
+    + PERSIST_LIB
+    + r"""
+CH_BASE = 12
+local nch = tonumber(ARGV[2])
+local chunks, err = parse_chunks(ARGV[3], nch)
+err = err or channel_keys_error(nch)
+if err then return redis.error_reply('ftlayer requeue: ' .. err) end
+local ids, pos, eids = ARGV[4], 1, {}
+for _, c in ipairs(chunks) do
+  local mine = {}
+  for i = 0, c.n - 1 do
+    if pos + 1 > #ids then return redis.error_reply('ftlayer requeue: entry ids end at byte ' .. pos) end
+    local len = struct.unpack('>I2', ids, pos)
+    mine[i] = string.sub(ids, pos + 2, pos + 1 + len)
+    pos = pos + 2 + len
+  end
+  eids[#eids + 1] = mine
+end
+local used = chunk_in_use(chunks)
+if used then return {-1, used} end
+for k, c in ipairs(chunks) do
+  take_records(c, function(i)
+    local eid = eids[k][i]
+    return eid ~= '' and redis.call('XDEL', KEYS[12], eid) == 1
+  end)
+end
+local count = store_chunks(chunks)
+settle_counts()
+redis.call('HINCRBY', K_STATS, 'requeued', count)  -- even 0: see REPLAY (a retry's wait covers the first call)
+return count
+"""
+)
+
+MIGRATE = (
+    r"""
+-- migrate: move records of a layout-format-2 source (one `pend` entry each) into chunks.
+-- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, pend, ch:0 .. ch:<num_channels - 1>
+-- ARGV: prefix, num_channels, chunks (persist input of the records under new ids),
+--       olds (per chunk, per index: the record's format-2 sid, 8 bytes)
+-- Returns: records moved; {-1, chunk id} if a new chunk id is in use while some old id is still in
+-- `pend` (nothing written: draw new ids). Per record, atomically: if HDEL removed the old entry,
+-- the record is filed under its new id; else (moved by an earlier call) it is a hole. A retried
+-- call whose records all moved returns 0.
+"""
+    + _STATE
+    + PERSIST_LIB
+    + r"""
+CH_BASE = 12
+local nch = tonumber(ARGV[2])
+local chunks, err = parse_chunks(ARGV[3], nch)
+err = err or channel_keys_error(nch)
+if err then return redis.error_reply('ftlayer migrate: ' .. err) end
+local olds = ARGV[4]
+local used = chunk_in_use(chunks)
+if used then
+  for p = 1, #olds - 7, 8 do
+    if redis.call('HEXISTS', KEYS[12], string.sub(olds, p, p + 7)) == 1 then return {-1, used} end
+  end
+  return 0
+end
+local at = 0
+for _, c in ipairs(chunks) do
+  local base = at
+  take_records(c, function(i)
+    return redis.call('HDEL', KEYS[12], string.sub(olds, base + 8 * i + 1, base + 8 * i + 8)) == 1
+  end)
+  at = at + 8 * c.n
+end
+local count = store_chunks(chunks)
+settle_counts()
+return count
 """
 )
 
@@ -563,42 +532,42 @@ return id
 
 RESCALE = r"""
 -- rescale: change the channel count of a drained source.
--- KEYS: meta, pend, failed, channel streams ch:0 .. ch:<recorded count - 1>
+-- KEYS: meta, ck, failed, live, channel streams ch:0 .. ch:<recorded count - 1>
 -- ARGV: recorded count (as read by the caller), new count
--- Returns: {1, 0, 0} if the count is now the new one; {0, pending, failed} if records
+-- Returns: {1, 0, 0} if the count is now the new one; {0, pending records, failed} if records
 -- are still in flight (nothing changed); {-1, current count} if the recorded count
 -- changed since the caller read it. On success the old channel streams are emptied
--- (they can only name completed records; their last ids stay, so readers never go back).
+-- (they can only name settled chunks; their last ids stay, so readers never go back).
 local cur = redis.call('HGET', KEYS[1], 'num_channels')
 if cur ~= ARGV[1] then return {-1, tonumber(cur or '0')} end
-local pending, failed = redis.call('HLEN', KEYS[2]), redis.call('HLEN', KEYS[3])
-if pending > 0 or failed > 0 then return {0, pending, failed} end
-for i = 4, #KEYS do redis.call('XTRIM', KEYS[i], 'MAXLEN', 0) end
+local chunks, failed = redis.call('HLEN', KEYS[2]), redis.call('HLEN', KEYS[3])
+if chunks > 0 or failed > 0 then return {0, tonumber(redis.call('GET', KEYS[4]) or '0'), failed} end
+for i = 5, #KEYS do redis.call('XTRIM', KEYS[i], 'MAXLEN', 0) end
 redis.call('HSET', KEYS[1], 'num_channels', ARGV[2])
 return {1, 0, 0}
 """
 
 READ_CHANNEL = (
     r"""
--- read_channel: the still-pending records of one channel between two stream positions, bounded.
--- KEYS: channel stream, pend, rd (read watermarks)
--- ARGV: start id ('-' = from the beginning), ids of the start entry already read
---       (0 = all of it: the read begins after it; k > 0: it begins at the entry's (k+1)-th id),
---       end id (inclusive, '+' = to the end), max stream entries, max record ids to examine,
---       max value bytes to return, time budget ms, channel number
--- Returns: {cursor id ('' if no entry was read), ids of the cursor entry read (0 = all),
--- value, value, ...} where a value is the record's `pend` value (ack 8 | gen 4 | frame):
--- the reader skips the 12-byte prefix, which saves a copy per record here. Ids no longer
--- pending (completed or failed since) are skipped: a re-run batch re-reads exactly the
--- records of its range that still need processing. The call stops at the first limit
--- reached (after at least one id); passing the cursor back as the start reads on with the
--- next id, so a range is read whole, in order, each id once, however it is chunked.
--- Entries are fetched a few at a time (doubling), so large entries are not copied for nothing.
--- The channel's read watermark (`rd`) moves up to the cursor entry, the last entry this
--- call finished or entered (never back): the records up to it count as handed to a
--- task (see EXPIRE).
+-- read_channel: the chunks of one channel between two stream positions that still hold pending
+-- records, bounded.
+-- KEYS: channel stream, ck, cf, rd (read watermarks)
+-- ARGV: start id ('-' = from the beginning), chunks of the start entry already read
+--       (0 = all of it: the read begins after it; k > 0: it begins at the entry's (k+1)-th chunk),
+--       end id (inclusive, '+' = to the end), max stream entries, max records to examine,
+--       max frame bytes to return, time budget ms, channel number
+-- Returns: {cursor id ('' if no entry was read), chunks of the cursor entry read (0 = all),
+-- chunk id, state, frames, chunk id, state, frames, ...}: per chunk still pending, its id, its
+-- `ck` state (header and settled bitmap) and its `cf` frames, as stored. The reader skips the
+-- settled records itself (no work per record here), so a re-run batch re-reads exactly the
+-- records of its range that still need processing. The call stops at the first limit reached
+-- (after at least one chunk); passing the cursor back as the start reads on with the next chunk,
+-- so a range is read whole, in order, each chunk once, however it is cut. Entries are fetched a
+-- few at a time (doubling).
+-- The channel's read watermark (`rd`) moves up to the cursor entry, the last entry this call
+-- finished or entered (never back): its chunks count as handed to a task (see EXPIRE).
 """
-    + _CLOCK
+    + CLOCK
     + r"""
 local start, skip, last_id = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local max_e, max_n, max_b, budget = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -612,38 +581,37 @@ while not done and ents < max_e do
   fetch = math.min(fetch * 2, 256)
   for _, e in ipairs(entries) do
     ents = ents + 1
-    local ids = e[2][2]
-    local total, pos = math.floor(#ids / 8), 0
+    local f, ids, g = e[2], '', nil
+    for i = 1, #f - 1, 2 do
+      if f[i] == 'c' then ids = f[i + 1] elseif f[i] == 'g' then g = f[i + 1] end
+    end
+    local total, pos = math.floor(#ids / KEY_BYTES), 0
     if skip > 0 and e[1] == start then pos = skip end
     skip = 0
     while pos < total do
-      local k, sids = math.min(total - pos, 500, max_n - n), {}
-      for i = pos, pos + k - 1 do sids[#sids + 1] = string.sub(ids, 8 * i + 1, 8 * i + 8) end
-      local vals, used = redis.call('HMGET', KEYS[2], unpack(sids)), k
-      for j = 1, k do
-        local v = vals[j]
-        if v then
-          out[#out + 1] = v
-          bytes = bytes + #v
-          if bytes >= max_b then used = j; break end
-        end
+      local key = string.sub(ids, KEY_BYTES * pos + 1, KEY_BYTES * (pos + 1))
+      pos = pos + 1
+      local st = redis.call('HGET', KEYS[2], key)
+      if not st then n = n + 1 end  -- a settled chunk costs one look-up: count it as one record
+      if st then
+        local fr = redis.call('HGET', KEYS[3], key) or ''
+        out[#out + 1] = key
+        out[#out + 1] = st
+        out[#out + 1] = fr
+        bytes = bytes + #fr
+        n = n + struct.unpack('>I2', st, CK_N)
       end
-      pos, n = pos + used, n + used
       if n >= max_n or bytes >= max_b or clock_ms() - t0 >= budget then done = true; break end
     end
     out[1] = e[1]
-    mark_g = '2147483648'  -- an entry written without its gen: count everything before it as read
-    local f = e[2]
-    for i = 1, #f - 1, 2 do
-      if f[i] == 'g' then mark_g = f[i + 1] end
-    end
+    mark_g = g or '2147483648'  -- an entry written without its gen: count everything before it as read
     if pos < total then out[2] = pos else out[2] = 0 end
     if done then break end
   end
   from = '(' .. out[1]
 end
 if mark_g then
-  local mark = redis.call('HGET', KEYS[3], ARGV[8])
+  local mark = redis.call('HGET', KEYS[4], ARGV[8])
   local newer = not mark
   if mark then
     local mm, ms = string.match(mark, ' (%d+)-(%d+)$')
@@ -651,7 +619,7 @@ if mark_g then
     mm, ms, lm, ls = tonumber(mm), tonumber(ms), tonumber(lm), tonumber(ls)
     newer = lm > mm or (lm == mm and ls > ms)
   end
-  if newer then redis.call('HSET', KEYS[3], ARGV[8], mark_g .. ' ' .. out[1]) end
+  if newer then redis.call('HSET', KEYS[4], ARGV[8], mark_g .. ' ' .. out[1]) end
 end
 return out
 """
@@ -683,69 +651,19 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-REQUEUE = (
-    r"""
--- requeue: move dead letters back into their channel streams as new source records.
--- KEYS: pend, gen, bcnt, failed, due, stats, bkt, dlq, ch:0 .. ch:<num_channels - 1>
--- ARGV: prefix, num_channels, entries (n x [entry id length u16][entry id][new frame])
--- Returns: entries requeued. Per entry, atomically: if XDEL removed the dead letter, its
--- new frame is persisted like a new record (pend, current bucket, channel stream); an
--- entry already gone (purged, requeued elsewhere) is skipped; one whose new
--- source_record_id is already pending stays in the dlq (never lost).
--- Error (nothing written) if an entry is malformed or a channel >= num_channels.
-"""
-    + _STATE_KEYS
-    + _COMMON
-    + r"""
-CH_BASE = 8
-local nch, blob = tonumber(ARGV[2]), ARGV[3]
-local key_err = channel_keys_error(nch)
-if key_err then return redis.error_reply('ftlayer requeue: ' .. key_err) end
-local ids, frames, pos = {}, {}, 1
-while pos <= #blob do
-  local idlen = pos + 1 + F_HEADER <= #blob and struct.unpack('>I2', blob, pos) or 0
-  local fpos = pos + 2 + idlen
-  if idlen == 0 or fpos + F_HEADER - 1 > #blob then
-    return redis.error_reply('ftlayer requeue: truncated at byte ' .. pos)
-  end
-  local len = struct.unpack('>I4', blob, fpos)
-  local frame = string.sub(blob, fpos, fpos + 3 + len)
-  if len < F_BODY_MIN or #frame ~= len + 4 then
-    return redis.error_reply('ftlayer requeue: bad frame at byte ' .. pos)
-  end
-  local ch = struct.unpack('>I2', frame, F_CHANNEL)
-  if ch >= nch then return redis.error_reply('ftlayer requeue: channel ' .. ch .. ' out of range') end
-  ids[#ids + 1] = string.sub(blob, pos + 2, pos + 1 + idlen)
-  frames[#frames + 1] = frame
-  pos = fpos + 4 + len
-end
-local take, seen = {}, {}
-for i, eid in ipairs(ids) do
-  local sid = string.sub(frames[i], F_SID, F_SID + 7)
-  if not seen[sid] and redis.call('HEXISTS', K_PEND, sid) == 0 and redis.call('XDEL', KEYS[8], eid) == 1 then
-    seen[sid] = true
-    take[#take + 1] = frames[i]
-  end
-end
-local count = persist_frames(take)
-redis.call('HINCRBY', K_STATS, 'requeued', count)  -- even 0: see REPLAY (a retry's wait covers the first call)
-return count
-"""
-)
-
 TRIM_DONE = (
     r"""
--- trim_done: drop the head of a channel stream whose records are all done, bounded.
--- KEYS: channel stream, pend
--- ARGV: max stream entries to examine, max record ids to examine, time budget ms
--- Returns: {entries removed, 1 if a limit stopped the call before a pending record or the
+-- trim_done: drop the head of a channel stream whose chunks are all settled, bounded.
+-- KEYS: channel stream, ck
+-- ARGV: max stream entries to examine, max chunks to examine, time budget ms
+-- Returns: {entries removed, 1 if a limit stopped the call before a pending chunk or the
 -- end of the stream (call again to go on), else 0}. Stops at the first entry that still
--- names a pending record. Safe at any time: an entry whose records are all completed or
--- failed would be read as empty anyway (readers skip ids not in pend), and readers
--- address ranges by stream id, which trimming does not change. An entry is removed only
--- once all its ids were checked, so a call cut short removes only whole finished entries.
+-- names a pending chunk. Safe at any time: an entry whose chunks all settled would be read
+-- as empty anyway (readers skip chunks not in ck), and readers address ranges by stream id,
+-- which trimming does not change. An entry is removed only once all its chunks were checked,
+-- so a call cut short removes only whole finished entries.
 """
-    + _CLOCK
+    + CLOCK
     + r"""
 local max_e, max_n, budget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local t0, n, ents, fetch, from = clock_ms(), 0, 0, 4, '-'
@@ -755,11 +673,14 @@ while not keep and ents < max_e do
   if #entries == 0 then break end
   fetch = math.min(fetch * 2, 256)
   for _, e in ipairs(entries) do
-    local sids = e[2][2]
-    local left = math.floor(#sids / 8)
+    local f, ids = e[2], ''
+    for i = 1, #f - 1, 2 do
+      if f[i] == 'c' then ids = f[i + 1] end
+    end
+    local left = math.floor(#ids / KEY_BYTES)
     if n > 0 and (n + left > max_n or clock_ms() - t0 >= budget) then more = 1; keep = true; break end
-    for p = 1, #sids - 7, 8 do
-      if redis.call('HEXISTS', KEYS[2], string.sub(sids, p, p + 7)) == 1 then keep = true; break end
+    for p = 1, #ids - KEY_BYTES + 1, KEY_BYTES do
+      if redis.call('HEXISTS', KEYS[2], string.sub(ids, p, p + KEY_BYTES - 1)) == 1 then keep = true; break end
     end
     if keep then break end
     n, ents, done_upto = n + left, ents + 1, e[1]
@@ -773,66 +694,68 @@ return {redis.call('XTRIM', KEYS[1], 'MINID', ms .. '-' .. (tonumber(seq) + 1)),
 """
 )
 
-
 BATCH_SETTLE = (
     r"""
 -- batch_settle: ack (or fail) every still-pending record a micro-batch's read tasks emitted.
--- KEYS: pend, gen, bcnt, failed, due, stats, bkt, batch key (dfb:<query>:<batch>)
+-- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, batch key (dfb:<query>:<batch>)
 -- ARGV: prefix, mode ('ack' | 'fail'), max list elements to take in this call, fail reason,
 --       now ms, backoff initial ms, backoff multiplier, backoff max ms
--- Returns: {records settled in this call, list elements left}. The caller repeats
--- until nothing is left (bounded work per call: each element holds at most 4096 ids).
--- An id no longer pending (acked, failed by a row function or a timeout) is skipped,
--- so an id listed twice (a retried task) settles once and a failed record is never acked.
+-- Returns: {records settled in this call, list elements left}. The caller repeats until nothing
+-- is left (bounded work per call: an element names at most a few chunks). An element is
+-- k x [chunk id 6][bitmap length u16][bitmap of the records emitted]. A record no longer pending
+-- (acked, failed by a row function or a timeout) is skipped, so a record listed twice (a retried
+-- task) settles once and a failed record is never acked.
 """
-    + _STATE_KEYS
-    + _COMMON
+    + _STATE
     + r"""
 local mode, budget, reason = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local now, b_init, b_mult, b_max = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local settled, seen = 0, {}
+local settled = 0
 while budget > 0 do
-  local blob = redis.call('LPOP', KEYS[8])
+  local blob = redis.call('LPOP', KEYS[12])
   if not blob then break end
   budget = budget - 1
-  local n = math.floor(#blob / 8)
-  for base = 0, n - 1, CHUNK do
-    local sids = {}
-    for i = base, math.min(n - 1, base + CHUNK - 1) do
-      local sid = string.sub(blob, 8 * i + 1, 8 * i + 8)
-      if not seen[sid] then seen[sid] = true; sids[#sids + 1] = sid end
-    end
-    if #sids > 0 then
-      local vals, done = redis.call('HMGET', K_PEND, unpack(sids)), {}
-      for j, sid in ipairs(sids) do
-        local v = vals[j]
-        if v then
-          if mode == 'fail' then
-            fail_entry(sid, v, reason, now, b_init, b_mult, b_max, false)
-          else
-            done[#done + 1] = sid
-            bucket_done(struct.unpack('>I4', v, P_GEN))
+  local pos = 1
+  while pos + KEY_BYTES + 1 <= #blob do
+    local key = string.sub(blob, pos, pos + KEY_BYTES - 1)
+    local nb = struct.unpack('>I2', blob, pos + KEY_BYTES)
+    local b0 = pos + KEY_BYTES + 2
+    pos = b0 + nb
+    local c = chunk_load(key)
+    if c then
+      for b = 1, math.min(nb, #c.bits) do
+        local todo = bit.band(string.byte(blob, b0 + b - 1), bit.bnot(c.bits[b]), 255)
+        if todo ~= 0 then
+          for k = 0, 7 do
+            local i = 8 * (b - 1) + k
+            if bit.band(todo, P2[k + 1]) ~= 0 and i < c.n then
+              if mode == 'fail' then
+                chunk_fail(c, i, reason, now, b_init, b_mult, b_max, false)
+              else
+                chunk_settle(c, i)
+              end
+              settled = settled + 1
+            end
           end
-          settled = settled + 1
         end
       end
-      if #done > 0 then redis.call('HDEL', K_PEND, unpack(done)) end
+      chunk_save(c)
     end
   end
 end
-settle_buckets()
+settle_counts()
 if settled > 0 then
   redis.call('HINCRBY', K_STATS, mode == 'fail' and 'failed_explicit' or 'acked', settled)
 end
-return {settled, redis.call('LLEN', KEYS[8])}
+return {settled, redis.call('LLEN', KEYS[12])}
 """
 )
 
 
-#: Every script the store may run; each gets :data:`LAYOUT` in front of it.
+#: Every script the store may run; each gets the shebang and :data:`~ftlayer.lua_lib.LAYOUT` in front.
 SCRIPT_NAMES = (
     "PERSIST", "FLUSH", "ROTATE", "EXPIRE", "REPLAY", "READ_CHANNEL", "LEASE", "RELEASE", "TRIM_DONE", "REQUEUE",
-    "DEAD_LETTER", "RESCALE", "BATCH_SETTLE", "PENDING",
+    "DEAD_LETTER", "RESCALE", "BATCH_SETTLE", "PENDING", "MIGRATE",
 )
 #: First line of every script: a ``#!lua`` shebang makes the server hold a script to the
 #: keys it declares (a cluster refuses any other key; Redis >= 7.0 or Valkey needed).

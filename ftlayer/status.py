@@ -114,7 +114,7 @@ def sample(client: redis.Redis, namespace: str, sources: list[SourceName]) -> Sn
     for topology, source in sources:
         k = SourceKeys(namespace, topology, source)
         pipe.hgetall(k.stats)
-        pipe.hlen(k.pend)
+        pipe.get(k.live)
         pipe.hlen(k.failed)
         pipe.xlen(k.dlq)
         pipe.get(k.gen)
@@ -137,7 +137,7 @@ def sample(client: redis.Redis, namespace: str, sources: list[SourceName]) -> Sn
         out.append(SourceStatus(
             topology=topology, source=source,
             num_channels=int(nch) if nch is not None else None,
-            pending=int(pend), failed_waiting=int(failed), dead_letters=int(dlq),
+            pending=int(pend or 0), failed_waiting=int(failed), dead_letters=int(dlq),
             bucket_gen=int(gen or 0),
             oldest_pending_age_s=(
                 None if (age := oldest_pending_age_ms(gens, _ints(gtimes), now_ms)) is None else age / 1000

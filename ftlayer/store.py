@@ -22,7 +22,7 @@ from redis.exceptions import ClusterDownError, TryAgainError
 from ftlayer import scripts
 from ftlayer.config import FTConfig, mask_url
 from ftlayer.connection import client_for, is_cluster, redis_url_for, refresh_slots, ride_out
-from ftlayer.errors import AckerError, DurabilityError, RedisUnavailableError
+from ftlayer.errors import AckerError, ChunkIdInUseError, DurabilityError, RedisUnavailableError
 from ftlayer.keys import FORMAT_VERSION, SourceKeys, owner_key, sources_key
 
 Clock = Callable[[], float]
@@ -114,9 +114,10 @@ class SourceStore:
 
     @property
     def state_keys(self) -> list[str]:
-        """KEYS[1..7] of the scripts that change record state."""
+        """KEYS[1..11] of the scripts that change record state (``ftlayer.lua_lib.STATE_KEYS``)."""
         k = self.keys
-        return [k.pend, k.gen, k.bcnt, k.failed, k.due, k.stats, k.buckets]
+        return [k.chunks, k.chunk_acks, k.chunk_frames, k.partials, k.live,
+                k.gen, k.bcnt, k.failed, k.due, k.stats, k.buckets]
 
     def channel_keys(self, num_channels: int) -> list[str]:
         """The channel streams ``ch:0 .. ch:<num_channels - 1>``, declared by scripts that persist."""
@@ -168,7 +169,7 @@ class SourceStore:
         if not is_cluster(client):
             return client
         cluster = cast(redis.RedisCluster, client)
-        node = cluster.get_node_from_key(self.keys.pend)  # type: ignore[no-untyped-call]
+        node = cluster.get_node_from_key(self.keys.chunks)  # type: ignore[no-untyped-call]
         return cluster.get_redis_connection(node)
 
     def run_durable(self, calls: Sequence[tuple[str, list[str], list[Any]]]) -> list[Any]:
@@ -252,17 +253,19 @@ class SourceStore:
         k = self.keys
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(k.stats)
-        pipe.hlen(k.pend)
+        pipe.get(k.live)
         pipe.hlen(k.failed)
         pipe.xlen(k.dlq)
         pipe.get(k.gen)
         counters, pending, failed, dead, gen = pipe.execute()
         out = dict.fromkeys(COUNTERS, 0)
         out.update({key.decode(): int(v) for key, v in counters.items()})
-        out.update(pending=pending, failed_waiting=failed, dead_letters=dead, gen=int(gen or 0))
+        out.update(pending=int(pending or 0), failed_waiting=failed, dead_letters=dead, gen=int(gen or 0))
         return out
 
-    def leftover_keys(self, allowed: Iterable[str] = ("gen", "stats", "meta", "lease", "gtime", "rd")) -> list[str]:
+    def leftover_keys(
+        self, allowed: Iterable[str] = ("gen", "stats", "meta", "lease", "gtime", "rd", "live"),
+    ) -> list[str]:
         """Keys of the source that hold state after a drain, minus documented bookkeeping.
 
         Empty channel streams and unexpired flush tokens are bookkeeping too.
@@ -274,6 +277,9 @@ class SourceStore:
         for raw in self.client.scan_iter(match=k.prefix + "*"):
             name = raw.decode()
             suffix = name[len(k.prefix):]
+            if suffix == "live" and int(self.client.get(name) or 0) != 0:
+                out.append(suffix)  # records still counted as pending after a drain
+                continue
             if suffix in allowed_set or suffix.startswith("tok:"):
                 continue
             if suffix.startswith("ch:") and self.client.xlen(name) == 0:
@@ -282,6 +288,15 @@ class SourceStore:
                 continue
             out.append(suffix)
         return sorted(out)
+
+
+def in_use_error(keys: SourceKeys, chunk: bytes, what: str) -> ChunkIdInUseError:
+    """The error for a chunk id that a pending chunk of the source already uses (nothing was written)."""
+    msg = (
+        f"{what} on source {keys.prefix!r}: chunk id {chunk.hex()} is in use by pending records "
+        f"(ids are drawn at random: draw new ones); nothing was written"
+    )
+    return ChunkIdInUseError(msg, chunk)
 
 
 def owner_record(client: redis.Redis, namespace: str) -> dict[str, Any] | None:

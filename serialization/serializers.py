@@ -10,17 +10,18 @@ payload-only codec of successors. Frames themselves live in
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from ftlayer.chunks import assign_sids
 from ftlayer.errors import FailRecord, KeyHashError, SerializationError
 from ftlayer.frames import encode_frame
-from ftlayer.ids import RecordId, new_record_id
+from ftlayer.ids import RecordId, new_ids, new_record_id
 from ftlayer.keyhash import NO_KEY_HASH, key_hash, pmod
 from ftlayer.record import SemiDeserializedRecord, is_int_in
 from serialization.payload import pack_payload, unpack_payload
 
-__all__ = ["AsRecordSerializer", "AsSemiDeserializedSerializer", "make_record"]
+__all__ = ["AsRecordSerializer", "AsSemiDeserializedSerializer", "make_record", "make_records"]
 
 
 class AsRecordSerializer:
@@ -132,3 +133,26 @@ def make_record(
     if channel is None:
         rec = dataclasses.replace(rec, channel=pmod(rec.key_hash, source.num_channels))
     return rec
+
+
+def make_records(
+    source: _SourceShape, values: Sequence[Any], *, key: Callable[[Any], Any] | None = None,
+    channel: int | None = None,
+) -> list[SemiDeserializedRecord]:
+    """Fresh first-attempt records of ``values`` for ``source``, their ids drawn in chunks per
+    channel (``ftlayer.chunks.assign_sids``), as ingest draws them: persisting them files one
+    chunk per channel (of up to ``CHUNK_TARGET_RECORDS``), not one per record as records made
+    one by one with :func:`make_record` are.
+
+    ``key`` is a key selector (called per value); ``channel`` defaults to
+    ``pmod(key_hash, num_channels)``, as live key routing does.
+    """
+    ser = AsSemiDeserializedSerializer(source.source_id, key)
+    recs = [ser.serialize(v, RecordId(1 << 16, 1), channel=channel) for v in values]
+    channels = [pmod(r.key_hash, source.num_channels) if channel is None else channel for r in recs]
+    sids = assign_sids(channels, [48 + len(r.payload) for r in recs])
+    cids = new_ids(len(recs))
+    return [
+        dataclasses.replace(r, record_id=RecordId(sid, cid), origin_id=sid, channel=ch)
+        for r, sid, cid, ch in zip(recs, sids, cids, channels, strict=True)
+    ]

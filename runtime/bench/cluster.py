@@ -23,17 +23,18 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import statistics
+import struct
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ftlayer.chunks import CHUNK_IN_HEADER, PackedChunk, bitmap_bytes
 from ftlayer.cluster_server import EmbeddedCluster
 from ftlayer.config import FTConfig
-from ftlayer.frames import encode_source_frames
-from ftlayer.ids import new_ids
 from ftlayer.layer import FTLayer
 from ftlayer.shards import key_slot_of, slot_ranges
 from serialization.payload import pack_payload
@@ -69,13 +70,18 @@ def _client(job: tuple[str, str, str, int, int], go: Any, out: Any) -> None:
     done = 0
     while done < records:
         n = min(batch, records - done)
-        ids = new_ids(2 * n)
-        frames = encode_source_frames(layer.source_id, ids, [i for i in range(n)], [payload] * n,
-                                      [i % 2 for i in range(n)])
-        layer.persist_frames(frames)
-        layer.ack({ids[2 * i]: ids[2 * i + 1] for i in range(n)})
+        chunks = layer.new_chunks([payload] * n, list(range(n)), [i % 2 for i in range(n)])
+        layer.persist_chunks(chunks)
+        layer.ack({sid: cid for c in chunks for sid, cid in zip(c.sids, _acks(c), strict=True)})
         done += n
     out.put((source, time.perf_counter() - started, time.process_time() - cpu0, layer.pending_count()))
+
+
+def _acks(chunk: PackedChunk) -> tuple[int, ...]:
+    """The initial ack values (current ids) of a packed chunk's records, in index order."""
+    n = chunk.records
+    start = CHUNK_IN_HEADER.size + bitmap_bytes(n)
+    return struct.unpack_from(f">{n}q", chunk.blob, start)
 
 
 def _cpu_s(pid: int) -> float:
@@ -98,7 +104,18 @@ def _round(cluster: EmbeddedCluster, sources: list[str], records: int, batch: in
     time.sleep(3.0)  # every client connected and registered its source before the clock starts
     server0 = sum(_cpu_s(p) for p in pids)
     go.set()
-    results = [out.get(timeout=600) for _ in procs]
+    results: list[Any] = []
+    deadline = time.monotonic() + 600
+    while len(results) < len(procs):
+        try:
+            results.append(out.get(timeout=1.0))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                msg = f"cluster bench: a client process failed (exit codes {dead}) or timed out"
+                raise RuntimeError(msg) from None
     server_s = sum(_cpu_s(p) for p in pids) - server0
     for p in procs:
         p.join(60)

@@ -141,7 +141,7 @@ def channel_entries(layer: FTLayer) -> dict[int, list[tuple[str, int]]]:
                         client.xrange(layer.keys.channel(c), after, "+", count=1000))
             for entry_id, fields in page:
                 eid = entry_id.decode()
-                entries.append((eid, len(fields.get(b"i", b"")) // 8))  # 8 bytes per record id
+                entries.append((eid, int(fields.get(b"n", b"0"))))  # the records of its chunks
                 after = "(" + eid
             if len(page) < 1000:
                 break

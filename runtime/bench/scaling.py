@@ -38,6 +38,7 @@ roughly 150 B per record (~150 MB at 1M).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import os
@@ -57,7 +58,7 @@ from ftlayer.ids import child_id
 from ftlayer.layer import FTLayer
 from runtime.driver.progress import TaskProgress
 from serialization.payload import pack_payload
-from serialization.serializers import make_record
+from serialization.serializers import make_records
 
 DEFAULT_SIZES: tuple[int, ...] = (10_000, 100_000, 1_000_000)
 NUM_CHANNELS = 2
@@ -210,7 +211,10 @@ def _persist(
     elapsed = 0.0
     for start in range(0, count, batch):
         end = min(count, start + batch)
-        records = [make_record(layer, value, key=first_key + i) for i in range(start, end)]
+        # ids drawn in chunks per channel, as ingest files records
+        records = make_records(layer, [first_key + i for i in range(start, end)], key=lambda k: k)
+        payload = pack_payload(value)
+        records = [dataclasses.replace(r, payload=payload) for r in records]
         t0 = time.perf_counter()
         added = layer.persist(records)
         elapsed += time.perf_counter() - t0

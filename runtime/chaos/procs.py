@@ -36,13 +36,10 @@ WINDOW_S = 2.0  # everysec: up to ~1 s of acknowledged persists, ~2 s under fsyn
 
 
 def pending_ids(layer: FTLayer) -> list[int]:
-    """The ``"i"`` of every record pending in ``layer`` right now (decoded from ``pend``)."""
+    """The ``"i"`` of every record pending in ``layer`` right now (decoded from their chunks)."""
     serializer = SemiDeserializedSerializer()
-    out: list[int] = []
-    for _sid, raw in layer.client.hscan_iter(layer.keys.pend, count=1000):
-        record = serializer.decode(raw[12:])  # ack value (8) | bucket gen (4) | frame
-        out.append(int(unpack_payload(record.payload)["i"]))
-    return out
+    return [int(unpack_payload(serializer.decode(frame).payload)["i"])
+            for _sid, frame in layer.persistence.iter_pending()]
 
 
 def _driver(ctx: ScenarioContext, phase: int, records: int) -> subprocess.Popen[str]:

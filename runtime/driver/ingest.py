@@ -76,9 +76,9 @@ from typing import Any, Protocol
 import redis
 from redis.backoff import ExponentialBackoff
 
+from ftlayer.chunks import PackedChunk
 from ftlayer.errors import DurabilityError, FTLayerError, SerializationError
-from ftlayer.frames import SemiDeserializedRecord, encode_source_frames
-from ftlayer.ids import new_ids
+from ftlayer.frames import SemiDeserializedRecord
 from ftlayer.ingest_state import write_state
 from ftlayer.keyhash import NO_KEY_HASH, key_hash
 from ftlayer.layer import FTLayer
@@ -171,23 +171,21 @@ class PersistDestination:
         # transient, and a retry of the same frames is safe (see put)
         self.retry_durability = layer.config.durability.startswith("replicated")
         self._rejecting: tuple[Any, str, SemiDeserializedRecord] | None = None  # a reject being retried
-        self._putting: tuple[list[bytes], list[bytes]] | None = None  # a batch being retried
+        self._putting: tuple[list[bytes], list[PackedChunk]] | None = None  # a batch being retried
 
     def put(self, payloads: list[bytes], hashes: list[int], channels: list[int]) -> None:
-        # hot path: frames straight from the parts; channels come from the source's partitioner.
-        # Ingest retries a failed put with the same payloads list: reuse its frames (same ids), so
-        # a call that reached the server before its reply was lost files nothing twice (PERSIST
-        # skips known ids), and its durability wait covers them again (PERSIST always writes its
-        # counter, so the wait's replication offset is past the first call's writes).
+        # hot path: chunks straight from the parts; channels come from the source's partitioner.
+        # Ingest retries a failed put with the same payloads list: reuse its chunks (same ids), so
+        # a call that reached the server before its reply was lost files nothing twice (its token),
+        # and its durability wait covers them again (PERSIST always writes its counter, so the
+        # wait's replication offset is past the first call's writes).
         held = self._putting
         if held is not None and held[0] is payloads:
-            frames = held[1]
+            chunks = held[1]
         else:
-            frames = encode_source_frames(
-                self.layer.source_id, new_ids(2 * len(payloads)), hashes, payloads, channels
-            )
-            self._putting = (payloads, frames)
-        self.layer.persist_frames(frames)
+            chunks = self.layer.new_chunks(payloads, hashes, channels)
+            self._putting = (payloads, chunks)
+        self.layer.persist_chunks(chunks)  # re-keys in place a chunk whose id is in use
         self._putting = None
 
     def reject(self, value: Any, reason: str) -> None:

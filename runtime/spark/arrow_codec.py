@@ -75,20 +75,20 @@ def _bad_frame(frame: bytes, index: int) -> FrameError:
     return FrameError(msg)  # pragma: no cover
 
 
-def split_bad_frames(frames: Sequence[bytes], *, prefix: int = 0) -> tuple[list[bytes], list[tuple[bytes, str]]]:
+def split_bad_frames(frames: Sequence[bytes], *, prefix: int = 0) -> tuple[list[bytes], list[tuple[int, str]]]:
     """``frames`` (each after ``prefix`` bytes, as for :func:`frames_to_record_batch`) split into
-    those that pass every check and ``(item, FrameError text)`` for those that fail one.
+    those that pass every check and ``(index in frames, FrameError text)`` for those that fail one.
 
     The slow path, one decode per frame: for a batch that
     :func:`frames_to_record_batch` refused, so the good frames can still go on.
     """
     good: list[bytes] = []
-    bad: list[tuple[bytes, str]] = []
-    for item in frames:
+    bad: list[tuple[int, str]] = []
+    for i, item in enumerate(frames):
         try:
             _SERIALIZER.decode(item[prefix:])
         except FrameError as exc:
-            bad.append((item, str(exc)))
+            bad.append((i, str(exc)))
         else:
             good.append(item)
     return good, bad
@@ -106,7 +106,7 @@ def frames_to_record_batch(frames: Sequence[bytes], *, prefix: int = 0) -> Any:
     """One ``pyarrow.RecordBatch`` (schema :func:`arrow_schema`) with a row per frame, in order.
 
     With ``prefix``, each item is ``prefix`` bytes of something else followed by
-    a frame (the FT source passes ``pend`` values as they come from Redis).
+    a frame.
 
     Raises ``FrameError`` (naming the frame's index in ``frames``; the first
     bad one if several are) if any frame is truncated, has a wrong length,

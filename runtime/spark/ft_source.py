@@ -88,7 +88,6 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, St
 from ftlayer.config import FTConfig
 from ftlayer.connection import resolved
 from ftlayer.errors import ConfigError, FrameError
-from ftlayer.frames import PEND_PREFIX
 from ftlayer.keys import check_name
 from ftlayer.layer import FTLayer
 from runtime.spark.admission import AvailableNowBase, max_rows, read_all, read_max_rows
@@ -396,7 +395,7 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
                 done = len(entries) < page
                 for entry_id, fields in entries:
                     pos[k] = _text(entry_id)
-                    counted[k] += len(fields.get(b"i", b"")) // 8
+                    counted[k] += int(fields.get(b"n", b"0"))
                     if counted[k] >= share:
                         done = True
                         break
@@ -435,28 +434,30 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         while True:
             batch = layer.read_channel(c, after="-" if after == START_ID else after, until=until,
                                              max_entries=page, skip=skip)
-            if batch.values:
-                yield from self._arrow(batch.values)
+            sids, frames = batch.pending()
+            if frames:
+                yield from self._arrow(frames, sids)
             if not batch.last_id or (not batch.skip and compare_ids(batch.last_id, until) >= 0):
                 return
             after, skip = batch.last_id, batch.skip
-            # an entry holds one persist call's ids for this channel (1 to flush_batch_size):
+            # an entry holds one persist call's chunks for this channel (1 to flush_batch_size records):
             # steer the page so that one server-side call returns about READ_TARGET_RECORDS
-            got = len(batch.values)
+            got = len(frames)
             if got < READ_TARGET_RECORDS // 2:
                 page = min(page * 2, MAX_READ_PAGE_ENTRIES)
             elif got > READ_TARGET_RECORDS * 2:
                 page = max(page // 2, 1)
 
-    def _arrow(self, values: list[bytes]) -> list[Any]:
-        """The Arrow batch of ``pend`` values; one whose frame fails its checks (a CRC mismatch)
-        is failed in Redis for the dead-letter queue and left out, so the channel goes on."""
+    def _arrow(self, frames: list[bytes], sids: list[int]) -> list[Any]:
+        """The Arrow batch of the frames read; one that fails its checks (a CRC mismatch) is
+        failed in Redis for the dead-letter queue (by its place in its chunk) and left out, so
+        the channel goes on."""
         try:
-            return [frames_to_record_batch(values, prefix=PEND_PREFIX)]
+            return [frames_to_record_batch(frames)]
         except FrameError:
-            good, bad = split_bad_frames(values, prefix=PEND_PREFIX)
-            self.layer.fail_unreadable([(v, f"unreadable frame: {reason}") for v, reason in bad])
-            return [frames_to_record_batch(good, prefix=PEND_PREFIX)] if good else []
+            good, bad = split_bad_frames(frames)
+            self.layer.fail_unreadable([(sids[i], f"unreadable frame: {reason}") for i, reason in bad])
+            return [frames_to_record_batch(good)] if good else []
 
     def commit(self, end: Offset) -> None:
         """Spark committed everything up to ``end``: trim each channel stream there (one round trip)."""

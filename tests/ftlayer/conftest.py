@@ -58,5 +58,5 @@ def hand_out(layer: FTLayer) -> int:
     records as handed out (only those time out and spend a replay; see ``EXPIRE``). Returns the
     records read."""
     return sum(
-        len(batch.values) for ch in range(layer.num_channels) for batch in layer.persistence.iter_channel(ch)
+        len(batch.frames) for ch in range(layer.num_channels) for batch in layer.persistence.iter_channel(ch)
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ftlayer.batch_acks import IDS_PER_ELEMENT, BatchAcks, query_sources
+from ftlayer.batch_acks import CHUNKS_PER_ELEMENT, BatchAcks, query_sources
 from ftlayer.layer import FTLayer
 from serialization.serializers import make_record
 
@@ -34,7 +34,7 @@ def test_ack_completes_listed_records_and_skips_failed_ones(layer: FTLayer) -> N
 
 
 def test_fail_moves_listed_records_to_replay(layer: FTLayer) -> None:
-    sids = _persisted(layer, 3 * IDS_PER_ELEMENT + 5)
+    sids = _persisted(layer, 3 * CHUNKS_PER_ELEMENT + 5)
     acks = BatchAcks(layer.store)
     acks.record("q2", 0, sids)
     assert acks.settle("q2", 0, "fail", "write failed: boom") == len(sids)

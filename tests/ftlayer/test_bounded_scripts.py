@@ -7,14 +7,17 @@ older clients wrote it, so the scans below must split blobs and entries.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 
+from ftlayer.chunks import CHUNK_MAX_BYTES, CHUNK_TARGET_RECORDS, assign_sids, chunk_key, pack_chunks
 from ftlayer.config import FTConfig
-from ftlayer.frames import SemiDeserializedSerializer
+from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
+from ftlayer.ids import RecordId
 from ftlayer.layer import FTLayer
 from ftlayer.persistence import persist_token
 from ftlayer.script_bounds import SCRIPT_MAX_BYTES, split_call
@@ -31,17 +34,18 @@ PING_LIMIT_MS = 100.0
 
 def persist_raw(layer: FTLayer, n: int, *, per_call: int = 20_000, channel: int | None = None,
                 value: object = None, num_channels: int = 4) -> list[int]:
-    """Persist ``n`` records in raw PERSIST calls of ``per_call`` frames; returns their sids in order.
+    """Persist ``n`` records in raw PERSIST calls of ``per_call`` records (chunks of up to
+    CHUNK_TARGET_RECORDS per channel, as ingest draws them); returns their sids in order.
 
     ``channel`` None spreads the records round robin over ``num_channels``.
     """
     sids: list[int] = []
     for lo in range(0, n, per_call):
-        recs = [
+        recs = _rechunk([
             make_record(layer, i if value is None else value, channel=i % num_channels if channel is None else channel)
             for i in range(lo, min(n, lo + per_call))
-        ]
-        blob = b"".join(_SER.encode(r) for r in recs)
+        ])
+        blob = b"".join(c.blob for c in pack_chunks([_SER.encode(r) for r in recs]))
         args = [layer.store.keys.prefix, num_channels, blob, 60_000]
         token = persist_token(layer.store, blob)
         keys = [*layer.store.state_keys, token, *layer.store.channel_keys(num_channels)]
@@ -49,6 +53,13 @@ def persist_raw(layer: FTLayer, n: int, *, per_call: int = 20_000, channel: int 
         assert int(count) == len(recs)
         sids.extend(r.record_id.source_record_id for r in recs)
     return sids
+
+
+def _rechunk(recs: list[SemiDeserializedRecord]) -> list[SemiDeserializedRecord]:
+    """The same records under ids drawn in chunks per channel (batch order kept)."""
+    sids = assign_sids([r.channel or 0 for r in recs], [48 + len(r.payload) for r in recs])
+    return [dataclasses.replace(r, record_id=RecordId(sid, r.record_id.current_record_id), origin_id=sid)
+            for r, sid in zip(recs, sids, strict=True)]
 
 
 @pytest.fixture
@@ -126,9 +137,13 @@ def test_channel_reads_are_chunked_by_records_and_resume_inside_an_entry(layer: 
     done = set(sids[10:4_000:3])
     layer.fail(done, "done")  # no longer pending: skipped by the reads
     batches = list(layer.persistence.iter_channel(1, max_records=333))
-    read = [_SER.decode(v[12:]).record_id.source_record_id for b in batches for v in b.values]
+    read = [sid for b in batches for sid in b.sids]
     assert read == [s for s in sids if s not in done]
-    assert len(batches) >= -(-5_000 // 333)  # plus maybe a last empty call that finds the end
+    assert [_SER.decode(f).record_id.source_record_id for b in batches for f in b.frames] == read
+    # a call reads whole chunks (each of up to CHUNK_TARGET_RECORDS): one chunk per call here
+    chunks = len({chunk_key(s) for s in sids})
+    assert chunks == 2 * -(-2_500 // CHUNK_TARGET_RECORDS)
+    assert len(batches) >= chunks and max(len(b.chunks) for b in batches) == 1
     assert any(b.skip for b in batches)  # some calls stopped inside an entry
 
 
@@ -136,17 +151,19 @@ def test_channel_reads_are_chunked_by_bytes(layer: FTLayer) -> None:
     payload = "x" * 100_000
     sids = persist_raw(layer, 120, per_call=120, channel=2, value=payload)  # one 12 MB entry
     batches = list(layer.persistence.iter_channel(2))
-    read = [_SER.decode(v[12:]).record_id.source_record_id for b in batches for v in b.values]
+    read = [_SER.decode(f).record_id.source_record_id for b in batches for f in b.frames]
     assert read == sids
-    sizes = [sum(len(v) for v in b.values) for b in batches]
-    assert len(batches) >= 3 and max(sizes) < SCRIPT_MAX_BYTES + 110_000, sizes
+    sizes = [sum(len(f) for f in b.frames) for b in batches]
+    # whole chunks (of at most CHUNK_MAX_BYTES, or one larger frame) per call
+    assert len(batches) >= 3 and max(sizes) < SCRIPT_MAX_BYTES + CHUNK_MAX_BYTES + 110_000, sizes
 
 
 def test_trim_done_is_bounded_and_still_trims_everything(
     layer: FTLayer, redis_client: redis.Redis
 ) -> None:
     persist_raw(layer, BIG)
-    redis_client.delete(layer.store.keys.pend)  # every record done (completed or failed)
+    k = layer.store.keys
+    redis_client.delete(k.chunks, k.chunk_acks, k.chunk_frames)  # every record done (completed or failed)
     times = ScriptTimes(redis_client).start()
     try:
         removed = layer.persistence.trim_done()

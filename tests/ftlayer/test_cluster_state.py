@@ -105,7 +105,7 @@ def test_replicated_persist_waits_for_a_replica_and_fails_loudly_without_one(tmp
         (replica,) = cluster.replica_ports(primary)
         with cluster.node_client(replica) as rc:
             rc.execute_command("READONLY")
-            assert rc.hlen(layer.store.keys.pend) == 100  # WAIT returned: the replica has them
+            assert int(rc.get(layer.store.keys.live)) == 100  # WAIT returned: the replica has them
         pid = next(n.pid for n in cluster.nodes if n.port == replica)
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)

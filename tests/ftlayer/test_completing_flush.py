@@ -9,11 +9,21 @@ from hypothesis import strategies as st
 from ftlayer.errors import InvalidIdError
 from ftlayer.ids import child_id, new_id
 from ftlayer.layer import FTLayer
-from serialization.serializers import make_record
+from serialization.serializers import make_record, make_records
+
+CHUNKED = False  # set per test by the fixture below
+
+
+@pytest.fixture(autouse=True, params=["chunk per record", "one chunk"])
+def _chunking(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(__import__(__name__, fromlist=["x"]), "CHUNKED", request.param == "one chunk")
 
 
 def _persisted(layer: FTLayer, n: int) -> list[tuple[int, int]]:
-    recs = [make_record(layer, {"i": i}, key=f"u{i}") for i in range(n)]
+    if CHUNKED:  # the records share a chunk, as ingest files them
+        recs = make_records(layer, [{"i": i} for i in range(n)], channel=0)
+    else:
+        recs = [make_record(layer, {"i": i}, key=f"u{i}") for i in range(n)]
     layer.persist(recs)
     return [(r.record_id.source_record_id, r.record_id.current_record_id) for r in recs]
 

@@ -86,7 +86,8 @@ def test_a_retried_replay_call_dead_letters_once(make_layer: Callable[..., FTLay
     layer.persist([rec])
     layer.fail([rec.record_id.source_record_id], "poison")
     store, k = layer.store, layer.store.keys
-    args = [k.prefix, layer.num_channels, b"", struct.pack(">q", rec.record_id.source_record_id), store.now_ms()]
+    # ARGV: prefix, channels, no replays (chunks), no olds, the dead, now
+    args = [k.prefix, layer.num_channels, b"", b"", struct.pack(">q", rec.record_id.source_record_id), store.now_ms()]
     replay_keys = [*store.state_keys, k.dlq, *store.channel_keys(layer.num_channels)]
     assert store.run("REPLAY", replay_keys, args) == [0, 1]
     assert store.run("REPLAY", replay_keys, args) == [0, 0]  # the retry finds nothing to move

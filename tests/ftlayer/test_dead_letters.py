@@ -7,10 +7,12 @@ from collections.abc import Callable
 
 import pytest
 
+from ftlayer.chunks import pack_chunks
 from ftlayer.config import FTConfig
 from ftlayer.dead_letters import DeadLetterError
 from ftlayer.errors import AckerError
 from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
+from ftlayer.ids import RecordId
 from ftlayer.keyhash import pmod
 from ftlayer.layer import FTLayer
 from serialization.serializers import make_record
@@ -33,7 +35,7 @@ def _dead_letter(layer: FTLayer, values: list[object]) -> list[SemiDeserializedR
 
 
 def _pending(layer: FTLayer) -> list[SemiDeserializedRecord]:
-    return [_SER.decode(v[12:]) for v in layer.store.client.hvals(layer.store.keys.pend)]
+    return [_SER.decode(frame) for _sid, frame in layer.persistence.iter_pending()]
 
 
 def test_requeue_is_a_fresh_record_with_the_same_origin_payload_key_and_channel(
@@ -118,16 +120,17 @@ def test_requeue_script_skips_entries_already_gone_and_is_all_or_nothing(
     (entry,) = layer.dead_letters.list()
     new = SemiDeserializedRecord(rec.source_id, make_record(layer, "z").record_id, rec.key_hash, rec.origin_id, 0,
                                  rec.payload, rec.channel)
-    blob = struct.pack(">H", len(entry.entry_id)) + entry.entry_id.encode() + _SER.encode(new)
+    (chunk,) = pack_chunks([_SER.encode(new)])
+    eids = struct.pack(">H", len(entry.entry_id)) + entry.entry_id.encode()
     with pytest.raises(AckerError, match="out of range"):
         n = 1 if rec.channel else 0
-        store.run("REQUEUE", [*store.state_keys, k.dlq, *store.channel_keys(n)], [k.prefix, n, blob])
+        store.run("REQUEUE", [*store.state_keys, k.dlq, *store.channel_keys(n)], [k.prefix, n, chunk.blob, eids])
     with pytest.raises(AckerError, match="truncated"):
-        store.run("REQUEUE", requeue_keys, [k.prefix, layer.num_channels, blob[:-50]])
+        store.run("REQUEUE", requeue_keys, [k.prefix, layer.num_channels, chunk.blob[:-50], eids])
     assert layer.dead_letters.count() == 1 and layer.pending_count() == 0
     # a concurrent purge wins: the entry is gone, nothing is persisted
     layer.dead_letters.purge([entry.entry_id])
-    assert store.run("REQUEUE", requeue_keys, [k.prefix, layer.num_channels, blob]) == 0
+    assert store.run("REQUEUE", requeue_keys, [k.prefix, layer.num_channels, chunk.blob, eids]) == 0
     assert layer.pending_count() == 0 and layer.stats()["requeued"] == 0
 
 
@@ -139,11 +142,22 @@ def test_requeue_never_drops_an_entry_whose_new_id_is_taken(make_layer: Callable
     store, k = layer.store, layer.store.keys
     requeue_keys = [*store.state_keys, k.dlq, *store.channel_keys(layer.num_channels)]
     (entry,) = layer.dead_letters.list()
-    clash = SemiDeserializedRecord(rec.source_id, live.record_id, rec.key_hash, rec.origin_id, 0, rec.payload,
-                                   rec.channel)
-    blob = struct.pack(">H", len(entry.entry_id)) + entry.entry_id.encode() + _SER.encode(clash)
-    assert store.run("REQUEUE", requeue_keys, [k.prefix, layer.num_channels, blob]) == 0
-    assert layer.dead_letters.count() == 1
+    eids = struct.pack(">H", len(entry.entry_id)) + entry.entry_id.encode()
+    # a chunk id in use by other records: nothing is written (ftlayer's requeue draws again)
+    clash = SemiDeserializedRecord(rec.source_id, RecordId(live.record_id.source_record_id, 77), rec.key_hash,
+                                   rec.origin_id, 0, rec.payload, rec.channel)
+    (chunk,) = pack_chunks([_SER.encode(clash)])
+    assert store.run("REQUEUE", requeue_keys, [k.prefix, layer.num_channels, chunk.blob, eids])[0] == -1
+    assert layer.dead_letters.count() == 1 and layer.pending_count() == 1
+    # the very same pending record (same ids): taken for a repeat, files nothing and keeps the entry
+    same = SemiDeserializedRecord(rec.source_id, live.record_id, rec.key_hash, rec.origin_id, 0, rec.payload,
+                                  rec.channel)
+    (chunk,) = pack_chunks([_SER.encode(same)])
+    assert store.run("REQUEUE", requeue_keys, [k.prefix, layer.num_channels, chunk.blob, eids]) == 0
+    assert layer.dead_letters.count() == 1 and layer.pending_count() == 1
+    # the public requeue draws fresh ids, whatever is pending
+    assert layer.requeue_dead_letters([entry.entry_id]).requeued == 1
+    assert layer.dead_letters.count() == 0 and layer.pending_count() == 2
 
 
 def test_purge_deletes_exactly_the_given_ids(make_layer: Callable[..., FTLayer]) -> None:

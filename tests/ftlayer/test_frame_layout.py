@@ -8,7 +8,7 @@ import struct
 import pytest
 import redis
 
-from ftlayer import frames, scripts
+from ftlayer import chunks, frames, scripts
 from ftlayer.frames import SemiDeserializedSerializer
 from ftlayer.ids import RecordId
 from ftlayer.record import SemiDeserializedRecord
@@ -24,7 +24,7 @@ HARD_CODED = re.compile(
 
 def _layout_values() -> dict[str, int]:
     out: dict[str, int] = {}
-    for names, values in re.findall(r"local ([A-Z_, ]+) = ([0-9, ]+)", scripts.LAYOUT):
+    for names, values in re.findall(r"local ([A-Z_, ]+) = ([0-9, ]+)\n", scripts.LAYOUT):
         for n, v in zip(names.split(","), values.split(","), strict=True):
             out[n.strip()] = int(v)
     return out
@@ -38,10 +38,16 @@ def test_generated_names_are_the_encoders_constants() -> None:
         "F_CHANNEL": frames.OFFSET_CHANNEL + 1,
         "F_HEADER": frames.HEADER_SIZE,
         "F_BODY_MIN": frames.BODY_FIXED_SIZE,
-        "P_GEN": frames.PEND_GEN_OFFSET + 1,
-        "P_FRAME": frames.PEND_PREFIX + 1,
         "FL_REASON": frames.FAILED_PREFIX + 1,
+        "HDR": chunks.STATE_HEADER.size,
+        "CK_N": 11,
+        "CIN_HEAD": chunks.CHUNK_IN_HEADER.size,
+        "KEY_BYTES": chunks.CHUNK_KEY_BYTES,
+        "CHUNK_MAX": chunks.CHUNK_MAX_RECORDS,
+        "FLAG_REFILED": chunks.FLAG_REFILED,
+        "FLAG_SEEN": chunks.FLAG_SEEN,
     }
+    assert "local CK_HEAD = '>I4I4I2I2I2I2B'" in scripts.LAYOUT  # STATE_HEADER in Lua's struct spelling
 
 
 @pytest.mark.parametrize("name", scripts.SCRIPT_NAMES)
@@ -53,18 +59,19 @@ def test_every_script_starts_with_the_layout_and_spells_no_offset(name: str) -> 
 
 
 def test_lua_reads_each_field_where_the_encoder_wrote_it(redis_client: redis.Redis) -> None:
-    rec = SemiDeserializedRecord(7, RecordId(-5, 123456789), -42, -5, 3, b"\x81\xa1k\x01", 9)
+    rec = SemiDeserializedRecord(7, RecordId(-5 << 16, 123456789), -42, -5, 3, b"\x81\xa1k\x01", 9)
     frame = SemiDeserializedSerializer().encode(rec)
-    pend = struct.pack(">q", 123456789) + struct.pack(">I", 77) + frame
+    state = chunks.STATE_HEADER.pack(77, 76, 9, 1000, 999, 2, 3) + b"\x05"
     lua = scripts.LAYOUT + """
-local f = ARGV[1]
-local v = ARGV[2]
+local f, st = ARGV[1], ARGV[2]
+local gen, egen, ch, n, left, partials, flags = struct.unpack(CK_HEAD, st)
 return {string.sub(f, F_SID, F_SID + 7), string.sub(f, F_CID, F_CID + 7),
         struct.unpack('>I2', f, F_REPLAY), struct.unpack('>I2', f, F_CHANNEL),
-        struct.unpack('>I4', v, P_GEN), string.sub(v, P_FRAME)}
+        gen, egen, ch, n, left, partials, flags, struct.unpack('>I2', st, CK_N), string.byte(st, HDR + 1)}
 """
-    sid, cid, replay, channel, gen, tail = redis_client.eval(lua, 0, frame, pend)  # type: ignore[no-untyped-call]
-    assert struct.unpack(">q", sid)[0] == -5
+    got = redis_client.eval(lua, 0, frame, state)  # type: ignore[no-untyped-call]
+    sid, cid, replay, channel, *header = got
+    assert struct.unpack(">q", sid)[0] == -5 << 16
     assert struct.unpack(">q", cid)[0] == 123456789
-    assert (replay, channel, gen) == (3, 9, 77)
-    assert tail == frame
+    assert (replay, channel) == (3, 9)
+    assert header == [77, 76, 9, 1000, 999, 2, 3, 1000, 5]

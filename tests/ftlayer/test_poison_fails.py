@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
+from ftlayer.chunks import chunk_key
+from ftlayer.errors import FrameError
+from ftlayer.frames import SemiDeserializedSerializer
 from ftlayer.layer import FTLayer
-from ftlayer.persistence import PEND_PREFIX
-from serialization.serializers import make_record
+from serialization.serializers import make_record, make_records
 from tests.ftlayer.conftest import FakeClock
 
 
@@ -30,22 +33,24 @@ def test_a_fail_without_replay_is_dead_lettered_at_once_despite_backoff(
     assert layer.replay_due().replayed == 1  # the other one keeps its backoff and its replays
 
 
-def test_fail_unreadable_fails_a_corrupt_pend_value_once_and_only_if_unchanged(
+def test_fail_unreadable_fails_a_corrupt_stored_frame_once_by_its_place_in_its_chunk(
     make_layer: Callable[..., FTLayer], redis_client: Any
 ) -> None:
     layer = make_layer()
-    rec = make_record(layer, {"i": 1})
-    layer.persist([rec])
-    sid = struct.pack(">q", rec.record_id.source_record_id)
-    raw = redis_client.hget(layer.store.keys.pend, sid)
-    corrupt = raw[:-1] + bytes([raw[-1] ^ 1])
-    # a value read before the entry changed fails nothing
-    assert layer.persistence.fail_unreadable([(corrupt, "checksum mismatch")]) == 0
-    assert layer.persistence.fail_unreadable([(corrupt[: PEND_PREFIX + 10], "truncated")]) == 0
-    redis_client.hset(layer.store.keys.pend, sid, corrupt)
-    assert layer.persistence.fail_unreadable([(corrupt, "checksum mismatch")]) == 1
-    assert layer.persistence.fail_unreadable([(corrupt, "checksum mismatch")]) == 0  # idempotent
+    recs = make_records(layer, [{"i": i} for i in range(2)], channel=0)  # one chunk of two
+    layer.persist(recs)
+    sid = recs[1].record_id.source_record_id  # the last frame of the chunk
+    key = chunk_key(sid)
+    raw = redis_client.hget(layer.store.keys.chunk_frames, key)
+    redis_client.hset(layer.store.keys.chunk_frames, key, raw[:-1] + bytes([raw[-1] ^ 1]))  # payload byte
+    sids = [s for b in layer.persistence.iter_channel(0) for s in b.sids]
+    frames = [f for b in layer.persistence.iter_channel(0) for f in b.frames]
+    assert sid in sids  # the reader names it by its place, whatever its bytes say
+    with pytest.raises(FrameError, match="checksum"):
+        SemiDeserializedSerializer().decode(frames[sids.index(sid)])
+    assert layer.persistence.fail_unreadable([(sid, "checksum mismatch")]) == 1
+    assert layer.persistence.fail_unreadable([(sid, "checksum mismatch")]) == 0  # idempotent
     assert layer.replay_due().dead_lettered == 1
     (letter,) = layer.dead_letters.list()
     assert letter.record is None and letter.reason == "checksum mismatch"
-    assert layer.pending_count() == 0
+    assert layer.pending_count() == 1  # the other record of the chunk is untouched

@@ -45,7 +45,7 @@ def test_pack_ids_roundtrip() -> None:
 def test_stats_defaults_and_counts(store: SourceStore) -> None:
     assert store.stats()["acked"] == 0 and store.stats()["pending"] == 0
     store.client.hincrby(store.keys.stats, "acked", 3)
-    store.client.hset(store.keys.pend, b"12345678", b"x")
+    store.client.incrby(store.keys.live, 1)
     stats = store.stats()
     assert stats["acked"] == 3 and stats["pending"] == 1
 
@@ -62,9 +62,12 @@ def test_leftover_keys_ignore_bookkeeping(store: SourceStore) -> None:
     store.client.set(store.keys.token("abc"), 1)
     store.client.xadd(store.keys.channel(0), {"i": b"x"})
     store.client.xtrim(store.keys.channel(0), maxlen=0, approximate=False)
+    store.client.set(store.keys.live, 0)
     assert store.leftover_keys() == []
-    store.client.hset(store.keys.pend, b"12345678", b"x")
-    assert store.leftover_keys() == ["pend"]
+    store.client.hset(store.keys.chunks, b"123456", b"x")
+    assert store.leftover_keys() == ["ck"]
+    store.client.incrby(store.keys.live, 1)
+    assert store.leftover_keys() == ["ck", "live"]
 
 
 def test_dead_letters_list_get_purge(store: SourceStore) -> None:

@@ -135,7 +135,7 @@ def test_a_bounded_read_marks_the_entry_it_stopped_in(make_layer: Callable[..., 
     layer.persist(first)  # entry 1
     layer.persist(second)  # entry 2, same generation
     batch = layer.persistence.read_channel(0, max_records=3)  # stops inside entry 1
-    assert len(batch.values) == 3 and batch.skip == 3
+    assert len(batch.frames) == 3 and batch.skip == 3
     marks = layer.store.keys.read_marks
     entered = batch.last_id
     assert layer.store.client.hget(marks, "0").decode().endswith(" " + entered)
@@ -149,5 +149,5 @@ def test_a_bounded_read_marks_the_entry_it_stopped_in(make_layer: Callable[..., 
     assert layer.store.client.hget(marks, "0").decode().endswith(" " + entered)
     # reading on enters entry 2 (one id of it examined): the watermark moves to it
     batch = layer.persistence.read_channel(0, entered, max_records=1)
-    assert len(batch.values) == 1 and batch.last_id != entered and batch.skip == 1
+    assert len(batch.frames) == 1 and batch.last_id != entered and batch.skip == 1
     assert layer.store.client.hget(marks, "0").decode().endswith(" " + batch.last_id)

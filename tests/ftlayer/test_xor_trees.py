@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ftlayer.ids import child_id
 from ftlayer.layer import FTLayer
-from serialization.serializers import make_record
+from serialization.serializers import make_record, make_records
 
 
 @dataclass
@@ -40,26 +40,30 @@ def build_tree(sid: int, root: int, shape: list[int], depth: int) -> Tree:
 
 
 @st.composite
-def scenario(draw: st.DrawFn) -> tuple[list[list[int]], int, int, list[int], list[bool]]:
+def scenario(draw: st.DrawFn) -> tuple[list[list[int]], int, int, list[int], list[bool], bool]:
     shapes = draw(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=4), min_size=1, max_size=4))
     depth = draw(st.integers(0, 3))
     seed = draw(st.integers(0, 2**32 - 1))
     flushes = draw(st.lists(st.integers(1, 6), min_size=1, max_size=30))
     dups = draw(st.lists(st.booleans(), min_size=30, max_size=30))
-    return shapes, depth, seed, flushes, dups
+    chunked = draw(st.booleans())  # the trees' roots share one chunk, or each has a chunk of its own
+    return shapes, depth, seed, flushes, dups, chunked
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(scenario())
 def test_trees_complete_exactly_when_all_events_applied(
-    make_layer: Callable[..., FTLayer], case: tuple[list[list[int]], int, int, list[int], list[bool]]
+    make_layer: Callable[..., FTLayer], case: tuple[list[list[int]], int, int, list[int], list[bool], bool]
 ) -> None:
     import random
 
-    shapes, depth, seed, flush_sizes, dups = case
+    shapes, depth, seed, flush_sizes, dups, chunked = case
     run = uuid.uuid4().hex[:12]  # examples share the namespace: fresh source and tokens
     layer = make_layer(source=f"s{run}")
-    records = [make_record(layer, i) for i in range(len(shapes))]
+    if chunked:
+        records = make_records(layer, list(range(len(shapes))), channel=1)
+    else:
+        records = [make_record(layer, i) for i in range(len(shapes))]
     layer.persist(records)
     trees = [
         build_tree(r.record_id.source_record_id, r.record_id.current_record_id, shape, depth)

@@ -6,7 +6,6 @@ Real server; the source's FTLayer is built the way a running topology builds it
 
 from __future__ import annotations
 
-import struct
 from collections import Counter
 from typing import Any
 
@@ -34,8 +33,7 @@ def layer_for(ft_config: FTConfig, *, key: Any = None, client: redis.Redis | Non
 
 def channels_of_pending(layer: FTLayer) -> Counter[int]:
     """Channel of every pending record, from its persisted frame."""
-    values: dict[bytes, bytes] = layer.store.client.hgetall(layer.store.keys.pend)  # type: ignore[assignment]
-    return Counter(_SER.decode(v[12:]).channel or 0 for v in values.values())
+    return Counter(_SER.decode(frame).channel or 0 for _sid, frame in layer.persistence.iter_pending())
 
 
 def ingest(layer: FTLayer, key: Any = None) -> None:
@@ -49,7 +47,7 @@ def ingest(layer: FTLayer, key: Any = None) -> None:
 
 
 def fail_all_and_replay(layer: FTLayer) -> None:
-    sids = [struct.unpack(">q", s)[0] for s in layer.store.client.hkeys(layer.store.keys.pend)]
+    sids = [sid for sid, _frame in layer.persistence.iter_pending()]
     assert layer.fail(sids, "boom") == N
     result = layer.replay_due()
     assert result.replayed == N and layer.pending_count() == N
@@ -85,7 +83,7 @@ def test_a_replay_call_retried_after_a_lost_reply_replays_each_record_once(
     client = FaultyRedis.from_url(ft_config.redis_url or "")
     layer = layer_for(ft_config, client=client).open()
     ingest(layer)
-    sids = [struct.unpack(">q", s)[0] for s in client.hkeys(layer.store.keys.pend)]
+    sids = [sid for sid, _frame in layer.persistence.iter_pending()]
     layer.fail(sids, "boom")
     client.arm("REPLAY", "after")  # the server replays the first chunk, the reply is lost
     try:

@@ -9,13 +9,13 @@ other record reaches the sink and the streaming query stays up.
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
+from ftlayer.chunks import chunk_key, frame_spans, index_of
 from ftlayer.config import FTConfig
 from ftlayer.dead_letters import DeadLetter
 from ftlayer.errors import FailRecord
@@ -24,7 +24,7 @@ from runtime.sinks import JsonLinesSink
 from runtime.spark.keyed_state import KeyedStateStore, state_key
 from runtime.topology import FTQuery, Topology
 from serialization.payload import pack_payload, unpack_payload
-from serialization.serializers import make_record
+from serialization.serializers import make_records
 from tests.runtime.test_topology_e2e import clicks
 
 pytestmark = pytest.mark.spark
@@ -137,12 +137,15 @@ def test_a_stored_frame_that_fails_its_checksum_is_dead_lettered_alone(
     cfg = ft_config.replace(timeout_s=60.0, max_replays=MAX_REPLAYS)
     # persist first, corrupt one stored frame, then start the topology over the same source
     layer = FTLayer(cfg, "pframe", "clicks", num_channels=cfg.num_channels).open()
-    records = [make_record(layer, e, key=e["user"]) for e in clicks(n)]
+    records = make_records(layer, clicks(n), key=lambda e: e["user"])  # in chunks, as ingest files them
     layer.persist(records)
-    bad = struct.pack(">q", records[7].record_id.source_record_id)
-    raw = redis_client.hget(layer.store.keys.pend, bad)
+    bad = records[7].record_id.source_record_id
+    key = chunk_key(bad)
+    raw = redis_client.hget(layer.store.keys.chunk_frames, key)
     assert isinstance(raw, bytes)
-    redis_client.hset(layer.store.keys.pend, bad, raw[:-1] + bytes([raw[-1] ^ 0xFF]))  # a payload bit flip
+    _start, end = frame_spans(raw, index_of(bad) + 1)[index_of(bad)]
+    flipped = raw[: end - 1] + bytes([raw[end - 1] ^ 0xFF]) + raw[end:]  # a payload bit flip in record 7 alone
+    redis_client.hset(layer.store.keys.chunk_frames, key, flipped)
 
     topo = Topology("pframe", cfg)
     out = JsonLinesSink(tmp_path / "out")
@@ -151,7 +154,7 @@ def test_a_stored_frame_that_fails_its_checksum_is_dead_lettered_alone(
     drain_and_check_alive(query)
     assert {line["value"]["i"] for line in out.read_all()} == set(range(n)) - {7}
     (letter,) = layer.dead_letters.list()
-    assert letter.source_record_id == records[7].record_id.source_record_id
+    assert letter.source_record_id == bad
     assert letter.record is None and "checksum mismatch" in letter.reason
     stats = layer.stats()
     print("corrupt-frame stats:", {k: stats[k] for k in ("acked", "failed_explicit", "replayed", "dead_lettered")})

@@ -84,8 +84,7 @@ def _record_life(cfg: FTConfig, source: str) -> FTLayer:
     for _ in range(cfg.num_buckets):
         layer.on_timeout()  # the other 3 time out
     assert layer.replay_due().replayed == 4
-    pend = layer.store.client.hkeys(layer.store.keys.pend)
-    replayed = [int.from_bytes(k, "big", signed=True) for k in pend]  # type: ignore[arg-type]
+    replayed = [sid for sid, _frame in layer.persistence.iter_pending()]
     layer.fail(replayed[:1], "again")
     assert layer.replay_due().dead_lettered == 1
     service = FTService([layer], tick_s=0.05)

@@ -47,7 +47,7 @@ def _entry_of(layer: FTLayer, rec: SemiDeserializedRecord) -> str:
 
 def _pending(layer: FTLayer) -> list[SemiDeserializedRecord]:
     ser = SemiDeserializedSerializer()
-    return [ser.decode(v[12:]) for v in layer.store.client.hvals(layer.store.keys.pend)]
+    return [ser.decode(frame) for _sid, frame in layer.persistence.iter_pending()]
 
 
 def test_list_shows_every_dead_letter(ft_config: FTConfig, redis_client: redis.Redis, capsys: Any) -> None:

@@ -23,7 +23,6 @@ import pytest
 from ftlayer.config import FTConfig
 from ftlayer.frames import SemiDeserializedSerializer
 from ftlayer.layer import FTLayer
-from ftlayer.persistence import PEND_PREFIX
 from runtime.driver.file_source import LinesSource, offset_file
 from serialization.payload import unpack_payload
 
@@ -54,7 +53,7 @@ def _persisted_values(layer: FTLayer) -> list[Any]:
     values = []
     for ch in range(CHANNELS):
         for batch in layer.persistence.iter_channel(ch):
-            values += [unpack_payload(serde.decode(v[PEND_PREFIX:]).payload) for v in batch.values]
+            values += [unpack_payload(serde.decode(f).payload) for f in batch.frames]
     return values
 
 
