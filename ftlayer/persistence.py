@@ -105,13 +105,14 @@ def chunk_records(key: bytes, state: bytes, frames: bytes) -> tuple[list[int], l
     """
     st = ChunkState.parse(state)
     settled = st.settled
+    base = sid_at(key, 0)
     sids: list[int] = []
     out: list[bytes] = []
     for i, (start, end) in enumerate(frame_spans(frames, st.n)):
         if settled[i >> 3] >> (i & 7) & 1:
             continue
         out.append(frames[start:end])
-        sids.append(sid_at(key, i))
+        sids.append(base | i)
     return sids, out
 
 
@@ -149,6 +150,28 @@ class ChannelBatch:
             sids.extend(got_sids)
             frames.extend(got)
         return sids, frames
+
+    def spans(self) -> tuple[bytes, list[int], list[int], list[int]]:
+        """The pending records as ``(buffer, starts, lengths, sids)``: the chunks' frames joined
+        once, and where each pending record's frame lies in it (the FT source's hot path: no
+        frame is copied out on its own)."""
+        parts: list[bytes] = []
+        starts: list[int] = []
+        lengths: list[int] = []
+        sids: list[int] = []
+        offset = 0
+        for key, state, blob in self.chunks:
+            st = ChunkState.parse(state)
+            settled = st.settled
+            base = sid_at(key, 0)
+            for i, (start, end) in enumerate(frame_spans(blob, st.n)):
+                if not settled[i >> 3] >> (i & 7) & 1:
+                    starts.append(offset + start)
+                    lengths.append(end - start)
+                    sids.append(base | i)
+            parts.append(blob)
+            offset += len(blob)
+        return b"".join(parts), starts, lengths, sids
 
     def records(self) -> list[SemiDeserializedRecord]:
         """The frames decoded (payloads stay msgpack bytes)."""

@@ -35,6 +35,7 @@ __all__ = [
     "SOURCE_SCHEMA_DDL",
     "arrow_schema",
     "frames_to_record_batch",
+    "spans_to_record_batch",
     "split_bad_frames",
 ]
 
@@ -111,33 +112,53 @@ def frames_to_record_batch(frames: Sequence[bytes], *, prefix: int = 0) -> Any:
     Raises ``FrameError`` (naming the frame's index in ``frames``; the first
     bad one if several are) if any frame is truncated, has a wrong length,
     version, flags or checksum.
+    """
+    import numpy as np
+
+    n = len(frames)
+    sizes = np.fromiter(map(len, frames), dtype=np.int64, count=n)
+    starts = np.zeros(n, dtype=np.int64)
+    if n:
+        np.cumsum(sizes[:-1], out=starts[1:])
+    return spans_to_record_batch(b"".join(frames), starts + prefix, sizes - prefix)
+
+
+def spans_to_record_batch(blob: bytes, starts: Any, lengths: Any) -> Any:
+    """One ``pyarrow.RecordBatch`` with a row per frame ``blob[starts[i] : starts[i] + lengths[i]]``.
+
+    The FT source hands it a chunk's frames as Redis returned them, with the spans of its
+    pending records (``runtime.spark.ft_source``): no frame is copied out on its own.
+    Every frame is checked as :class:`~ftlayer.frames.SemiDeserializedSerializer` checks it
+    (length, version, reserved flags, CRC-32); ``FrameError`` names the first bad one's
+    index in the spans.
 
     Cost: the headers are parsed as one numpy array and the payload column is
-    built from one buffer; only the CRC-32 check runs per frame (in C, over
-    memoryview slices, no copies).
+    gathered from the buffer in one indexing step; only the CRC-32 check runs per
+    frame (in C, over memoryview slices, no copies).
     """
     import numpy as np
     import pyarrow as pa
 
-    n = len(frames)
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = int(starts.size)
     if n == 0:
         return pa.RecordBatch.from_pylist([], schema=arrow_schema())
-    sizes = np.fromiter(map(len, frames), dtype=np.int64, count=n)
-    lengths = sizes - prefix
+
+    def frame(i: int) -> bytes:
+        return blob[int(starts[i]) : int(starts[i] + lengths[i])]
+
     short = np.flatnonzero(lengths < HEADER_SIZE)
     if short.size:
-        raise _bad_frame(frames[int(short[0])][prefix:], int(short[0]))
-    blob = b"".join(frames)
+        raise _bad_frame(frame(int(short[0])), int(short[0]))
     buf = np.frombuffer(blob, dtype=np.uint8)
-    starts = np.full(n, prefix, dtype=np.int64)
-    np.cumsum(sizes[:-1], out=starts[1:])
-    starts[1:] += prefix
     at = starts[:, None] + np.arange(HEADER_SIZE, dtype=np.int64)
     head = buf[at].view(_header_dtype()).reshape(n)
     body = head["body_len"].astype(np.int64)
     bad = (body + 4 != lengths) | (body > _MAX_BODY) | (head["version"] != FRAME_VERSION) | (head["flags"] != 0)
     view, crc32 = memoryview(blob), zlib.crc32
-    spans = zip(starts.tolist(), (starts + lengths).tolist(), strict=True)
+    ends = starts + lengths
+    spans = zip(starts.tolist(), ends.tolist(), strict=True)
     crcs = np.fromiter(
         (crc32(view[s + HEADER_SIZE : e], crc32(view[s + 4 : s + OFFSET_CRC])) for s, e in spans),
         dtype=np.int64, count=n,
@@ -145,14 +166,14 @@ def frames_to_record_batch(frames: Sequence[bytes], *, prefix: int = 0) -> Any:
     bad |= crcs != head["crc"].astype(np.int64)
     wrong = np.flatnonzero(bad)
     if wrong.size:
-        raise _bad_frame(frames[int(wrong[0])][prefix:], int(wrong[0]))
-    keep = np.ones(buf.size, dtype=bool)
-    if prefix:
-        at = (starts - prefix)[:, None] + np.arange(prefix + HEADER_SIZE, dtype=np.int64)
-    keep[at.ravel()] = False  # drop prefixes and headers: what is left is the payloads, back to back
+        raise _bad_frame(frame(int(wrong[0])), int(wrong[0]))
+    sizes = lengths - HEADER_SIZE
     offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lengths - HEADER_SIZE, out=offsets[1:])
-    payloads = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(buf[keep])])
+    np.cumsum(sizes, out=offsets[1:])
+    # byte k of the payload column comes from blob[start of its frame's payload + its place in it]
+    total = int(offsets[-1])
+    gather = np.repeat(starts + HEADER_SIZE - offsets[:-1], sizes) + np.arange(total, dtype=np.int64)
+    payloads = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(buf[gather])])
     i64, i32 = pa.int64(), pa.int32()
     return pa.RecordBatch.from_arrays(
         [

@@ -91,7 +91,13 @@ from ftlayer.errors import ConfigError, FrameError
 from ftlayer.keys import check_name
 from ftlayer.layer import FTLayer
 from runtime.spark.admission import AvailableNowBase, max_rows, read_all, read_max_rows
-from runtime.spark.arrow_codec import SOURCE_COLUMNS, SOURCE_SCHEMA_DDL, frames_to_record_batch, split_bad_frames
+from runtime.spark.arrow_codec import (
+    SOURCE_COLUMNS,
+    SOURCE_SCHEMA_DDL,
+    frames_to_record_batch,
+    spans_to_record_batch,
+    split_bad_frames,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -434,27 +440,28 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         while True:
             batch = layer.read_channel(c, after="-" if after == START_ID else after, until=until,
                                              max_entries=page, skip=skip)
-            sids, frames = batch.pending()
-            if frames:
-                yield from self._arrow(frames, sids)
+            blob, starts, lengths, sids = batch.spans()
+            if sids:
+                yield from self._arrow(blob, starts, lengths, sids)
             if not batch.last_id or (not batch.skip and compare_ids(batch.last_id, until) >= 0):
                 return
             after, skip = batch.last_id, batch.skip
             # an entry holds one persist call's chunks for this channel (1 to flush_batch_size records):
             # steer the page so that one server-side call returns about READ_TARGET_RECORDS
-            got = len(frames)
+            got = len(sids)
             if got < READ_TARGET_RECORDS // 2:
                 page = min(page * 2, MAX_READ_PAGE_ENTRIES)
             elif got > READ_TARGET_RECORDS * 2:
                 page = max(page // 2, 1)
 
-    def _arrow(self, frames: list[bytes], sids: list[int]) -> list[Any]:
+    def _arrow(self, blob: bytes, starts: list[int], lengths: list[int], sids: list[int]) -> list[Any]:
         """The Arrow batch of the frames read; one that fails its checks (a CRC mismatch) is
         failed in Redis for the dead-letter queue (by its place in its chunk) and left out, so
         the channel goes on."""
         try:
-            return [frames_to_record_batch(frames)]
+            return [spans_to_record_batch(blob, starts, lengths)]
         except FrameError:
+            frames = [blob[s : s + n] for s, n in zip(starts, lengths, strict=True)]
             good, bad = split_bad_frames(frames)
             self.layer.fail_unreadable([(sids[i], f"unreadable frame: {reason}") for i, reason in bad])
             return [frames_to_record_batch(good)] if good else []
