@@ -39,6 +39,7 @@ same layouts through names generated from the constants here.
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from collections.abc import Iterable, Sequence
@@ -70,6 +71,7 @@ __all__ = [
     "pack_chunks",
     "pack_record_chunks",
     "rekey_chunk",
+    "shard_of",
     "sid_at",
 ]
 
@@ -126,12 +128,34 @@ def sid_at(key: bytes, index: int) -> int:
     return int.from_bytes(key + index.to_bytes(2, "big"), "big", signed=True)
 
 
-def new_chunk_bases(count: int) -> list[int]:
-    """``count`` fresh chunk bases (index 0 ids): random 48-bit chunk ids, none 0, fork-safe."""
+def shard_of(sid: int, num_shards: int) -> int:
+    """The virtual shard (``ftlayer.shards``) a record lives in: the top byte of its id modulo
+    ``num_shards``. All records of a chunk share it, and a replay is drawn in its origin's shard."""
+    return ((sid >> 56) & 0xFF) % num_shards
+
+
+def new_chunk_bases(count: int, shard: int | None = None, num_shards: int = 1,
+                    among: Sequence[int] | None = None) -> list[int]:
+    """``count`` fresh chunk bases (index 0 ids): random 48-bit chunk ids, none 0, fork-safe.
+
+    With ``shard`` every base lies in that shard (:func:`shard_of`); without, the bases
+    take the shards in turn (of ``among``, default all) from a random one, so chunks spread evenly.
+    """
     out = []
-    for raw in new_ids(count):
-        base = raw & _BASE_MASK
-        out.append(base if base else (1 << INDEX_BITS))
+    pool = list(among) if among else list(range(num_shards))
+    first = int.from_bytes(os.urandom(2), "big") % len(pool)
+    for k, raw in enumerate(new_ids(count)):
+        unsigned = raw & _MASK64 & ~_INDEX_MASK
+        want = pool[(first + k) % len(pool)] if shard is None else shard
+        if num_shards > 1 or shard:
+            top = unsigned >> 56
+            top = top - top % num_shards + want
+            if top > 0xFF:
+                top -= num_shards
+            unsigned = (unsigned & ((1 << 56) - 1)) | (top << 56)
+        if not unsigned:
+            unsigned = 1 << INDEX_BITS
+        out.append(unsigned - (1 << 64) if unsigned >> 63 else unsigned)
     return out
 
 
@@ -141,6 +165,9 @@ def assign_sids(
     *,
     max_records: int = CHUNK_TARGET_RECORDS,
     max_bytes: int = CHUNK_MAX_BYTES,
+    shard: int | None = None,
+    num_shards: int = 1,
+    among: Sequence[int] | None = None,
 ) -> list[int]:
     """Source record ids for a batch of new records, grouped into chunks per channel.
 
@@ -148,7 +175,8 @@ def assign_sids(
     order, fill chunks of at most ``max_records`` records and (by ``sizes``, the
     frames' byte sizes) ``max_bytes`` bytes, a larger frame alone. Every chunk
     gets a fresh random id and its records the indexes 0, 1, ... in order, so
-    each chunk is dense.
+    each chunk is dense. Chunks go to ``shard``, or spread over the ``num_shards``
+    shards in turn (:func:`new_chunk_bases`).
     """
     by_channel: dict[int, list[int]] = {}
     for i, ch in enumerate(channels):
@@ -166,7 +194,7 @@ def assign_sids(
             used += size
         runs.append(run)
     sids = [0] * len(channels)
-    for base, run in zip(new_chunk_bases(len(runs)), runs, strict=True):
+    for base, run in zip(new_chunk_bases(len(runs), shard, num_shards, among), runs, strict=True):
         for index, i in enumerate(run):
             sids[i] = base | index
     return sids
@@ -264,12 +292,13 @@ def pack_record_chunks(
     return out
 
 
-def rekey_chunk(chunk: PackedChunk) -> PackedChunk:
-    """The same chunk under a fresh random chunk id: each frame's source record id (and CRC)
-    rewritten, holes and ack values unchanged. For a persist refused because the id was in use."""
+def rekey_chunk(chunk: PackedChunk, num_shards: int = 1) -> PackedChunk:
+    """The same chunk under a fresh random chunk id in the same shard: each frame's source record
+    id (and CRC) rewritten, holes and ack values unchanged. For a persist refused because the id
+    was in use."""
     blob = bytearray(chunk.blob)
     _, n, _, _, flen = CHUNK_IN_HEADER.unpack_from(blob)
-    base = new_chunk_bases(1)[0]
+    base = new_chunk_bases(1, shard_of(sid_at(chunk.key, 0), num_shards), num_shards)[0]
     key = ((base & _MASK64) >> INDEX_BITS).to_bytes(CHUNK_KEY_BYTES, "big")
     blob[0:CHUNK_KEY_BYTES] = key
     start = CHUNK_IN_HEADER.size + bitmap_bytes(n) + 8 * n
@@ -284,11 +313,14 @@ def rekey_chunk(chunk: PackedChunk) -> PackedChunk:
 
 
 def encode_source_chunks(
-    source_id: int, payloads: Sequence[bytes], key_hashes: Sequence[int], channels: Sequence[int],
+    source_id: int, payloads: Sequence[bytes], key_hashes: Sequence[int], channels: Sequence[int], *,
+    num_shards: int = 1,
+    among: Sequence[int] | None = None,
 ) -> list[PackedChunk]:
-    """New source records as persist input: ids drawn per channel in chunks (:func:`assign_sids`),
-    fresh current ids, frames encoded (``ftlayer.frames.encode_source_frames``). Ingest's hot path."""
-    sids = assign_sids(channels, [48 + len(p) for p in payloads])
+    """New source records as persist input: ids drawn per channel in chunks (:func:`assign_sids`,
+    spread over the shards, or over ``among``), fresh current ids, frames encoded
+    (``ftlayer.frames.encode_source_frames``). Ingest's hot path."""
+    sids = assign_sids(channels, [48 + len(p) for p in payloads], num_shards=num_shards, among=among)
     cids = new_ids(len(payloads))
     ids = [0] * (2 * len(payloads))
     ids[0::2] = sids

@@ -102,6 +102,10 @@ class FTConfig:
         "timeout_s * (1 + 1/(num_buckets - 1)) after it was persisted."))
     num_channels: int = field(default=2, metadata=_doc(
         "Channels (Spark partitions) per source, fixed per topology (1-4096)."))
+    num_shards: int = field(default=1, metadata=_doc(
+        "Virtual shards per source (1-64): each has its own hash tag, chosen so the shards of a source "
+        "spread evenly over a Valkey/Redis Cluster's primaries (ftlayer.shards). 1 keeps a source on "
+        "one slot; on a cluster, 16 lets one source use every primary. Fixed when a source registers."))
     max_replays: int = field(default=5, metadata=_doc(
         "Replays of one origin record before it is dead-lettered (>= 0)."))
     replay_backoff_initial_s: float = field(default=0.0, metadata=_doc(
@@ -184,6 +188,7 @@ class FTConfig:
         _positive("connect_timeout_s", self.connect_timeout_s)
         _at_least("num_buckets", self.num_buckets, 2)
         _between("num_channels", self.num_channels, 1, 4096)
+        _between("num_shards", self.num_shards, 1, 64)
         _at_least("max_replays", self.max_replays, 0)
         _at_least("replay_backoff_initial_s", self.replay_backoff_initial_s, 0.0)
         _at_least("replay_backoff_multiplier", self.replay_backoff_multiplier, 1.0)

@@ -26,7 +26,7 @@ from ftlayer.store import SourceStore, in_use_error
 
 log = logging.getLogger(__name__)
 _SERIALIZER = SemiDeserializedSerializer()
-_ENTRY_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
+_ENTRY_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}(@[0-9]{1,2})?$")
 
 
 class DeadLetterError(FTLayerError):
@@ -34,12 +34,63 @@ class DeadLetterError(FTLayerError):
 
 
 def check_entry_ids(entry_ids: Sequence[str]) -> list[str]:
-    """The ids as a list; :class:`DeadLetterError` naming the first that is no stream id (``<ms>-<seq>``)."""
+    """The ids as a list; :class:`DeadLetterError` naming the first that is no stream id (``<ms>-<seq>``,
+    or ``<ms>-<seq>@<shard>`` for a source with several shards)."""
     for eid in entry_ids:
-        if not _ENTRY_ID_RE.match(eid):
+        if not isinstance(eid, str) or not _ENTRY_ID_RE.match(eid):
             msg = f"invalid dead-letter entry id {eid!r}: expected a stream id like 1700000000000-0"
             raise DeadLetterError(msg)
     return list(entry_ids)
+
+
+# Entry ids of a source with several shards name their shard: ``<stream id>@<shard>`` (each shard
+# keeps its own dlq stream, and two shards may hand out the same stream id).
+
+
+def qualify(entry_id: str, shard: int, num_shards: int) -> str:
+    """``entry_id`` of shard ``shard`` as the source's callers see it."""
+    return entry_id if num_shards == 1 else f"{entry_id}@{shard}"
+
+
+def unqualify(entry_id: str, num_shards: int) -> tuple[int, str]:
+    """``(shard, stream id)`` of an entry id as callers see it; :class:`DeadLetterError` if it names no shard
+    of the source."""
+    plain, at, shard = check_entry_ids([entry_id])[0].partition("@")
+    if num_shards == 1:
+        if at and shard != "0":
+            msg = f"dead-letter entry id {entry_id!r} names shard {shard}, but the source has one shard"
+            raise DeadLetterError(msg)
+        return 0, plain
+    if not at or not int(shard) < num_shards:
+        msg = (f"dead-letter entry id {entry_id!r} must name its shard (<stream id>@<shard>, shard below "
+               f"{num_shards}): this source keeps its dead letters in {num_shards} shards")
+        raise DeadLetterError(msg)
+    return int(shard), plain
+
+
+def by_entry_shard(entry_ids: Sequence[str], num_shards: int) -> dict[int, list[str]]:
+    """Entry ids grouped by shard, as stream ids (order kept)."""
+    out: dict[int, list[str]] = {}
+    for eid in entry_ids:
+        shard, plain = unqualify(eid, num_shards)
+        out.setdefault(shard, []).append(plain)
+    return out
+
+
+def entry_order(entry_id: str) -> tuple[int, int, int]:
+    """Sort key of an entry id as callers see it: stream id, then shard."""
+    plain, _, shard = entry_id.partition("@")
+    ms, _, seq = plain.partition("-")
+    return int(ms), int(seq), int(shard or 0)
+
+
+def shard_cursor(after: str, shard: int) -> tuple[str, bool]:
+    """Where shard ``shard``'s listing starts for the merged cursor ``after``: ``(stream id, inclusive)``.
+    Entries are ordered by stream id, then shard, so a shard after the cursor's includes its id."""
+    if after == "-":
+        return "-", True
+    plain, _, at = after.partition("@")
+    return plain, shard > int(at or 0)
 
 
 @dataclass(frozen=True)
@@ -125,7 +176,7 @@ def _requeue_chunk(store: SourceStore, ids: list[str], num_channels: int) -> Req
         return RequeueResult(0, missing, undecodable)
     k = store.keys
     for _ in range(_DRAWS):
-        chunks, entry_ids = _requeue_input(todo)
+        chunks, entry_ids = _requeue_input(todo, k.shard, k.num_shards)
         (count,) = store.run_durable([(
             "REQUEUE",
             [*store.state_keys, k.dlq, *store.channel_keys(num_channels)],
@@ -139,11 +190,12 @@ def _requeue_chunk(store: SourceStore, ids: list[str], num_channels: int) -> Req
 _DRAWS = 8  # draws of new chunk ids before a requeue gives up (each collides with odds ~ live / 2**48)
 
 
-def _requeue_input(todo: list[tuple[bytes, SemiDeserializedRecord, int]]) -> tuple[bytes, bytes]:
-    """New chunks for the requeued records (fresh ids, replay count 0, origin kept) and, aligned
-    with their records, the dead letters' entry ids."""
+def _requeue_input(todo: list[tuple[bytes, SemiDeserializedRecord, int]], shard: int = 0,
+                   num_shards: int = 1) -> tuple[bytes, bytes]:
+    """New chunks for the requeued records (fresh ids in the dlq's shard, replay count 0, origin
+    kept) and, aligned with their records, the dead letters' entry ids."""
     channels = [ch for _, _, ch in todo]
-    sids = assign_sids(channels)
+    sids = assign_sids(channels, shard=shard, num_shards=num_shards)
     cids = new_ids(len(todo))
     frames = [
         _SERIALIZER.encode(SemiDeserializedRecord(
@@ -167,9 +219,10 @@ class DeadLetters:
         """Dead letters currently kept."""
         return int(self.store.client.xlen(self.store.keys.dlq))
 
-    def list(self, count: int = 100, after: str = "-") -> list[DeadLetter]:
-        """Up to ``count`` dead letters, oldest first, with entry ids greater than ``after``."""
-        start = after if after == "-" else f"({after}"
+    def list(self, count: int = 100, after: str = "-", *, inclusive: bool = False) -> list[DeadLetter]:
+        """Up to ``count`` dead letters, oldest first, with entry ids greater than ``after`` (or equal,
+        with ``inclusive``)."""
+        start = after if after == "-" or inclusive else f"({after}"
         raw: list[tuple[bytes, dict[bytes, bytes]]] = self.store.client.xrange(  # type: ignore[assignment]
             self.store.keys.dlq, min=start, max="+", count=count
         )

@@ -1,9 +1,14 @@
 """Every Redis key template, in one place (docs/keys.md shows the same layout).
 
-All keys of one source live under ``<namespace>:{<topology>/<source>}:``. The
-braces are a Redis Cluster hash tag: every key of a source maps to one slot, so
-each server-side script touches one slot and a move to Redis Cluster does not
-reshape the data. The per-source tag is the unit of scale-out.
+All keys of a source with one shard (``num_shards = 1``, the default) live under
+``<namespace>:{<topology>/<source>}:``. The braces are a Redis Cluster hash tag:
+every key of the source maps to one slot, so each server-side script touches one
+slot. With ``num_shards`` N > 1 the source's records are spread over N virtual
+shards, each with every key below but ``meta`` under its own tag
+``<namespace>:{<tag of shard k>}:`` (``ftlayer.shards.shard_tags``: chosen so the
+shards spread evenly over a cluster's primaries), and a record lives in the shard
+its id names (``ftlayer.chunks.shard_of``). ``meta`` stays under the source's own
+tag, where a reader finds ``num_shards`` before it knows the shards.
 
 ================  ======  ===============================================================
 key suffix        type    contents
@@ -42,8 +47,9 @@ key suffix        type    contents
 ``stats``         hash    counters: persisted, acked, failed_explicit, failed_timeout,
                           replayed, dead_lettered, requeued, late_deltas, duplicate_flushes,
                           refiled_unread
-``meta``          hash    num_channels, format version (3; 1 and 2 are migrated on start, see
-                          ``ftlayer.layout``), created time
+``meta``          hash    num_channels, num_shards, format version (3; 1 and 2 are migrated
+                          on start, see ``ftlayer.layout``), created time; under the source's
+                          own tag whatever the shard count
 ``lease``         string  owner token of the rotator lease (with PX expiry)
 ``tok:<batch>``   hash    applied flush tokens of one micro-batch of one query (``<query
                           id>/<batch id>``): task -> 1; deleted when the batch commits,
@@ -69,10 +75,12 @@ which sources' ``dfb`` keys to settle.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
 from ftlayer.errors import ConfigError
+from ftlayer.shards import shard_tags
 
 #: Version of the Redis layout these key names describe (``ftlayer.layout`` migrates older ones).
 FORMAT_VERSION = 3
@@ -90,20 +98,40 @@ def check_name(kind: str, name: str) -> str:
 
 @dataclass(frozen=True)
 class SourceKeys:
-    """Key names of one source. Picklable; cheap to build."""
+    """Key names of one shard of one source (shard 0 of 1: the whole source). Picklable; cheap to build."""
 
     namespace: str
     topology: str
     source: str
+    shard: int = 0
+    num_shards: int = 1
 
     def __post_init__(self) -> None:
         check_name("topology", self.topology)
         check_name("source", self.source)
+        if not 0 <= self.shard < self.num_shards:
+            msg = f"shard {self.shard} out of range 0..{self.num_shards - 1}"
+            raise ConfigError(msg)
+
+    @property
+    def tag(self) -> str:
+        """This shard's hash tag (braces excluded): ``<topology>/<source>`` when the source has one shard."""
+        base = f"{self.topology}/{self.source}"
+        return base if self.num_shards == 1 else shard_tags(base, self.num_shards)[self.shard]
 
     @property
     def prefix(self) -> str:
-        """``<namespace>:{<topology>/<source>}:``; every key of the source starts with it."""
+        """``<namespace>:{<tag>}:``; every key of the shard starts with it."""
+        return f"{self.namespace}:{{{self.tag}}}:"
+
+    @property
+    def source_prefix(self) -> str:
+        """``<namespace>:{<topology>/<source>}:``, where ``meta`` lives whatever the shard count."""
         return f"{self.namespace}:{{{self.topology}/{self.source}}}:"
+
+    def for_shard(self, shard: int) -> SourceKeys:
+        """The keys of another shard of the same source."""
+        return dataclasses.replace(self, shard=shard)
 
     def key(self, suffix: str) -> str:
         """The full name of one key of this source."""
@@ -169,7 +197,8 @@ class SourceKeys:
 
     @property
     def meta(self) -> str:
-        return self.key("meta")
+        """The source's ``meta`` (under its own tag, not the shard's: see the module notes)."""
+        return self.source_prefix + "meta"
 
     @property
     def lease(self) -> str:

@@ -1,6 +1,7 @@
 """FTLayer: the facade over one source's fault-tolerance state in Redis.
 
-It bundles the parts of the original design's FTLayer for one source:
+It bundles the parts of the original design's FTLayer for one source (per virtual
+shard, ``ftlayer.shard``; one shard unless ``num_shards`` says more):
 persistence (``persist``), the AckerTable (``xor``, ``ack``), explicit failing
 (``fail``), timeouts (``on_timeout``: rotate the bucket map) and the replayer
 (``replay_due``), plus dead letters and counters. Both kinds of failure end in
@@ -11,32 +12,49 @@ Picklable: executors receive it inside closures and reconnect by URL.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import redis
 
-from ftlayer.acker_table import AckerTable, FlushResult
+from ftlayer.acker_table import FlushResult
 from ftlayer.batch_acks import BatchAcks
-from ftlayer.chunks import PackedChunk, encode_source_chunks
+from ftlayer.chunks import PackedChunk, encode_source_chunks, shard_of, sid_at
 from ftlayer.config import FTConfig
-from ftlayer.dead_letters import DeadLetter, DeadLetters, RequeueResult
-from ftlayer.errors import InvalidIdError
+from ftlayer.dead_letters import (
+    DeadLetter,
+    RequeueResult,
+    by_entry_shard,
+    entry_order,
+    qualify,
+    shard_cursor,
+    unqualify,
+)
+from ftlayer.errors import ConfigError, InvalidIdError
 from ftlayer.flush_tokens import FlushToken
 from ftlayer.frames import SemiDeserializedRecord
 from ftlayer.keys import SourceKeys
-from ftlayer.persistence import ChannelBatch, PersistenceLayer
-from ftlayer.replayer import Replayer, ReplayResult, ReplayRouter
-from ftlayer.rotating_map import ExpiredCallback, RotateResult, RotatingBucketMap
+from ftlayer.persistence import ChannelBatch
+from ftlayer.replayer import ReplayResult, ReplayRouter
+from ftlayer.rotating_map import ExpiredCallback, RotateResult
 from ftlayer.server_settings import check_server_settings
-from ftlayer.store import Clock, SourceStore
+from ftlayer.shard import Shard, by_shard, shard_ids, split_by_shard
+from ftlayer.store import Clock
 
 __all__ = ["FTLayer"]
 
 
 class FTLayer:
-    """Fault-tolerance state of one source of one topology."""
+    """Fault-tolerance state of one source of one topology, over its shards (``ftlayer.shard``).
+
+    With ``config.num_shards`` = 1 (the default) there is one shard and ``store``, ``acker``,
+    ``persistence``, ``buckets``, ``replayer`` and ``dead_letters`` are its parts. With more,
+    those name shard 0's parts, and every method here routes by shard: a call's ids are split
+    by the shard they name and each shard gets one call of its own (one slot each, so a
+    cluster spreads them over its primaries). Results are merged.
+    """
 
     def __init__(
         self,
@@ -56,31 +74,59 @@ class FTLayer:
         self.config = config
         self.source_id = source_id
         self.num_channels = num_channels or config.num_channels
+        self.num_shards = config.num_shards
         # outage_budget_s > 0 (Spark tasks): commands wait out a Redis outage (ftlayer.outage)
-        self.store = SourceStore(config, topology, source, client=client, clock=clock,
-                                 outage_budget_s=outage_budget_s)
-        self.acker = AckerTable(self.store)
-        self.persistence = PersistenceLayer(self.store, self.num_channels)
-        self.buckets = RotatingBucketMap(self.store, owner=owner, on_expired=on_expired)
-        self.replayer = Replayer(self.store, self.num_channels, replay_router)
-        self.dead_letters = DeadLetters(self.store)
+        self.shards = [
+            Shard(config, topology, source, k, num_channels=self.num_channels, replay_router=replay_router,
+                  client=client, clock=clock, on_expired=on_expired, owner=owner, outage_budget_s=outage_budget_s)
+            for k in range(self.num_shards)
+        ]
+        # the shards this process files new records in (all by default; see write_shards)
+        self.ingest_shards: list[int] | None = None
+        first = self.shards[0]
+        self.store = first.store
+        self.acker = first.acker
+        self.persistence = first.persistence
+        self.buckets = first.buckets
+        self.replayer = first.replayer
+        self.dead_letters = first.dead_letters
+
+    @classmethod
+    def registered(cls, config: FTConfig, topology: str, source: str, **kw: Any) -> FTLayer:
+        """A layer of an existing source with the shard count it registered with (tools that
+        inspect or manage a source: ``ftlayer dlq``); ``config.num_shards`` if it is not registered."""
+        layer = cls(config, topology, source, **kw)
+        raw = layer.store.client.hget(layer.keys.meta, "num_shards")
+        shards = int(raw) if raw is not None else config.num_shards
+        return layer if shards == layer.num_shards else cls(config.replace(num_shards=shards), topology, source, **kw)
 
     def open(self) -> FTLayer:
-        """Check the server's settings, then register the source or check its channel count.
+        """Check the server's settings, then register the source or check its channel and shard counts.
 
         Raises :class:`EvictionPolicyError` if the server may evict keys, and in
         'waitaof' mode :class:`DurabilityError` if its AOF cannot confirm an fsync
-        (see ``ftlayer.server_settings``); nothing is written then.
+        (see ``ftlayer.server_settings``); nothing is written then. A source registered
+        with another ``num_shards`` raises :class:`ConfigError` naming both.
         """
         k = self.store.keys
-        check_server_settings(self.store.node_client(), self.config.durability, f"source {k.topology}/{k.source}")
-        self.persistence.check_channels()
+        where = f"source {k.topology}/{k.source}"
+        nodes: dict[tuple[object, ...], redis.Redis] = {}
+        for shard in self.shards:
+            node = shard.store.node_client()
+            kw = node.connection_pool.connection_kwargs
+            nodes.setdefault((kw.get("host"), kw.get("port"), kw.get("path")), node)
+        for node in nodes.values():
+            check_server_settings(node, self.config.durability, where)
+        self.check_channels()
         return self
 
     # --- the record life cycle -------------------------------------------------
     def persist(self, records: Sequence[SemiDeserializedRecord]) -> int:
-        """Persist source records (atomic per batch, durable per mode); returns new count."""
-        return self.persistence.persist(records)
+        """Persist source records (atomic per call, durable per mode); returns new count."""
+        if self.num_shards == 1:
+            return self.persistence.persist(records)
+        groups = by_shard(records, lambda r: r.record_id.source_record_id, self.num_shards)
+        return sum(self.shards[k].persistence.persist(group) for k, group in groups.items())
 
     def xor(
         self,
@@ -91,20 +137,52 @@ class FTLayer:
         no_replay: Collection[int] = (),
     ) -> FlushResult:
         """Apply XOR deltas (and explicit fails; those in ``no_replay`` are dead-lettered without
-        replays) at most once per token."""
-        return self.acker.xor(deltas, token=token, fails=fails, no_replay=no_replay)
+        replays) at most once per token (per shard: each shard's call carries the same token)."""
+        if self.num_shards == 1:
+            return self.acker.xor(deltas, token=token, fails=fails, no_replay=no_replay)
+        try:
+            pairs = list(deltas.items()) if isinstance(deltas, Mapping) else list(deltas)
+            delta_parts = by_shard(pairs, lambda p: p[0], self.num_shards)
+            fail_parts = split_by_shard(fails or {}, self.num_shards)
+        except TypeError:  # not ids at all: the acker names the first bad one and applies nothing
+            return self.acker.xor(deltas, token=token, fails=fails, no_replay=no_replay)
+        result = FlushResult()
+        for k in sorted(set(delta_parts) | set(fail_parts)):
+            result = result.merge(self.shards[k].acker.xor(
+                delta_parts.get(k, []), token=token, fails=fail_parts.get(k), no_replay=no_replay))
+        return result
 
     def ack(self, current_ids: Mapping[int, int], *, token: str | FlushToken | None = None) -> FlushResult:
         """Ack ``{source_record_id: current_record_id}`` (the last XOR of a record's life)."""
-        return self.acker.ack(current_ids, token=token)
+        return self.xor(current_ids, token=token)
 
     def complete(self, deltas: Mapping[int, int]) -> FlushResult:
         """Apply only the deltas that complete their record (no token needed; see AckerTable)."""
-        return self.acker.complete(deltas)
+        if self.num_shards == 1:
+            return self.acker.complete(deltas)
+        try:
+            parts = split_by_shard(deltas, self.num_shards)
+        except TypeError:
+            return self.acker.complete(deltas)
+        result = FlushResult()
+        for k, part in parts.items():
+            result = result.merge(self.shards[k].acker.complete(part))
+        return result
 
     def pending_of(self, source_record_ids: Sequence[int]) -> list[bool]:
         """Per id: still pending? (read-only; see AckerTable.pending_of)"""
-        return self.acker.pending_of(source_record_ids)
+        if self.num_shards == 1:
+            return self.acker.pending_of(source_record_ids)
+        try:
+            where = shard_ids(source_record_ids, self.num_shards)
+        except TypeError:
+            return self.acker.pending_of(source_record_ids)
+        out = [False] * len(source_record_ids)
+        for k in set(where):
+            idx = [i for i, w in enumerate(where) if w == k]
+            for i, got in zip(idx, self.shards[k].acker.pending_of([source_record_ids[i] for i in idx]), strict=True):
+                out[i] = got
+        return out
 
     def fail(self, source_record_ids: Iterable[int], reason: str = "failed explicitly") -> int:
         """Fail pending records now (explicit fail); returns how many were still pending.
@@ -117,22 +195,28 @@ class FTLayer:
             what = type(source_record_ids).__name__
             msg = f"fail on source {self.store.keys.prefix!r}: expected an iterable of source record ids, got {what}"
             raise InvalidIdError(msg) from exc
-        return self.acker.xor({}, fails=fails).failed
+        return self.xor({}, fails=fails).failed
 
     def on_timeout(self, *, use_lease: bool = False) -> RotateResult:
-        """Rotate the timeout buckets once; still-pending records of the expired one fail."""
-        return self.buckets.rotate(use_lease=use_lease)
+        """Rotate the timeout buckets of every shard once; still-pending records of the expired ones fail."""
+        results = [shard.buckets.rotate(use_lease=use_lease) for shard in self.shards]
+        first = results[0]
+        return RotateResult(any(r.rotated for r in results), first.gen,
+                            [sid for r in results for sid in r.expired], max(r.steps for r in results))
 
     def persist_frames(self, frames: Sequence[bytes]) -> int:
         """Persist encoded frames (grouped into chunks by their ids); as :meth:`persist`."""
-        return self.persistence.persist_frames(frames)
+        if self.num_shards == 1:
+            return self.persistence.persist_frames(frames)
+        groups = by_shard(frames, lambda f: int.from_bytes(f[8:16], "big", signed=True), self.num_shards)
+        return sum(self.shards[k].persistence.persist_frames(group) for k, group in groups.items())
 
     def persist_new(self, payloads: Sequence[bytes], key_hashes: Sequence[int], channels: Sequence[int]) -> int:
         """Persist new source records from their parts, under ids drawn here (ingest's hot path).
 
-        The ids are drawn per channel in chunks (``ftlayer.chunks.assign_sids``); a chunk id
-        found in use is drawn again. For a retry after a lost reply, use :meth:`new_chunks`
-        and :meth:`persist_chunks` and send the same chunks again.
+        The ids are drawn per channel in chunks (``ftlayer.chunks.assign_sids``), the chunks
+        spread over the shards; a chunk id found in use is drawn again. For a retry after a
+        lost reply, use :meth:`new_chunks` and :meth:`persist_chunks` and send the same chunks again.
         """
         return self.persist_chunks(self.new_chunks(payloads, key_hashes, channels))
 
@@ -140,69 +224,135 @@ class FTLayer:
         self, payloads: Sequence[bytes], key_hashes: Sequence[int], channels: Sequence[int],
     ) -> list[PackedChunk]:
         """New source records as packed chunks under freshly drawn ids (see :meth:`persist_new`)."""
-        return encode_source_chunks(self.source_id, payloads, key_hashes, channels)
+        return encode_source_chunks(self.source_id, payloads, key_hashes, channels, num_shards=self.num_shards,
+                                    among=self.ingest_shards)
+
+    def write_shards(self, worker: int, workers: int) -> list[int]:
+        """Let this process file new records only in its share of the shards: ingest worker
+        ``worker`` of ``workers`` takes the shards ``k`` with ``k % workers == worker`` (all of
+        them if there are fewer shards than workers). Several processes that ingest into one
+        source then write disjoint shards. Returns the shards taken."""
+        own = [k for k in range(self.num_shards) if k % workers == worker] if workers > 0 else []
+        self.ingest_shards = own or None
+        return own or list(range(self.num_shards))
 
     def persist_chunks(self, chunks: list[PackedChunk]) -> int:
         """Persist chunks from :meth:`new_chunks`; chunk ids in use are drawn again (in place)."""
-        return self.persistence.persist_chunks(chunks, rekey=True)
+        if self.num_shards == 1:
+            return self.persistence.persist_chunks(chunks, rekey=True)
+        total = 0
+        places = by_shard(range(len(chunks)), lambda i: sid_at(chunks[i].key, 0), self.num_shards)
+        for k, idx in places.items():
+            group = [chunks[i] for i in idx]
+            total += self.shards[k].persistence.persist_chunks(group, rekey=True)
+            for i, chunk in zip(idx, group, strict=True):
+                chunks[i] = chunk  # a re-keyed chunk replaces the one the caller holds
+        return total
 
     # --- the read side (the FT source) and the DataFrame path ---------------------------
     def check_channels(self) -> None:
-        """Register the source's channel count, or check it against the recorded one (see :meth:`open`)."""
-        self.persistence.check_channels()
+        """Register the source's channel and shard counts, or check them against the recorded ones
+        (see :meth:`open`)."""
+        recorded = self.store.recorded_shards()
+        if recorded is not None and recorded != self.num_shards:
+            k = self.store.keys
+            msg = (f"source {k.topology}/{k.source} was registered with num_shards = {recorded}, this run "
+                   f"asks for {self.num_shards}: the shard count of a source is fixed (set num_shards = "
+                   f"{recorded}, or drain the source and start another one)")
+            raise ConfigError(msg)
+        self.persistence.check_channels(shards=[s.store for s in self.shards])
 
-    def read_channel(self, channel: int, **kw: Any) -> ChannelBatch:
-        """One bounded read of a channel (``PersistenceLayer.read_channel``; same arguments)."""
-        return self.persistence.read_channel(channel, **kw)
+    def read_channel(self, channel: int, *, shard: int = 0, **kw: Any) -> ChannelBatch:
+        """One bounded read of a channel of one shard (``PersistenceLayer.read_channel``; same arguments)."""
+        return self.shards[shard].persistence.read_channel(channel, **kw)
 
     def fail_unreadable(self, records: Sequence[tuple[int, str]]) -> int:
         """Dead-letter ``(source record id, reason)`` of records whose stored frame fails its checks
         (``PersistenceLayer.fail_unreadable``)."""
-        return self.persistence.fail_unreadable(records)
+        groups = by_shard(records, lambda r: r[0], self.num_shards)
+        return sum(self.shards[k].persistence.fail_unreadable(group) for k, group in groups.items())
 
     def record_batch_reads(self, query_id: str, batch_id: int, sids: Sequence[int]) -> None:
         """DataFrame path: file the ids a read task emitted for ``batch_id`` of ``query_id``."""
-        BatchAcks(self.store).record(query_id, batch_id, sids)
+        for k, group in by_shard(sids, lambda s: s, self.num_shards).items():
+            BatchAcks(self.shards[k].store).record(query_id, batch_id, group)
 
     def settle_batch(self, query_id: str, batch_id: int, mode: Literal["ack", "fail"], reason: str = "") -> int:
         """DataFrame path: ack (or fail) every still-pending record the batch's read tasks emitted."""
-        return BatchAcks(self.store).settle(query_id, batch_id, mode, reason)
+        return sum(BatchAcks(shard.store).settle(query_id, batch_id, mode, reason) for shard in self.shards)
 
     def replay_due(self) -> ReplayResult:
         """Replay (or dead-letter) every failure whose backoff has passed."""
-        return self.replayer.replay_all_due()
+        total = ReplayResult()
+        for shard in self.shards:
+            total = total.plus(shard.replayer.replay_all_due())
+        return total
 
     # --- inspection ---------------------------------------------------------------
     def pending_count(self) -> int:
-        return self.acker.pending_count()
+        """Source records persisted and neither completed nor failed, over every shard."""
+        if self.num_shards == 1:
+            return self.acker.pending_count()
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.shards:
+            pipe.get(shard.store.keys.live)
+        return sum(int(v or 0) for v in pipe.execute())
 
     def stats(self) -> dict[str, int]:
-        return self.store.stats()
+        """Counters and live sizes, summed over the shards (``gen``: the highest bucket generation)."""
+        out = self.store.stats()
+        for shard in self.shards[1:]:
+            more = shard.store.stats()
+            for key, value in more.items():
+                out[key] = max(out[key], value) if key == "gen" else out.get(key, 0) + value
+        return out
 
     # --- dead letters ---------------------------------------------------------------
     def dead_letter(self, record: SemiDeserializedRecord, reason: str) -> str:
         """Set aside a record that never became pending (at most once per record); its entry id."""
-        return self.dead_letters.add(record, reason)
+        shard = shard_of(record.record_id.source_record_id, self.num_shards)
+        return qualify(self.shards[shard].dead_letters.add(record, reason), shard, self.num_shards)
 
     def dead_letter_count(self) -> int:
-        return self.dead_letters.count()
+        return sum(shard.dead_letters.count() for shard in self.shards)
 
     def list_dead_letters(self, count: int = 100, after: str = "-") -> list[DeadLetter]:
-        """Up to ``count`` dead letters after entry id ``after``, oldest first."""
-        return self.dead_letters.list(count=count, after=after)
+        """Up to ``count`` dead letters after entry id ``after``, oldest first (with more than one shard,
+        ids name their shard: ``<stream id>@<shard>``, ordered by stream id, then shard)."""
+        if self.num_shards == 1:
+            return self.dead_letters.list(count=count, after=after)
+        merged: list[DeadLetter] = []
+        for k, shard in enumerate(self.shards):
+            start, inclusive = shard_cursor(after, k)
+            merged += [dataclasses.replace(d, entry_id=qualify(d.entry_id, k, self.num_shards))
+                       for d in shard.dead_letters.list(count=count, after=start, inclusive=inclusive)]
+        merged.sort(key=lambda d: entry_order(d.entry_id))
+        return merged[:count]
 
     def get_dead_letter(self, entry_id: str) -> DeadLetter | None:
-        return self.dead_letters.get(entry_id)
+        """One dead letter by entry id (as :meth:`list_dead_letters` gives it), or None."""
+        shard, plain = unqualify(entry_id, self.num_shards)
+        got = self.shards[shard].dead_letters.get(plain)
+        return None if got is None else dataclasses.replace(got, entry_id=qualify(got.entry_id, shard, self.num_shards))
 
     def purge_dead_letters(self, entry_ids: Sequence[str]) -> int:
         """Delete dead letters; returns how many existed."""
-        return self.dead_letters.purge(entry_ids)
+        groups = by_entry_shard(entry_ids, self.num_shards)
+        return sum(self.shards[k].dead_letters.purge(ids) for k, ids in groups.items())
 
     def requeue_dead_letters(self, entry_ids: Sequence[str], num_channels: int | None = None) -> RequeueResult:
         """Persist dead letters again as new records (replay count 0), routed over ``num_channels``
-        (default: the count the source recorded, else this layer's)."""
+        (default: the count the source recorded, else this layer's), each in its own shard."""
         n = num_channels or self.recorded_channels() or self.num_channels
-        return self.dead_letters.requeue(entry_ids, n)
+        result = RequeueResult()
+        for k, ids in by_entry_shard(entry_ids, self.num_shards).items():
+            step = self.shards[k].dead_letters.requeue(ids, n)
+            result = RequeueResult(
+                result.requeued + step.requeued,
+                result.missing + [qualify(e, k, self.num_shards) for e in step.missing],
+                result.undecodable + [qualify(e, k, self.num_shards) for e in step.undecodable],
+            )
+        return result
 
     def recorded_channels(self) -> int | None:
         """The channel count the source's data was written with, or None if none is recorded."""
@@ -211,7 +361,7 @@ class FTLayer:
     # --- names and inspection ----------------------------------------------------------
     @property
     def keys(self) -> SourceKeys:
-        """The source's key names (read-only inspection: status, benchmarks, chaos checks)."""
+        """The source's key names (shard 0's; read-only inspection: status, benchmarks, chaos checks)."""
         return self.store.keys
 
     @property
@@ -220,13 +370,17 @@ class FTLayer:
         return self.store.client
 
     def trim_channel(self, channel: int) -> None:
-        """Trim a channel stream to its tail (tools that persist without a query reading them)."""
-        self.persistence.trim(channel, self.persistence.channel_tail(channel))
+        """Trim a channel stream of every shard to its tail (tools that persist without a query reading them)."""
+        for shard in self.shards:
+            shard.persistence.trim(channel, shard.persistence.channel_tail(channel))
 
     def disconnect(self) -> None:
         """Close this layer's pooled connections (they reopen on the next call)."""
         self.store.client.connection_pool.disconnect()
 
     def leftovers(self) -> list[str]:
-        """Key suffixes still holding state that a drained source should not have."""
-        return self.store.leftover_keys()
+        """Key suffixes still holding state that a drained source should not have (with more than
+        one shard, prefixed by ``<shard>/``)."""
+        if self.num_shards == 1:
+            return self.store.leftover_keys()
+        return sorted(f"{k}/{suffix}" for k, shard in enumerate(self.shards) for suffix in shard.store.leftover_keys())

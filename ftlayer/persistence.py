@@ -185,35 +185,43 @@ class PersistenceLayer:
         self.store = store
         self.num_channels = num_channels
 
-    def check_channels(self) -> None:
+    def check_channels(self, shards: Sequence[SourceStore] = ()) -> None:
         """Register a new source, or match the channel count its data was written with.
 
-        A different count is taken over only if the source is drained (nothing
-        pending, nothing waiting for replay; dead letters do not count): the
-        recorded count is changed and the old channel streams are emptied, in one
-        server-side step. Otherwise :class:`ChannelCountMismatchError` names both
-        counts and what is still in flight. Run this only once the query that
-        used the old count has stopped; Spark needs a new checkpoint, since a
-        checkpoint's offsets name the old channels.
+        ``shards`` are the stores of every shard of the source (default: this layer's store
+        alone, a one-shard source). A different count is taken over only if every shard is
+        drained (nothing pending, nothing waiting for replay; dead letters do not count):
+        each shard's channel streams are emptied, then the recorded count is changed if it
+        still is the one read. Otherwise :class:`ChannelCountMismatchError` names both
+        counts and what is still in flight. Run this only once the query that used the old
+        count has stopped; Spark needs a new checkpoint, since a checkpoint's offsets name
+        the old channels.
         """
+        stores = list(shards) or [self.store]
         k = self.store.keys
-        ensure_layout(self.store)  # a source written by an older ftlayer
+        if k.num_shards == 1:
+            ensure_layout(self.store)  # a source written by an older ftlayer
         for _ in range(3):  # a concurrent change of the recorded count: read it again
             recorded = self.store.recorded_channels()
             if recorded is None:
                 self.store.register(self.num_channels)
-                return
-            if recorded == self.num_channels:
-                return
-            keys = [k.meta, k.chunks, k.failed, k.live, *(k.channel(c) for c in range(recorded))]
-            reply = self.store.run("RESCALE", keys, [recorded, self.num_channels])
-            if int(reply[0]) == 1:
+            elif recorded != self.num_channels:
+                pending = failed = 0
+                for st in stores:
+                    sk = st.keys
+                    reply = st.run("RESCALE", [sk.chunks, sk.failed, sk.live,
+                                               *(sk.channel(c) for c in range(recorded))], [])
+                    pending, failed = pending + int(reply[1]), failed + int(reply[2])
+                if pending or failed:
+                    check_channel_count(recorded, self.num_channels, f"{k.topology}/{k.source}",
+                                        pending=pending, failed=failed)
+                if not int(self.store.run("META_CAS", [k.meta], ["num_channels", recorded, self.num_channels])):
+                    continue
                 log.warning("source %s/%s: channel count changed from %d to %d (the source was drained)",
                             k.topology, k.source, recorded, self.num_channels)
-                return
-            if int(reply[0]) == 0:
-                check_channel_count(recorded, self.num_channels, f"{k.topology}/{k.source}",
-                                    pending=int(reply[1]), failed=int(reply[2]))
+            for st in stores[1:]:
+                st.register_shard()
+            return
         msg = f"source {k.topology}/{k.source}: its recorded channel count keeps changing; is another driver running?"
         raise ChannelCountMismatchError(msg)
 
@@ -285,7 +293,7 @@ class PersistenceLayer:
                 raise in_use_error(self.store.keys, refused[0][1], "persist")
             for g, _ in refused:
                 start, end = groups[g]
-                chunks[start:end] = [rekey_chunk(c) for c in chunks[start:end]]
+                chunks[start:end] = [rekey_chunk(c, self.store.keys.num_shards) for c in chunks[start:end]]
             todo = [g for g, _ in refused]
         raise in_use_error(self.store.keys, refused[0][1], "persist")
 

@@ -43,13 +43,14 @@ assert _FAILED_HEADER.size == FAILED_PREFIX
 _DRAWS = 8  # draws of new chunk ids before a replay gives up (each collides with odds ~ live / 2**48)
 
 
-def _replay_chunks(replays: list[tuple[int, SemiDeserializedRecord, int]]) -> tuple[bytes, bytes]:
-    """The REPLAY input for ``replays``: new chunks (fresh ids, grouped per channel) and, aligned
-    with their records, the old ids."""
+def _replay_chunks(replays: list[tuple[int, SemiDeserializedRecord, int]], shard: int = 0,
+                   num_shards: int = 1) -> tuple[bytes, bytes]:
+    """The REPLAY input for ``replays``: new chunks (fresh ids in the shard of the failures,
+    grouped per channel) and, aligned with their records, the old ids."""
     if not replays:
         return b"", b""
     channels = [ch for _, _, ch in replays]
-    sids = assign_sids(channels)
+    sids = assign_sids(channels, shard=shard, num_shards=num_shards)
     cids = new_ids(len(replays))
     frames = [
         _SERIALIZER.encode(rec.replayed(RecordId(sid, cid), ch))
@@ -194,7 +195,7 @@ class Replayer:
         """
         k = self.store.keys
         for _ in range(_DRAWS):
-            chunks, olds = _replay_chunks(replays)
+            chunks, olds = _replay_chunks(replays, k.shard, k.num_shards)
             ((replayed, dead_n),) = self.store.run_durable([(
                 "REPLAY",
                 [*self.store.state_keys, k.dlq, *self.store.channel_keys(self.num_channels)],

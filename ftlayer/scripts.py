@@ -531,20 +531,27 @@ return id
 """
 
 RESCALE = r"""
--- rescale: change the channel count of a drained source.
--- KEYS: meta, ck, failed, live, channel streams ch:0 .. ch:<recorded count - 1>
--- ARGV: recorded count (as read by the caller), new count
--- Returns: {1, 0, 0} if the count is now the new one; {0, pending records, failed} if records
--- are still in flight (nothing changed); {-1, current count} if the recorded count
--- changed since the caller read it. On success the old channel streams are emptied
--- (they can only name settled chunks; their last ids stay, so readers never go back).
-local cur = redis.call('HGET', KEYS[1], 'num_channels')
-if cur ~= ARGV[1] then return {-1, tonumber(cur or '0')} end
-local chunks, failed = redis.call('HLEN', KEYS[2]), redis.call('HLEN', KEYS[3])
-if chunks > 0 or failed > 0 then return {0, tonumber(redis.call('GET', KEYS[4]) or '0'), failed} end
-for i = 5, #KEYS do redis.call('XTRIM', KEYS[i], 'MAXLEN', 0) end
-redis.call('HSET', KEYS[1], 'num_channels', ARGV[2])
+-- rescale: empty the channel streams of a drained shard, so its channel count may change.
+-- KEYS: ck, failed, live, channel streams ch:0 .. ch:<recorded count - 1>
+-- ARGV: (none)
+-- Returns: {1, 0, 0} if the shard is drained (nothing pending, nothing failed and waiting for a
+-- replay) and its streams are now empty; {0, pending records, failed} if records are still in
+-- flight (nothing changed). Emptied streams can only name settled chunks; their last ids stay,
+-- so readers never go back. The caller then changes the count in `meta` (META_CAS).
+local chunks, failed = redis.call('HLEN', KEYS[1]), redis.call('HLEN', KEYS[2])
+if chunks > 0 or failed > 0 then return {0, tonumber(redis.call('GET', KEYS[3]) or '0'), failed} end
+for i = 4, #KEYS do redis.call('XTRIM', KEYS[i], 'MAXLEN', 0) end
 return {1, 0, 0}
+"""
+
+META_CAS = r"""
+-- meta_cas: set a field of a source's meta if it still holds the value the caller read.
+-- KEYS: meta
+-- ARGV: field, expected value, new value
+-- Returns: 1 if set, 0 if the field held something else (nothing changed).
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
 """
 
 READ_CHANNEL = (
@@ -755,7 +762,7 @@ return {settled, redis.call('LLEN', KEYS[12])}
 #: Every script the store may run; each gets the shebang and :data:`~ftlayer.lua_lib.LAYOUT` in front.
 SCRIPT_NAMES = (
     "PERSIST", "FLUSH", "ROTATE", "EXPIRE", "REPLAY", "READ_CHANNEL", "LEASE", "RELEASE", "TRIM_DONE", "REQUEUE",
-    "DEAD_LETTER", "RESCALE", "BATCH_SETTLE", "PENDING", "MIGRATE",
+    "DEAD_LETTER", "RESCALE", "BATCH_SETTLE", "PENDING", "MIGRATE", "META_CAS",
 )
 #: First line of every script: a ``#!lua`` shebang makes the server hold a script to the
 #: keys it declares (a cluster refuses any other key; Redis >= 7.0 or Valkey needed).

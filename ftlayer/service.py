@@ -1,7 +1,8 @@
 """FTService: the driver-side loop that rotates timeout buckets and runs the replayer.
 
-One thread per driver serves every source of a topology. Each tick it renews
-the rotator lease of each source, rotates a source's buckets when its
+One thread per driver serves every source of a topology, each shard of a source
+on its own (``ftlayer.shard``: own generation, lease and buckets). Each tick it renews
+the rotator lease of each shard, rotates a source's buckets when its
 rotation interval ``timeout_s / (num_buckets - 1)`` has passed (only while it
 holds the lease, so two drivers never rotate the same source twice as fast),
 replays every due failure, and trims channel-stream entries whose records
@@ -44,6 +45,7 @@ from redis.backoff import ExponentialBackoff
 
 from ftlayer.errors import FTLayerError, LeaseLostError, ServiceStoppedError
 from ftlayer.layer import FTLayer
+from ftlayer.shard import Shard
 from ftlayer.store import Clock
 
 log = logging.getLogger(__name__)
@@ -70,12 +72,14 @@ class FTService:
             msg = "FTService needs at least one source"
             raise FTLayerError(msg)
         self.layers = list(layers)
+        # every shard of every source is rotated, scanned, replayed and trimmed on its own (own lease)
+        self._units: list[Shard] = [shard for layer in self.layers for shard in layer.shards]
         cfg = self.layers[0].config
         self.clock = clock or time.monotonic
         self.interval_s = cfg.rotation_interval_s
         self.tick_s = tick_s if tick_s is not None else min(0.25, self.interval_s / 4)
         self.lease_ttl_s = lease_ttl_s if lease_ttl_s is not None else max(3 * self.interval_s, 2.0)
-        self._schedule: dict[int, tuple[float, int]] = {}  # source -> (lease taken at, gen then)
+        self._schedule: dict[int, tuple[float, int]] = {}  # unit (a shard) -> (lease taken at, gen then)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rotations = 0
@@ -100,29 +104,29 @@ class FTService:
         that failed resumes on the next tick where it stopped.
         """
         now = self.clock()
-        for i, layer in enumerate(self.layers):
-            holds = layer.buckets.acquire_lease(self.lease_ttl_s)
+        for i, shard in enumerate(self._units):
+            holds = shard.buckets.acquire_lease(self.lease_ttl_s)
             if holds:
                 if i not in self._schedule:
-                    self._schedule[i] = (now, layer.buckets.current_gen())
+                    self._schedule[i] = (now, shard.buckets.current_gen())
                 start, base = self._schedule[i]
                 due = int((now - start) // self.interval_s)
                 if due > 0:
                     try:
-                        result = layer.buckets.rotate(use_lease=True, to_gen=base + due, expire=False)
+                        result = shard.buckets.rotate(use_lease=True, to_gen=base + due, expire=False)
                     except LeaseLostError:
                         self._schedule.pop(i, None)
                         continue
                     self.rotations += result.steps
-                layer.buckets.expire_pending()
+                shard.buckets.expire_pending()
             else:
                 self._schedule.pop(i, None)
             # one bounded replay pass per tick, so a replay storm cannot starve rotation or the lease
-            layer.replayer.replay_due()
+            shard.replayer.replay_due()
             # trimming finished head entries is clean-up for a drained source (a running query
-            # trims on every batch), and it costs a lookup per record of the head entry: not every tick
+            # trims on every batch), and it costs a lookup per chunk of the head entry: not every tick
             if now - self._last_trim.get(i, float("-inf")) >= self.trim_every_s:
-                layer.persistence.trim_done()
+                shard.persistence.trim_done()
                 self._last_trim[i] = now
 
     def run_once(self) -> bool:
@@ -182,12 +186,12 @@ class FTService:
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
-        for layer in self.layers:
+        for shard in self._units:
             try:
-                layer.persistence.trim_done()
-                layer.buckets.release_lease()
+                shard.persistence.trim_done()
+                shard.buckets.release_lease()
             except FTLayerError:
-                log.warning("could not release the rotator lease of %s", layer.store.keys.prefix)
+                log.warning("could not release the rotator lease of %s", shard.store.keys.prefix)
 
     @property
     def alive(self) -> bool:

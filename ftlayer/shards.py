@@ -6,6 +6,9 @@ slot ranges. Today every key of a source shares one tag (``{<topology>/<source>}
 see :mod:`ftlayer.keys`), so a source lives on one slot of one primary. To scale
 out, a source is split into ``num_shards`` virtual shards, each with its own tag.
 
+:class:`~ftlayer.layer.FTLayer` (through ``ftlayer.shard``) keeps a source with
+``num_shards`` N in these N shards; this module chooses their tags and routes ids.
+
 Why tags are chosen, not named: naive names (``src/0`` ... ``src/15``) hash to
 arbitrary slots, and 16 of them landed 7/6/3 on 3 primaries. Here shard ``i`` of
 ``N`` gets a *target slot*, the middle of the ``i``-th of ``N`` equal slices of
@@ -28,9 +31,12 @@ Contract:
 - **Distinct sources, distinct slots (mostly).** ``base`` is part of every
   candidate, so two sources' shard ``i`` usually land on different slots of the
   same window, and a resharding can move them apart.
-- **Routing.** :func:`shard_of` maps an origin id to a shard by a 64-bit hash,
-  so a record, its replays and its requeues (which keep the origin id) always
-  stay in one shard. Ids are spread evenly over shards however they were drawn.
+- **Routing.** :func:`shard_of` maps an id to a shard by its top byte modulo
+  N (``ftlayer.chunks.shard_of``): every record of a chunk shares its shard, and
+  ftlayer draws the ids of a replay or a requeue in the shard of the failed
+  record, so a record, its replays and its requeues (which keep the origin id)
+  always stay in the origin's shard. Ids ftlayer draws at random spread evenly
+  (for N dividing 256 exactly; otherwise within 1/256).
 - Cost: choosing the tags tries about ``16384 / (2*window+1)`` candidates per
   shard (about 270 for ``N = 16``); results are cached per ``(base, N)``.
 """
@@ -43,6 +49,7 @@ from dataclasses import dataclass
 import xxhash
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
+from ftlayer.chunks import shard_of as chunk_shard_of
 from ftlayer.errors import ConfigError, InvalidArgumentError
 
 __all__ = [
@@ -124,12 +131,13 @@ def _choose_tags(base: str, num_shards: int) -> tuple[str, ...]:
 
 
 def shard_of(origin_id: int, num_shards: int = DEFAULT_NUM_SHARDS) -> int:
-    """The shard of a record by its origin id: stable, so replays stay in the record's shard."""
+    """The shard of a record by its id (an origin id, or any id of its replays): stable, so
+    replays stay in the record's shard (``ftlayer.chunks.shard_of``)."""
     _check_num_shards(num_shards)
     if type(origin_id) is not int or not _I64_MIN <= origin_id <= _I64_MAX:
         msg = f"origin_id must be a signed 64-bit int, got {origin_id!r}"
         raise InvalidArgumentError(msg)
-    return int(xxhash.xxh64_intdigest(origin_id.to_bytes(8, "big", signed=True)) % num_shards)
+    return chunk_shard_of(origin_id, num_shards)
 
 
 def spread(slots: list[int] | tuple[int, ...], ranges: tuple[tuple[int, int], ...]) -> list[int]:

@@ -23,7 +23,7 @@ from ftlayer.store import COUNTERS
 __all__ = ["Snapshot", "SourceName", "SourceStatus", "oldest_pending_age_ms", "registered_sources", "sample"]
 
 SourceName = tuple[str, str]  # (topology, source)
-_PER_SOURCE = 11  # commands per source in the sampling pipeline
+_PER_SHARD = 9  # commands per shard of a source in the sampling pipeline
 
 
 def registered_sources(client: redis.Redis, namespace: str) -> list[SourceName]:
@@ -109,39 +109,57 @@ def _ints(raw: Any) -> dict[int, int]:
 
 
 def sample(client: redis.Redis, namespace: str, sources: list[SourceName]) -> Snapshot:
-    """Read the figures of ``sources`` in one non-transactional pipeline (read-only)."""
+    """Read the figures of ``sources`` (summed over each one's shards) in two non-transactional
+    pipelines (read-only): the shard counts first, then every shard's figures."""
+    counts = [1] * len(sources)
+    if sources:
+        pipe = client.pipeline(transaction=False)
+        for topology, source in sources:
+            pipe.hget(SourceKeys(namespace, topology, source).meta, "num_shards")
+        counts = [max(1, min(64, int(raw))) if raw is not None else 1 for raw in pipe.execute()]
     pipe = client.pipeline(transaction=False)
-    for topology, source in sources:
-        k = SourceKeys(namespace, topology, source)
-        pipe.hgetall(k.stats)
-        pipe.get(k.live)
-        pipe.hlen(k.failed)
-        pipe.xlen(k.dlq)
-        pipe.get(k.gen)
-        pipe.hkeys(k.bcnt)
-        pipe.hgetall(k.key("gtime"))
-        pipe.get(k.lease)
-        pipe.pttl(k.lease)
-        pipe.hget(k.meta, "num_channels")
-        pipe.hmget(k.meta, *INGEST_FIELDS)
+    for (topology, source), n in zip(sources, counts, strict=True):
+        home = SourceKeys(namespace, topology, source, 0, n)
+        pipe.hget(home.meta, "num_channels")
+        pipe.hmget(home.meta, *INGEST_FIELDS)
+        for shard in range(n):
+            k = home.for_shard(shard)
+            pipe.hgetall(k.stats)
+            pipe.get(k.live)
+            pipe.hlen(k.failed)
+            pipe.xlen(k.dlq)
+            pipe.get(k.gen)
+            pipe.hkeys(k.bcnt)
+            pipe.hgetall(k.key("gtime"))
+            pipe.get(k.lease)
+            pipe.pttl(k.lease)
     replies = pipe.execute() if sources else []
     now_ms, mono = int(time.time() * 1000), time.monotonic()
     out: list[SourceStatus] = []
-    for i, (topology, source) in enumerate(sources):
-        part = replies[i * _PER_SOURCE : (i + 1) * _PER_SOURCE]
-        stats, pend, failed, dlq, gen, bgens, gtimes, owner, pttl, nch, ingest = part
+    at = 0
+    for (topology, source), n in zip(sources, counts, strict=True):
+        nch, ingest = replies[at : at + 2]
+        shards = [replies[at + 2 + j * _PER_SHARD : at + 2 + (j + 1) * _PER_SHARD] for j in range(n)]
+        at += 2 + n * _PER_SHARD
         counters = dict.fromkeys(COUNTERS, 0)
-        counters.update({k.decode(): int(v) for k, v in stats.items()})
+        pending = failed_n = dead = gen_max = 0
+        ages: list[float] = []
+        for stats, pend, failed, dlq, gen, bgens, gtimes, _owner, _pttl in shards:
+            for key, value in stats.items():
+                counters[key.decode()] = counters.get(key.decode(), 0) + int(value)
+            pending, failed_n, dead = pending + int(pend or 0), failed_n + int(failed), dead + int(dlq)
+            gen_max = max(gen_max, int(gen or 0))
+            age = oldest_pending_age_ms([int(g) for g in bgens if g.isdigit()], _ints(gtimes), now_ms)
+            if age is not None:
+                ages.append(age)
         counters["failed"] = counters["failed_explicit"] + counters["failed_timeout"]
-        gens = [int(g) for g in bgens if g.isdigit()]
+        owner, pttl = shards[0][7], shards[0][8]
         out.append(SourceStatus(
             topology=topology, source=source,
             num_channels=int(nch) if nch is not None else None,
-            pending=int(pend or 0), failed_waiting=int(failed), dead_letters=int(dlq),
-            bucket_gen=int(gen or 0),
-            oldest_pending_age_s=(
-                None if (age := oldest_pending_age_ms(gens, _ints(gtimes), now_ms)) is None else age / 1000
-            ),
+            pending=pending, failed_waiting=failed_n, dead_letters=dead,
+            bucket_gen=gen_max,
+            oldest_pending_age_s=max(ages) / 1000 if ages else None,
             counters=counters,
             lease_owner=_decode(owner),
             lease_ttl_s=int(pttl) / 1000 if owner is not None and int(pttl) >= 0 else None,

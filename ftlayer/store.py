@@ -59,7 +59,8 @@ def unpack_ids(blob: bytes) -> list[int]:
 
 
 class SourceStore:
-    """Redis handle for one source of one topology. Picklable (the client is not pickled).
+    """Redis handle for one shard of one source of one topology (``shard`` of ``config.num_shards``;
+    shard 0 of 1 is the whole source). Picklable (the client is not pickled).
 
     ``outage_budget_s`` > 0 makes this handle's commands wait out a Redis outage for up to
     that long (:mod:`ftlayer.outage`); 0 keeps redis-py's three quick retries.
@@ -74,10 +75,11 @@ class SourceStore:
         client: redis.Redis | None = None,
         clock: Clock = time.time,
         outage_budget_s: float = 0.0,
+        shard: int = 0,
     ) -> None:
         self.config = config
         self.outage_budget_s = outage_budget_s  # > 0: commands wait out an outage (ftlayer.outage)
-        self.keys = SourceKeys(config.namespace, topology, source)
+        self.keys = SourceKeys(config.namespace, topology, source, shard, config.num_shards)
         self.clock = clock
         self._url = config.redis_url or (None if client is not None else redis_url_for(config))
         self._client = client
@@ -227,8 +229,8 @@ class SourceStore:
     def register(self, num_channels: int) -> None:
         """Record the source in the namespace and its channel count in ``meta`` (first writer wins).
 
-        Also, each only if missing: the start time of bucket generation 0 in
-        ``gtime`` (for the age of the oldest pending record) and the namespace's
+        Also, each only if missing: the shard count, the start time of bucket generation 0 of this
+        shard in ``gtime`` (for the age of the oldest pending record) and the namespace's
         owner record ``<namespace>:owner`` = ``{"created_ms": ..., "by": "ftlayer"}``,
         which the CLI's destructive commands require (see :func:`owner_record`).
         """
@@ -237,11 +239,23 @@ class SourceStore:
         pipe = self.client.pipeline(transaction=False)
         pipe.sadd(sources_key(k.namespace), f"{k.topology}/{k.source}")
         pipe.hsetnx(k.meta, "num_channels", num_channels)
+        pipe.hsetnx(k.meta, "num_shards", k.num_shards)
         pipe.hsetnx(k.meta, "format", FORMAT_VERSION)
         pipe.hsetnx(k.meta, "created_ms", now)
-        pipe.hsetnx(k.key("gtime"), 0, now)
         pipe.setnx(owner_key(k.namespace), json.dumps({"created_ms": now, "by": OWNER_TAG}))
         pipe.execute()
+        self.register_shard()
+
+    def register_shard(self) -> None:
+        """The start time of this shard's bucket generation 0 (``gtime``), if missing."""
+        self.client.hsetnx(self.keys.key("gtime"), 0, self.now_ms())
+
+    def recorded_shards(self) -> int | None:
+        """The shard count the source registered with (1 for a source older than shards), or None."""
+        raw = self.client.hmget(self.keys.meta, ["num_channels", "num_shards"])
+        if raw[0] is None:
+            return None
+        return int(raw[1]) if raw[1] is not None else 1
 
     def recorded_channels(self) -> int | None:
         """The channel count the source's data was written with, or None if unregistered."""

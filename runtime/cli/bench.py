@@ -194,11 +194,12 @@ def run(args: argparse.Namespace) -> int:
         if "cluster" in selected:
             from runtime.bench.cluster import bench_cluster_scaling
 
-            _say(f"cluster: 2 clients x {args.cluster_records:,} records, {args.cluster_repeats} alternating rounds "
-                 f"on 1 and 3 primaries")
+            _say(f"cluster: 2 clients x {args.cluster_records:,} records into one source of 16 shards, "
+                 f"{args.cluster_repeats} alternating rounds on 1 and 3 primaries")
             cluster = bench_cluster_scaling(args.cluster_records, args.cluster_repeats, progress=_say)
             summary["cluster"] = cluster
             summary["cluster_scaling_ratio"] = round(cluster["ratio"]["median"], 3)
+            summary["cluster_primary_capacity_ratio"] = round(cluster["primary_capacity_ratio"]["median"], 3)
         if "masters" in selected:
             from runtime.bench.masters import bench_masters
 

@@ -60,7 +60,7 @@ _SHOWN = 20  # ids listed before "... and N more" when asking to purge
 
 
 def _dead_letters(config: FTConfig, topology: str, source: str) -> FTLayer:
-    return FTLayer(config, topology, source)
+    return FTLayer.registered(config, topology, source)  # with the shard count the source has
 
 
 def _all_ids(dl: FTLayer) -> list[str]:
@@ -309,7 +309,8 @@ def add_parser(sub: Any) -> None:
 
     ps = dsub.add_parser("show", parents=[common], help="one dead letter in full, payload decoded")
     source_options(ps)
-    ps.add_argument("entry_id", metavar="ENTRY_ID", help="the dead letter's stream entry id (from 'list')")
+    ps.add_argument("entry_id", metavar="ENTRY_ID",
+                    help="the dead letter's stream entry id (from 'list'; <id>@<shard> for a source with shards)")
     ps.add_argument("--json", action="store_true", help="print JSON with stable keys")
 
     pr = dsub.add_parser(

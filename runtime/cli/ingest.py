@@ -124,6 +124,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     worker = parse_worker(args.worker)
     channels = args.num_channels or config.num_channels
     layer = FTLayer(config, args.topology, args.source, num_channels=channels).open()
+    shards = layer.write_shards(*worker) if worker[1] > 1 else list(range(layer.num_shards))
     key = _key_selector(args.key)
     if args.webhook:
         return _run_webhook(args, layer, key)
@@ -135,7 +136,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
             offset_file(offsets, path, worker).unlink(missing_ok=True)
     source = LinesSource(args.files, fmt=args.format, worker=worker, offsets_dir=offsets)
     print(f"ftlayer ingest: {args.topology}/{args.source} on {mask_url(config.redis_url)} namespace "
-          f"{config.namespace!r}, {channels} channels, worker {worker[0]}/{worker[1]}", flush=True)
+          f"{config.namespace!r}, {channels} channels, worker {worker[0]}/{worker[1]}"
+          + (f", shards {shards}" if layer.num_shards > 1 else ""), flush=True)
     ingestor = Ingestor(layer, source, key=key)
     return _run(ingestor, source_label="files", resumed=source.skipped_offsets)
 

@@ -103,6 +103,7 @@ class SourceHandle:
             "topology": self.topology,
             "source": self.name,
             "num_channels": str(self.num_channels),
+            "num_shards": str(self.config.num_shards),
             "connect_timeout_s": repr(self.config.connect_timeout_s),
         }
         if max_records_per_batch is not None:

@@ -54,7 +54,8 @@ class TokenJanitor(StreamingQueryListener):
     """Deletes the token hashes of one query's committed batches (see the module contract)."""
 
     def __init__(self, stores: Sequence[FTLayer | SourceStore], *, query_name: str, checkpoint: str) -> None:
-        self.stores = [s.store if isinstance(s, FTLayer) else s for s in stores]
+        # every shard keeps its own token hashes (a token lives in the slot of the records it guards)
+        self.stores = [st for s in stores for st in ([sh.store for sh in s.shards] if isinstance(s, FTLayer) else [s])]
         self.query_name = query_name
         self.checkpoint = checkpoint
         self.query_id: str | None = None  # set by the topology once the query started

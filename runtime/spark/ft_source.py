@@ -123,7 +123,7 @@ DEFAULT_READ_PAGE_ENTRIES = 8  # first page of a read; later pages adapt (see re
 MAX_READ_PAGE_ENTRIES = 4096
 READ_TARGET_RECORDS = 10_000  # records per server-side read call that paging aims at
 DEFAULT_OUTAGE_BUDGET_S = FTConfig().outage_budget_s
-# An offset: channel key ("ch<c>") -> Redis stream id ("<ms>-<seq>"). JSON-serializable.
+# An offset: channel stream key ("ch<c>", "ch<c>s<shard>" with shards) -> Redis stream id ("<ms>-<seq>").
 Offset = dict[str, str]
 
 _SPARK_TYPES = {"long": LongType, "int": IntegerType, "binary": BinaryType}
@@ -134,9 +134,10 @@ def source_schema() -> StructType:
     return StructType([StructField(name, _SPARK_TYPES[sql]()) for name, sql, _ in SOURCE_COLUMNS])
 
 
-def channel_key(channel: int) -> str:
-    """The offset key of a channel: ``"ch<c>"``."""
-    return f"ch{channel}"
+def channel_key(channel: int, shard: int = 0, num_shards: int = 1) -> str:
+    """The offset key of a channel stream: ``"ch<c>"``, or ``"ch<c>s<shard>"`` for a source with
+    several shards (each shard has its own stream per channel)."""
+    return f"ch{channel}" if num_shards == 1 else f"ch{channel}s{shard}"
 
 
 def parse_id(stream_id: str) -> tuple[int, int]:
@@ -180,6 +181,7 @@ class FTSourceOptions:
     read_page_entries: int = DEFAULT_READ_PAGE_ENTRIES
     connect_timeout_s: float = 5.0
     outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S
+    num_shards: int = 1
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> FTSourceOptions:
@@ -224,7 +226,10 @@ class FTSourceOptions:
 
         timeout = seconds("connect_timeout_s", 5.0)
         budget = seconds("outage_budget_s", DEFAULT_OUTAGE_BUDGET_S)
-        parsed = cls(url, required("namespace"), topology, source, num_channels, max_records, page, timeout, budget)
+        raw_shards = opts.get("num_shards", "").strip()
+        shards = integer("num_shards", raw_shards, 1, 64) if raw_shards else 1
+        parsed = cls(url, required("namespace"), topology, source, num_channels, max_records, page, timeout, budget,
+                     shards)
         parsed.config()  # validates redis_url, namespace, the timeout and the budget
         return parsed
 
@@ -232,18 +237,21 @@ class FTSourceOptions:
         """The FTConfig the source's Redis handle is built from."""
         return FTConfig(
             redis_url=self.redis_url, namespace=self.namespace, connect_timeout_s=self.connect_timeout_s,
-            outage_budget_s=self.outage_budget_s,
+            outage_budget_s=self.outage_budget_s, num_shards=self.num_shards,
         )
 
 
 class ChannelPartition(InputPartition):
-    """Input partition ``channel`` of a micro-batch: stream ids in ``(start, end]`` of that channel."""
+    """Input partition ``channel`` of a micro-batch: stream ids in ``(start, end]`` of that channel's
+    stream in each shard (``ranges``: ``(shard, start, end)``; one range for a one-shard source)."""
 
-    def __init__(self, channel: int, start: str, end: str) -> None:
+    def __init__(self, channel: int, start: str, end: str,
+                 more: Sequence[tuple[int, str, str]] = ()) -> None:
         super().__init__(channel)
         self.channel = channel
         self.start = start
         self.end = end
+        self.ranges: list[tuple[int, str, str]] = [(0, start, end), *more]
 
 
 class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[misc]
@@ -278,6 +286,15 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
     def channels(self) -> range:
         return range(self.opts.num_channels)
 
+    @property
+    def streams(self) -> list[tuple[int, int, str]]:
+        """Every channel stream of every shard: ``(channel, shard, offset key)``."""
+        n = self.layer.num_shards
+        return [(c, k, channel_key(c, k, n)) for c in self.channels for k in range(n)]
+
+    def _stream_name(self, channel: int, shard: int) -> str:
+        return self.layer.shards[shard].store.keys.channel(channel)
+
     def _check_once(self) -> None:
         if not self._checked:
             self.layer.check_channels()
@@ -290,36 +307,36 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         channel stream up to it (see :meth:`commit`).
         """
         layer = self.layer
+        streams = self.streams
         pipe = layer.client.pipeline(transaction=False)
         if trim_upto is not None:
             self._queue_trims(pipe, trim_upto)
-        for c in self.channels:
-            pipe.xinfo_stream(layer.keys.channel(c))
+        for c, k, _ in streams:
+            pipe.xinfo_stream(self._stream_name(c, k))
         replies = pipe.execute(raise_on_error=False)
         out: Offset = {}
-        for reply in replies[: len(replies) - self.opts.num_channels]:
+        for reply in replies[: len(replies) - len(streams)]:
             if isinstance(reply, Exception):
                 raise reply
-        for c, reply in zip(self.channels, replies[-self.opts.num_channels :], strict=True):
+        for (_, _, key), reply in zip(streams, replies[-len(streams) :], strict=True):
             if isinstance(reply, Exception):
                 if "no such key" not in str(reply).lower():
                     raise reply
-                out[channel_key(c)] = START_ID
+                out[key] = START_ID
             else:
-                out[channel_key(c)] = _text(reply.get("last-generated-id", START_ID))
+                out[key] = _text(reply.get("last-generated-id", START_ID))
         return out
 
     def _queue_trims(self, pipe: Any, upto: Mapping[str, str]) -> None:
-        """Queue on ``pipe`` an exact ``XTRIM MINID`` of every channel to just after ``upto``."""
-        keys = self.layer.keys
-        for c in self.channels:
-            last = upto[channel_key(c)]
+        """Queue on ``pipe`` an exact ``XTRIM MINID`` of every channel stream to just after ``upto``."""
+        for c, k, key in self.streams:
+            last = upto[key]
             if last != START_ID:
                 ms, seq = parse_id(last)
-                pipe.xtrim(keys.channel(c), minid=f"{ms}-{seq + 1}", approximate=False)
+                pipe.xtrim(self._stream_name(c, k), minid=f"{ms}-{seq + 1}", approximate=False)
 
     def _check_offset(self, offset: Mapping[str, Any], what: str) -> None:
-        expected = {channel_key(c) for c in self.channels}
+        expected = {key for _, _, key in self.streams}
         if "feed" in offset:
             msg = (f"the {what} offset in the checkpoint was written by an FT-off run (the feed source), not by "
                    f"FT source '{self.opts.topology}/{self.opts.source}': give this run its own checkpoint "
@@ -328,16 +345,16 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         if set(offset) != expected:
             o = self.opts
             msg = (
-                f"the {what} offset of FT source '{o.topology}/{o.source}' has channels "
-                f"{sorted(offset)} but the source is read with num_channels={o.num_channels}; "
-                "a checkpoint cannot change the channel count"
+                f"the {what} offset of FT source '{o.topology}/{o.source}' has channel streams "
+                f"{sorted(offset)} but the source is read with num_channels={o.num_channels} and "
+                f"num_shards={self.layer.num_shards}; a checkpoint cannot change either count"
             )
             raise ConfigError(msg)
 
     # --- DataSourceStreamReader -------------------------------------------------
     def initialOffset(self) -> Offset:
         """Every channel at ``"0-0"``: read each stream from its beginning."""
-        return {channel_key(c): START_ID for c in self.channels}
+        return {key: START_ID for _, _, key in self.streams}
 
     def getDefaultReadLimit(self) -> Any:
         """``ReadMaxRows(max_records_per_batch)`` if that option is set, else read all available."""
@@ -367,8 +384,7 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         self._check_offset(start, "start")
         tails = self._last_tails = self.layer.store.ride_out(lambda: self.tails(trim_upto=start))
         end: Offset = {}
-        for c in self.channels:
-            k = channel_key(c)
+        for _, _, k in self.streams:
             tail = tails[k] if self._target is None else _min_id(tails[k], self._target[k])
             end[k] = _max_id(start[k], tail)
         cap = max_rows(limit)
@@ -381,23 +397,22 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         return dict(self._last_tails) if self._last_tails is not None else self.tails()
 
     def _capped(self, start: Offset, end: Offset, max_rows: int) -> Offset:
-        """Per channel, whole entries of ``(start, end]`` up to ``ceil(max_rows / channels)`` record ids."""
-        share = max(1, math.ceil(max_rows / self.opts.num_channels))
-        page = min(share, 1024)  # every entry holds at least one record id
+        """Per channel stream, whole entries of ``(start, end]`` up to ``ceil(max_rows / streams)`` records."""
+        streams = self.streams
+        share = max(1, math.ceil(max_rows / len(streams)))
+        page = min(share, 1024)  # every entry holds at least one record
         layer = self.layer
         capped = dict(end)
         pos = {k: start[k] for k in capped}
         counted = dict.fromkeys(capped, 0)
-        open_ = [c for c in self.channels if compare_ids(end[channel_key(c)], start[channel_key(c)]) > 0]
+        open_ = [(c, s, k) for c, s, k in streams if compare_ids(end[k], start[k]) > 0]
         while open_:
             pipe = layer.client.pipeline(transaction=False)
-            for c in open_:
-                k = channel_key(c)
+            for c, s, k in open_:
                 after = "-" if pos[k] == START_ID else "(" + pos[k]
-                pipe.xrange(layer.keys.channel(c), after, end[k], count=page)
-            still_open: list[int] = []
-            for c, entries in zip(open_, pipe.execute(), strict=True):
-                k = channel_key(c)
+                pipe.xrange(self._stream_name(c, s), after, end[k], count=page)
+            still_open: list[tuple[int, int, str]] = []
+            for (c, s, k), entries in zip(open_, pipe.execute(), strict=True):
                 done = len(entries) < page
                 for entry_id, fields in entries:
                     pos[k] = _text(entry_id)
@@ -406,18 +421,25 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
                         done = True
                         break
                 if done or compare_ids(pos[k], end[k]) >= 0:
-                    # trimmed ranges may yield fewer ids; an untouched channel keeps its start
+                    # trimmed ranges may yield fewer ids; an untouched stream keeps its start
                     capped[k] = pos[k] if counted[k] >= share else end[k]
                 else:
-                    still_open.append(c)
+                    still_open.append((c, s, k))
             open_ = still_open
         return capped
 
     def partitions(self, start: Offset, end: Offset) -> Sequence[ChannelPartition]:
-        """One partition per channel, partition ``i`` = channel ``i`` (empty ranges included)."""
+        """One partition per channel, partition ``i`` = channel ``i`` (empty ranges included), reading
+        that channel's stream of every shard."""
         self._check_offset(start, "start")
         self._check_offset(end, "end")
-        return [ChannelPartition(c, start[channel_key(c)], end[channel_key(c)]) for c in self.channels]
+        n = self.layer.num_shards
+        out = []
+        for c in self.channels:
+            keys = [channel_key(c, k, n) for k in range(n)]
+            more = [(k, start[keys[k]], end[keys[k]]) for k in range(1, n)]
+            out.append(ChannelPartition(c, start[keys[0]], end[keys[0]], more))
+        return out
 
     def read(self, partition: ChannelPartition) -> Iterator[Any]:  # type: ignore[override]
         """Arrow record batches of the still-pending records of ``(start, end]`` of one channel
@@ -430,16 +452,19 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         yield from self.read_raw(partition)
 
     def read_raw(self, partition: ChannelPartition) -> Iterator[Any]:
-        """The records of ``(start, end]`` of one channel as read (source columns)."""
-        c, after, until = partition.channel, partition.start, partition.end
+        """The records of ``(start, end]`` of one channel (of each shard) as read (source columns)."""
+        for shard, after, until in getattr(partition, "ranges", [(0, partition.start, partition.end)]):
+            yield from self._read_range(partition.channel, shard, after, until)
+
+    def _read_range(self, c: int, shard: int, after: str, until: str) -> Iterator[Any]:
         if compare_ids(until, after) <= 0:
             return
         layer = self.layer
         page = self.opts.read_page_entries
-        skip = 0  # ids of entry `after` already read: a read call is bounded and may stop inside an entry
+        skip = 0  # chunks of entry `after` already read: a read call is bounded and may stop inside an entry
         while True:
-            batch = layer.read_channel(c, after="-" if after == START_ID else after, until=until,
-                                             max_entries=page, skip=skip)
+            batch = layer.read_channel(c, shard=shard, after="-" if after == START_ID else after, until=until,
+                                       max_entries=page, skip=skip)
             blob, starts, lengths, sids = batch.spans()
             if sids:
                 yield from self._arrow(blob, starts, lengths, sids)
@@ -554,6 +579,7 @@ def read_stream(
         "topology": topology,
         "source": source,
         "num_channels": str(num_channels),
+        "num_shards": str(cfg.num_shards),
         "connect_timeout_s": repr(cfg.connect_timeout_s),
         "outage_budget_s": repr(cfg.outage_budget_s),
     }

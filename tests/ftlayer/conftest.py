@@ -50,7 +50,7 @@ def layer(make_layer: Callable[..., FTLayer]) -> FTLayer:
 def commit_all(layer: FTLayer) -> None:
     """What a committed micro-batch does: trim every channel stream to its tail."""
     for ch in range(layer.num_channels):
-        layer.persistence.trim(ch, layer.persistence.channel_tail(ch))
+        layer.trim_channel(ch)  # every shard's stream of the channel
 
 
 def hand_out(layer: FTLayer) -> int:
@@ -58,5 +58,6 @@ def hand_out(layer: FTLayer) -> int:
     records as handed out (only those time out and spend a replay; see ``EXPIRE``). Returns the
     records read."""
     return sum(
-        len(batch.frames) for ch in range(layer.num_channels) for batch in layer.persistence.iter_channel(ch)
+        len(batch.frames) for shard in layer.shards for ch in range(layer.num_channels)
+        for batch in shard.persistence.iter_channel(ch)
     )

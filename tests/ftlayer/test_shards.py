@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ftlayer.chunks import assign_sids
 from ftlayer.errors import ConfigError, InvalidArgumentError
 from ftlayer.shards import (
     MAX_NUM_SHARDS,
@@ -119,11 +120,16 @@ def test_a_record_and_its_replays_stay_in_one_shard(origin: int, num_shards: int
     assert m.tag_of(origin) == m.tags[shard]
 
 
-def test_origin_ids_spread_evenly_over_shards_even_when_sequential() -> None:
-    counts = [0] * 16
-    for origin in range(1, 160_001):  # the worst case for a plain modulo of structured ids: 16 * k
-        counts[shard_of(origin * 16, 16)] += 1
-    assert max(counts) < 10_000 * 1.05 and min(counts) > 10_000 * 0.95
+@pytest.mark.parametrize("num_shards", [2, 3, 16, 64])
+def test_ids_ftlayer_draws_spread_evenly_and_replays_are_drawn_in_their_shard(num_shards: int) -> None:
+    counts = [0] * num_shards
+    for sid in assign_sids([i % 4 for i in range(160_000)], max_records=10, num_shards=num_shards):
+        counts[shard_of(sid, num_shards)] += 1
+    expected = 160_000 / num_shards
+    assert max(counts) < expected * 1.05 and min(counts) > expected * 0.95
+    for shard in range(num_shards):  # a replay (or requeue) of a record of `shard` is drawn there
+        assert {shard_of(s, num_shards) for s in assign_sids([0, 1] * 50, shard=shard, num_shards=num_shards)} == {
+            shard}
 
 
 @pytest.mark.parametrize("bad", [0, MAX_NUM_SHARDS + 1, 2.0])

@@ -28,10 +28,15 @@ from tests.runtime.test_topology_e2e import clicks, run_to_drain
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture
-def cluster_config(valkey_cluster: EmbeddedCluster) -> FTConfig:
+@pytest.fixture(params=[1, 16], ids=["one-shard", "16-shards"])
+def cluster_config(valkey_cluster: EmbeddedCluster, request: pytest.FixtureRequest) -> FTConfig:
     return FTConfig(redis_url=valkey_cluster.urls[0], namespace=f"t{uuid.uuid4().hex[:10]}", timeout_s=30.0,
-                    state_dir=TEMP_STATE_DIR)
+                    state_dir=TEMP_STATE_DIR, num_shards=request.param)
+
+
+def _primaries_used(layer: Any) -> set[int]:
+    """Ports of the primaries that hold the source's shards."""
+    return {int(s.store.node_client().connection_pool.connection_kwargs["port"]) for s in layer.shards}
 
 
 def test_topology_with_keys_failures_and_a_poison_record(spark: Any, cluster_config: FTConfig, tmp_path: Path) -> None:
@@ -54,6 +59,8 @@ def test_topology_with_keys_failures_and_a_poison_record(spark: Any, cluster_con
     run_to_drain(query)
     layer = query.layers[0]
     assert is_cluster(layer.store.client)
+    # one shard: one primary; 16 shards: spread over all three (ftlayer.shards)
+    assert len(_primaries_used(layer)) == (3 if cluster_config.num_shards == 16 else 1)
     delivered = [line["value"]["i"] for line in out.read_all()]
     assert set(delivered) == {i for i in range(n) if i % 10 != 3 and i != 7}
     stats = layer.stats()
@@ -66,6 +73,7 @@ def test_dataframe_path_with_a_poison_udf_row(spark: Any, cluster_config: FTConf
     r = Run(spark, cluster_config, tmp_path, 1000, max_replays=1, replay_backoff_initial_s=0.1,
             replay_backoff_max_s=0.2)
     assert is_cluster(r.handle.layer.store.client)
+    assert len(_primaries_used(r.handle.layer)) == (3 if cluster_config.num_shards == 16 else 1)
 
     def parse(i: int) -> str:
         if i % 100 == 7:

@@ -12,12 +12,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ftlayer.config import FTConfig
 from runtime.chaos.runner import run_scenario
 
 
-def test_kill_primary_replicated_loses_nothing(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
-    report = run_scenario("kill-primary", spark, ft_config, 3000, workdir=tmp_path / "run", durability="replicated")
+@pytest.mark.parametrize("shards", [1, 16], ids=["one-shard", "16-shards"])
+def test_kill_primary_replicated_loses_nothing(spark: Any, ft_config: FTConfig, tmp_path: Path, shards: int) -> None:
+    """With 16 shards the source lives on every primary: the killed one held some of its shards,
+    the others went on meanwhile."""
+    report = run_scenario("kill-primary", spark, ft_config.replace(num_shards=shards), 3000,
+                          workdir=tmp_path / "run", durability="replicated")
     print("\n" + report.summary())
     assert report.ok, report.summary()
     assert report.lost == [] and report.lost_in_window == []

@@ -198,3 +198,18 @@ def test_empty_dlq(ft_config: FTConfig, redis_client: redis.Redis, capsys: Any) 
     code, out, _ = _dlq(capsys, ft_config, "list")
     assert code == 0 and "no dead letters" in out
     assert _dlq(capsys, ft_config, "purge", "--all")[0] == 0
+
+
+def test_a_sharded_source_lists_and_requeues_by_ids_that_name_their_shard(
+    ft_config: FTConfig, redis_client: redis.Redis, capsys: Any
+) -> None:
+    cfg = ft_config.replace(num_shards=4)
+    layer, _recs = _dead(cfg, source="sharded", n=12)
+    ids = [d.entry_id for d in layer.list_dead_letters()]
+    assert len(ids) == 12 and all("@" in eid for eid in ids)
+    code, out, _ = _dlq(capsys, ft_config, "list", "--source", "sharded", "--json")  # the CLI's config: 1 shard
+    assert code == 0 and sorted(e["entry_id"] for e in json.loads(out)["dead_letters"]) == sorted(ids)
+    code, out, _ = _dlq(capsys, ft_config, "show", ids[0], "--source", "sharded")
+    assert code == 0 and str(layer.get_dead_letter(ids[0]).source_record_id) in out  # type: ignore[union-attr]
+    code, out, _ = _dlq(capsys, ft_config, "requeue", ids[0], ids[1], "--source", "sharded")
+    assert code == 0 and layer.dead_letter_count() == 10 and layer.pending_count() == 2
