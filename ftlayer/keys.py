@@ -1,4 +1,4 @@
-"""Every Redis key template, in one place (docs/keys.md shows the same layout).
+"""Every Redis key template, in one place (docs/architecture.md follows a record through them).
 
 All keys of a source with one shard (``num_shards = 1``, the default) live under
 ``<namespace>:{<topology>/<source>}:``. The braces are a Redis Cluster hash tag:

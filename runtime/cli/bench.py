@@ -31,7 +31,8 @@ repeated) and reports medians with their spread:
 The summary is merged into ``<out>/results.json`` (default ``docs/bench``), so
 running one benchmark keeps the others' figures; the headline keys are
 ``ft_on_vs_off_ratio``, ``ft_on_vs_plain_ratio``, ``redis_cpu_us_per_record``, ``acker_vs_raw_ratio``,
-``complete_latency_p99_over_trigger``, ``replay_precision`` and
+``complete_latency_p99_over_trigger`` (next to ``plain_latency_p99_over_trigger``, plain Structured
+Streaming under the same load and trigger), ``replay_precision`` and
 ``bytes_per_pending_record``, plus the machine and the date.
 """
 
@@ -107,6 +108,7 @@ def _on_spark(url: str, selected: list[str], args: argparse.Namespace) -> dict[s
     """latency and e2e share one local SparkSession."""
     from runtime.bench.e2e import bench_e2e
     from runtime.bench.latency import bench_latency
+    from runtime.bench.latency_plain import plain_latency
     from runtime.spark.session import local_session
 
     spark = local_session("ftlayer-bench")
@@ -116,6 +118,13 @@ def _on_spark(url: str, selected: list[str], args: argparse.Namespace) -> dict[s
         lat = bench_latency(spark, cfg, rate_per_s=args.latency_rate, duration_s=args.latency_duration_s,
                             trigger_interval_s=args.trigger_interval_s, progress=_say)
         summary["complete_latency_p99_over_trigger"] = lat["p99_over_trigger"]
+        _say("latency, plain Structured Streaming (no ftlayer), the same load and trigger")
+        plain = plain_latency(spark, url, rate_per_s=args.latency_rate, duration_s=args.latency_duration_s,
+                              trigger_interval_s=args.trigger_interval_s)
+        _say(f"  plain: p50 {plain['p50_ms']:.0f} ms, p99 {plain['p99_ms']:.0f} ms; ftlayer: p50 "
+             f"{lat['p50_ms']:.0f} ms, p99 {lat['p99_ms']:.0f} ms")
+        lat["plain"] = plain
+        summary["plain_latency_p99_over_trigger"] = plain["p99_over_trigger"]
         summary["latency"] = lat
     if "e2e" in selected:
         for label, payload, records in (("e2e_small", 0, args.e2e_records), ("e2e_1kib", 1024, args.e2e_kib_records)):

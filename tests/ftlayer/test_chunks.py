@@ -199,3 +199,43 @@ def test_bytes_per_pending_record_beyond_the_payload_stay_under_64(layer: FTLaye
     per_record = used / n - len(payload)
     assert per_record < 64, per_record
     assert CHUNK_TARGET_RECORDS >= 512  # the figure relies on chunks of hundreds of records
+
+
+def test_a_replay_or_requeue_that_draws_a_chunk_id_in_use_draws_again(
+    make_layer: Callable[..., FTLayer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ftlayer.dead_letters as dead_letters_module
+    import ftlayer.replayer as replayer_module
+
+    layer = make_layer(max_replays=1, source="redraw")
+    live = make_records(layer, list(range(4)), channel=0)
+    layer.persist(live)
+    taken = chunk_base(live[0].record_id.source_record_id)  # a chunk id pending records use
+    failing = make_records(layer, ["a", "b"], channel=1)
+    layer.persist(failing)
+    layer.fail([r.record_id.source_record_id for r in failing], "boom")
+
+    for module in (replayer_module, dead_letters_module):
+        real = module.assign_sids
+        calls: list[int] = []
+
+        def first_taken(channels: list[int], *a: object, real: Callable[..., list[int]] = real,
+                        calls: list[int] = calls, **kw: object) -> list[int]:
+            calls.append(1)
+            if len(calls) == 1:  # the first draw lands on the pending chunk
+                return [taken | i for i in range(len(channels))]
+            return real(channels, *a, **kw)
+
+        monkeypatch.setattr(module, "assign_sids", first_taken)
+        if module is replayer_module:
+            assert layer.replay_due().replayed == 2
+        else:
+            pending = [sid for sid, f in layer.persistence.iter_pending() if _SER.decode(f).replay_count == 1]
+            layer.fail(pending, "again")
+            assert layer.replay_due().dead_lettered == 2
+            ids = [d.entry_id for d in layer.list_dead_letters()]
+            assert layer.requeue_dead_letters(ids).requeued == 2
+        assert len(calls) == 2, "the call that met the pending chunk wrote nothing and drew again"
+    got = sorted(_SER.decode(f).payload for _, f in layer.persistence.iter_pending())
+    assert got == sorted([pack_payload(v) for v in range(4)] + [pack_payload("a"), pack_payload("b")])
+    assert layer.pending_count() == 6

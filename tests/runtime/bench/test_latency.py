@@ -25,6 +25,7 @@ from runtime.bench.latency import (
     percentile,
     summarize,
 )
+from runtime.bench.latency_plain import plain_latency
 from runtime.sinks import SinkContext
 
 
@@ -152,3 +153,16 @@ def test_short_run_measures_every_record_and_leaves_no_keys(spark: Any, ft_confi
     assert lines and lines[0].startswith("latency:")
     assert list(redis_client.scan_iter(match=f"{result['namespace']}:*")) == []
 
+
+
+@pytest.mark.spark
+def test_plain_baseline_measures_spark_alone_under_the_same_load(spark: Any, ft_config: FTConfig,
+                                                                 redis_client: redis.Redis) -> None:
+    result = plain_latency(spark, ft_config.redis_url or "", rate_per_s=200, duration_s=3.0, warmup_s=2.0,
+                           trigger_interval_s=0.5)
+    # a rate source of 200 rows/s: about 600 rows due in the measured 3 s, each measured once
+    assert 450 <= result["count"] <= 750
+    assert 0 < result["p50_ms"] <= result["p90_ms"] <= result["p99_ms"] <= result["max_ms"]
+    assert result["p99_over_trigger"] == pytest.approx(result["p99_ms"] / 500.0, abs=1e-3)
+    assert result["batches"]["count"] >= 1
+    assert list(redis_client.scan_iter(match="benchplainlat*")) == []
