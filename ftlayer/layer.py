@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import redis
@@ -289,6 +289,12 @@ class FTLayer:
         return total
 
     # --- inspection ---------------------------------------------------------------
+    def iter_pending(self, count: int = 100) -> Iterator[tuple[int, bytes]]:
+        """``(source record id, frame)`` of every pending record of every shard (for inspection and
+        tools; see ``PersistenceLayer.iter_pending``)."""
+        for shard in self.shards:
+            yield from shard.persistence.iter_pending(count)
+
     def pending_count(self) -> int:
         """Source records persisted and neither completed nor failed, over every shard."""
         if self.num_shards == 1:

@@ -39,7 +39,7 @@ def pending_ids(layer: FTLayer) -> list[int]:
     """The ``"i"`` of every record pending in ``layer`` right now (decoded from their chunks)."""
     serializer = SemiDeserializedSerializer()
     return [int(unpack_payload(serializer.decode(frame).payload)["i"])
-            for _sid, frame in layer.persistence.iter_pending()]
+            for _sid, frame in layer.iter_pending()]
 
 
 def _driver(ctx: ScenarioContext, phase: int, records: int) -> subprocess.Popen[str]:

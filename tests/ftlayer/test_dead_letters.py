@@ -35,7 +35,7 @@ def _dead_letter(layer: FTLayer, values: list[object]) -> list[SemiDeserializedR
 
 
 def _pending(layer: FTLayer) -> list[SemiDeserializedRecord]:
-    return [_SER.decode(frame) for _sid, frame in layer.persistence.iter_pending()]
+    return [_SER.decode(frame) for _sid, frame in layer.iter_pending()]
 
 
 def test_requeue_is_a_fresh_record_with_the_same_origin_payload_key_and_channel(
