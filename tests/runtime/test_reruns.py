@@ -132,3 +132,25 @@ def test_a_restart_on_the_same_checkpoint_still_dedups_a_rerun_batch(
     assert final["duplicate_flushes"] >= 1
     outputs = [(line["value"]["i"], line["value"]["k"]) for line in JsonLinesSink(tmp_path / "out2").read_all()]
     assert {i for i, k in outputs if k == KEYS[1]} == set(range(n))
+
+
+def test_a_sharded_source_resumes_on_its_checkpoint_and_cleans_every_shards_tokens(
+    spark: Any, ft_config: FTConfig, tmp_path: Path
+) -> None:
+    """num_shards = 4: two runs on one checkpoint and namespace; the second resumes from the offsets of
+    every shard's streams and delivers only its own records; every shard's tokens go with their batch."""
+    cfg = ft_config.replace(timeout_s=10.0, num_shards=4)
+    first = _run(spark, cfg, [{"i": i} for i in range(400)], tmp_path / "out1", tmp_path / "ckpt")
+    layer = first.layers[0]
+    assert layer.num_shards == 4 and layer.stats()["acked"] == 400
+    assert {len(list(s.store.client.scan_iter(match=s.store.keys.prefix + "*"))) > 0 for s in layer.shards} == {True}
+    second = _run(spark, cfg, [{"i": i} for i in range(400, 700)], tmp_path / "out2", tmp_path / "ckpt")
+    delivered = [line["value"]["i"] for line in JsonLinesSink(tmp_path / "out2").read_all()]
+    assert sorted(delivered) == list(range(400, 700))  # resumed: nothing of the first run again
+    stats = second.layers[0].stats()
+    assert (stats["acked"], stats["pending"], stats["failed_timeout"]) == (700, 0, 0)
+    for shard in layer.shards:
+        prefix = shard.store.keys.prefix
+        names = [k.decode()[len(prefix):] for k in shard.store.client.scan_iter(match=prefix + "tok:*")]
+        assert [n for n in names if not n.startswith("tok:p:")] == [], shard.index
+    assert layer.leftovers() == []
