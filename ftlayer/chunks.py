@@ -42,7 +42,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ftlayer.errors import FrameError, InvalidIdError
@@ -57,6 +57,7 @@ __all__ = [
     "CHUNK_TARGET_RECORDS",
     "HOLE",
     "INDEX_BITS",
+    "MAX_DRAWS",
     "STATE_HEADER",
     "ChunkState",
     "PackedChunk",
@@ -70,6 +71,7 @@ __all__ = [
     "new_chunk_bases",
     "pack_chunks",
     "pack_record_chunks",
+    "pending_spans",
     "rekey_chunk",
     "shard_of",
     "sid_at",
@@ -83,6 +85,8 @@ CHUNK_MAX_RECORDS = 4096
 CHUNK_TARGET_RECORDS = 1024
 #: Frame bytes per chunk when ftlayer draws the ids (a single larger frame forms a chunk of its own).
 CHUNK_MAX_BYTES = 1 << 20
+#: Draws of new chunk ids before a writer gives up (each meets an id in use with odds ~ live chunks / 2**48).
+MAX_DRAWS = 8
 #: Frame entry of an index that holds no record.
 HOLE = b"\x00\x00\x00\x00"
 
@@ -352,6 +356,18 @@ class ChunkState:
         if not 0 <= index < self.n:
             return False
         return not self.settled[index >> 3] >> (index & 7) & 1
+
+
+def pending_spans(key: bytes, state: bytes, frames: bytes) -> Iterator[tuple[int, int, int]]:
+    """``(sid, start, end)`` of each pending record of a chunk as read (its ``ck`` state and ``cf``
+    frames), in index order. A record's id is its place in the chunk (:func:`sid_at`), not what its
+    frame says, so a damaged frame is still named right."""
+    st = ChunkState.parse(state)
+    settled = st.settled
+    base = sid_at(key, 0)
+    for i, (start, end) in enumerate(frame_spans(frames, st.n)):
+        if not settled[i >> 3] >> (i & 7) & 1:
+            yield base | i, start, end
 
 
 def frame_spans(frames: bytes | memoryview, n: int) -> list[tuple[int, int]]:

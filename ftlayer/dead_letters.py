@@ -16,7 +16,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ftlayer.chunks import assign_sids, pack_record_chunks
+from ftlayer.chunks import MAX_DRAWS, assign_sids, pack_record_chunks
 from ftlayer.errors import FrameError, FTLayerError
 from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.ids import RecordId, new_ids
@@ -175,7 +175,7 @@ def _requeue_chunk(store: SourceStore, ids: list[str], num_channels: int) -> Req
     if not todo:
         return RequeueResult(0, missing, undecodable)
     k = store.keys
-    for _ in range(_DRAWS):
+    for _ in range(MAX_DRAWS):
         chunks, entry_ids = _requeue_input(todo, k.shard, k.num_shards)
         (count,) = store.run_durable([(
             "REQUEUE",
@@ -187,7 +187,6 @@ def _requeue_chunk(store: SourceStore, ids: list[str], num_channels: int) -> Req
     raise in_use_error(k, bytes(count[1]), "requeue")
 
 
-_DRAWS = 8  # draws of new chunk ids before a requeue gives up (each collides with odds ~ live / 2**48)
 
 
 def _requeue_input(todo: list[tuple[bytes, SemiDeserializedRecord, int]], shard: int = 0,

@@ -289,6 +289,25 @@ local function take_records(c, keep)
   if changed then c.bits = string.char(unpack(bits)) end
 end
 
+local function read_input(what)
+  -- the persist input of ARGV[3] for ARGV[2] channels (CH_BASE set), or nil plus an error reply
+  local nch = tonumber(ARGV[2])
+  local chunks, err = parse_chunks(ARGV[3], nch)
+  err = err or channel_keys_error(nch)
+  if err then return nil, redis.error_reply('ftlayer ' .. what .. ': ' .. err) end
+  return chunks
+end
+
+local function take_by_olds(chunks, olds, take_old)
+  -- olds holds an 8-byte id per chunk and index, aligned with the records: take_old(id) decides each
+  local at = 0
+  for _, c in ipairs(chunks) do
+    local base = at
+    take_records(c, function(i) return take_old(string.sub(olds, base + 8 * i + 1, base + 8 * i + 8)) end)
+    at = at + 8 * c.n
+  end
+end
+
 local function store_chunks(chunks)
   -- file parsed chunks in the current bucket and their channel streams; returns records filed, gen.
   -- One HSET per hash per 500 chunks (a call of many one-record chunks stays cheap)

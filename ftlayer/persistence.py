@@ -37,7 +37,7 @@ import xxhash
 
 from ftlayer.acker_table import AckerTable
 from ftlayer.channels import check_channel_count
-from ftlayer.chunks import ChunkState, PackedChunk, frame_spans, pack_chunks, rekey_chunk, sid_at
+from ftlayer.chunks import MAX_DRAWS, PackedChunk, pack_chunks, pending_spans, rekey_chunk
 from ftlayer.errors import ChannelCountMismatchError, FrameError, InvalidArgumentError
 from ftlayer.frames import NO_CHANNEL, SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.layout import ensure_layout
@@ -83,7 +83,6 @@ def call_groups(
     return out
 
 
-_DRAWS = 8  # draws of new chunk ids before a persist gives up (each collides with odds ~ live / 2**48)
 
 
 def _stream_pos(entry_id: str) -> tuple[float, float]:
@@ -97,22 +96,14 @@ def _stream_pos(entry_id: str) -> tuple[float, float]:
 
 
 def chunk_records(key: bytes, state: bytes, frames: bytes) -> tuple[list[int], list[bytes]]:
-    """The pending records of one chunk as read: ``(sids, frames)``, in index order.
-
-    A record's id is its position in the chunk (``ftlayer.chunks.sid_at``), not what its frame
-    says, so a damaged frame is still named right; damaged frames are returned as they are
-    (the reader checks every frame and fails those that fail).
-    """
-    st = ChunkState.parse(state)
-    settled = st.settled
-    base = sid_at(key, 0)
+    """The pending records of one chunk as read: ``(sids, frames)``, in index order
+    (``ftlayer.chunks.pending_spans``; damaged frames are returned as they are, for the reader's
+    checks)."""
     sids: list[int] = []
     out: list[bytes] = []
-    for i, (start, end) in enumerate(frame_spans(frames, st.n)):
-        if settled[i >> 3] >> (i & 7) & 1:
-            continue
+    for sid, start, end in pending_spans(key, state, frames):
+        sids.append(sid)
         out.append(frames[start:end])
-        sids.append(base | i)
     return sids, out
 
 
@@ -161,14 +152,10 @@ class ChannelBatch:
         sids: list[int] = []
         offset = 0
         for key, state, blob in self.chunks:
-            st = ChunkState.parse(state)
-            settled = st.settled
-            base = sid_at(key, 0)
-            for i, (start, end) in enumerate(frame_spans(blob, st.n)):
-                if not settled[i >> 3] >> (i & 7) & 1:
-                    starts.append(offset + start)
-                    lengths.append(end - start)
-                    sids.append(base | i)
+            for sid, start, end in pending_spans(key, state, blob):
+                starts.append(offset + start)
+                lengths.append(end - start)
+                sids.append(sid)
             parts.append(blob)
             offset += len(blob)
         return b"".join(parts), starts, lengths, sids
@@ -273,7 +260,7 @@ class PersistenceLayer:
         groups = call_groups(chunks, size)
         todo = list(range(len(groups)))
         total = 0
-        for _ in range(_DRAWS):
+        for _ in range(MAX_DRAWS):
             blobs = [b"".join(c.blob for c in chunks[groups[g][0] : groups[g][1]]) for g in todo]
             calls = [
                 ("PERSIST", [*self.store.state_keys, persist_token(self.store, blob), *channels],

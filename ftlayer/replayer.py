@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ftlayer.acker_table import NO_REPLAY_FLAG
-from ftlayer.chunks import assign_sids, pack_record_chunks
+from ftlayer.chunks import MAX_DRAWS, assign_sids, pack_record_chunks
 from ftlayer.errors import FrameError, PartitioningError
 from ftlayer.frames import FAILED_PREFIX, SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.ids import RecordId, new_ids
@@ -40,7 +40,6 @@ _FAILED_HEADER = struct.Struct(">dH")  # FAILED_PREFIX bytes (ftlayer.frames), r
 assert _FAILED_HEADER.size == FAILED_PREFIX
 
 
-_DRAWS = 8  # draws of new chunk ids before a replay gives up (each collides with odds ~ live / 2**48)
 
 
 def _replay_chunks(replays: list[tuple[int, SemiDeserializedRecord, int]], shard: int = 0,
@@ -194,16 +193,16 @@ class Replayer:
         drawn again.
         """
         k = self.store.keys
-        for _ in range(_DRAWS):
+        for _ in range(MAX_DRAWS):
             chunks, olds = _replay_chunks(replays, k.shard, k.num_shards)
-            ((replayed, dead_n),) = self.store.run_durable([(
+            ((replayed, second),) = self.store.run_durable([(
                 "REPLAY",
                 [*self.store.state_keys, k.dlq, *self.store.channel_keys(self.num_channels)],
                 [k.prefix, self.num_channels, chunks, olds, b"".join(dead), self.store.now_ms()],
             )])
             if int(replayed) >= 0:
-                return ReplayResult(int(replayed), int(dead_n))
-        raise in_use_error(k, bytes(dead_n), "replay")
+                return ReplayResult(int(replayed), int(second))  # second: dead-lettered
+        raise in_use_error(k, bytes(second), "replay")  # second: the chunk id in use
 
     def replay_all_due(self) -> ReplayResult:
         """Call :meth:`replay_due` until nothing is due."""

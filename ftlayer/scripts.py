@@ -44,9 +44,8 @@ PERSIST = (
     + PERSIST_LIB
     + r"""
 CH_BASE = 12
-local chunks, err = parse_chunks(ARGV[3], tonumber(ARGV[2]))
-err = err or channel_keys_error(tonumber(ARGV[2]))
-if err then return redis.error_reply('ftlayer persist: ' .. err) end
+local chunks, bad = read_input('persist')
+if not chunks then return bad end
 if redis.call('EXISTS', KEYS[12]) == 1 then
   redis.call('HINCRBY', K_STATS, 'persisted', 0)  -- a write all the same: see the note in REPLAY
   return {0, tonumber(redis.call('GET', K_GEN) or '0')}
@@ -385,25 +384,17 @@ REPLAY = (
     + PERSIST_LIB
     + r"""
 CH_BASE = 12
-local nch = tonumber(ARGV[2])
-local chunks, err = parse_chunks(ARGV[3], nch)
-err = err or channel_keys_error(nch)
-if err then return redis.error_reply('ftlayer replay: ' .. err) end
+local chunks, bad = read_input('replay')
+if not chunks then return bad end
 local used = chunk_in_use(chunks)
 if used then return {-1, used} end
-local olds, at = ARGV[4], 0
-for _, c in ipairs(chunks) do
-  local base = at
-  take_records(c, function(i)
-    local old = string.sub(olds, base + 8 * i + 1, base + 8 * i + 8)
-    if redis.call('HDEL', K_FAILED, old) == 1 then
-      redis.call('ZREM', K_DUE, old)
-      return true
-    end
-    return false
-  end)
-  at = at + 8 * c.n
-end
+take_by_olds(chunks, ARGV[4], function(old)
+  if redis.call('HDEL', K_FAILED, old) == 1 then
+    redis.call('ZREM', K_DUE, old)
+    return true
+  end
+  return false
+end)
 local replayed = store_chunks(chunks)
 local dead, dead_n = ARGV[5], 0
 for p = 1, #dead - 7, 8 do
@@ -444,10 +435,8 @@ REQUEUE = (
     + PERSIST_LIB
     + r"""
 CH_BASE = 12
-local nch = tonumber(ARGV[2])
-local chunks, err = parse_chunks(ARGV[3], nch)
-err = err or channel_keys_error(nch)
-if err then return redis.error_reply('ftlayer requeue: ' .. err) end
+local chunks, bad = read_input('requeue')
+if not chunks then return bad end
 local ids, pos, eids = ARGV[4], 1, {}
 for _, c in ipairs(chunks) do
   local mine = {}
@@ -489,10 +478,8 @@ MIGRATE = (
     + PERSIST_LIB
     + r"""
 CH_BASE = 12
-local nch = tonumber(ARGV[2])
-local chunks, err = parse_chunks(ARGV[3], nch)
-err = err or channel_keys_error(nch)
-if err then return redis.error_reply('ftlayer migrate: ' .. err) end
+local chunks, bad = read_input('migrate')
+if not chunks then return bad end
 local olds = ARGV[4]
 local used = chunk_in_use(chunks)
 if used then
@@ -501,14 +488,7 @@ if used then
   end
   return 0
 end
-local at = 0
-for _, c in ipairs(chunks) do
-  local base = at
-  take_records(c, function(i)
-    return redis.call('HDEL', KEYS[12], string.sub(olds, base + 8 * i + 1, base + 8 * i + 8)) == 1
-  end)
-  at = at + 8 * c.n
-end
+take_by_olds(chunks, olds, function(old) return redis.call('HDEL', KEYS[12], old) == 1 end)
 local count = store_chunks(chunks)
 settle_counts()
 return count

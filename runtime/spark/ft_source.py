@@ -453,7 +453,7 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
 
     def read_raw(self, partition: ChannelPartition) -> Iterator[Any]:
         """The records of ``(start, end]`` of one channel (of each shard) as read (source columns)."""
-        for shard, after, until in getattr(partition, "ranges", [(0, partition.start, partition.end)]):
+        for shard, after, until in partition.ranges:
             yield from self._read_range(partition.channel, shard, after, until)
 
     def _read_range(self, c: int, shard: int, after: str, until: str) -> Iterator[Any]:
