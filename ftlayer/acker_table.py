@@ -36,6 +36,8 @@ and out once (when acked). Contract of :meth:`AckerTable.xor`:
   then applies exactly the chunks that are missing.)
 
 Cost: one round trip per ``min(flush_batch_size, FLUSH_MAX_RECORDS)`` deltas; server work O(deltas).
+Deltas may come as :class:`~ftlayer.delta_arrays.DeltaArrays` (combined in numpy by a task):
+same calls, same effect, no Python object per record.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftlayer.chunks import ChunkState, chunk_key, index_of
+from ftlayer.delta_arrays import DeltaArrays
 from ftlayer.errors import InvalidArgumentError, InvalidIdError
 from ftlayer.flush_tokens import FlushToken, as_token
 from ftlayer.script_bounds import FLUSH_MAX_RECORDS
@@ -174,7 +177,7 @@ class AckerTable:
 
     def xor(
         self,
-        deltas: Mapping[int, int] | Iterable[tuple[int, int]],
+        deltas: Mapping[int, int] | Iterable[tuple[int, int]] | DeltaArrays,
         *,
         token: str | FlushToken | None = None,
         fails: Mapping[int, str] | None = None,
@@ -191,7 +194,7 @@ class AckerTable:
         """
         where = f"flush of source {self.store.keys.prefix!r}"
         fail_map = _checked_fails(fails, where)
-        if not isinstance(deltas, (Mapping, list, tuple)):
+        if not isinstance(deltas, (Mapping, list, tuple, DeltaArrays)):
             try:  # an iterator is read once here, so a bad pair can still be named below
                 deltas = list(deltas)
             except TypeError as exc:
@@ -217,7 +220,7 @@ class AckerTable:
         """Ack records: ``{source_record_id: current_record_id}`` XORed out (a sink's ack)."""
         return self.xor(current_ids, token=token)
 
-    def complete(self, deltas: Mapping[int, int]) -> FlushResult:
+    def complete(self, deltas: Mapping[int, int] | DeltaArrays) -> FlushResult:
         """Apply only the deltas that complete their record; leave every other record untouched.
 
         ``acked`` lists the ids this call completed; a delta not applied (its record's tree is
@@ -231,12 +234,14 @@ class AckerTable:
             result = result.merge(self._flush(blob, b"", None, completing_only=True))
         return result
 
-    def _packed(self, deltas: Mapping[int, int] | list[Any] | tuple[Any, ...], where: str) -> list[bytes]:
+    def _packed(self, deltas: Mapping[int, int] | list[Any] | tuple[Any, ...] | DeltaArrays, where: str) -> list[bytes]:
         """Deltas combined per id (zeros dropped), sorted and packed in chunks of at most
         ``min(flush_batch_size, FLUSH_MAX_RECORDS)`` (bounded Lua time per call); none if empty.
         Every chunk is packed before any is sent: struct refuses an id or delta that is no
         int64, and :class:`InvalidIdError` then names the first bad pair (nothing applied)."""
         size = min(self.store.config.flush_batch_size, FLUSH_MAX_RECORDS)
+        if isinstance(deltas, DeltaArrays):  # combined, sorted and int64 already
+            return deltas.chunks(size)
         try:
             if isinstance(deltas, Mapping):
                 combined = {sid: v for sid, v in deltas.items() if v or not isinstance(v, int)}

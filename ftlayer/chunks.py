@@ -46,7 +46,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ftlayer.errors import FrameError, InvalidIdError
-from ftlayer.frames import encode_source_frames
 from ftlayer.ids import new_ids
 
 __all__ = [
@@ -65,7 +64,6 @@ __all__ = [
     "bitmap_bytes",
     "chunk_base",
     "chunk_key",
-    "encode_source_chunks",
     "frame_spans",
     "index_of",
     "new_chunk_bases",
@@ -314,23 +312,6 @@ def rekey_chunk(chunk: PackedChunk, num_shards: int = 1) -> PackedChunk:
             _U32.pack_into(frames, lo + 44, crc)
     frames.release()
     return PackedChunk(key, bytes(blob), tuple(base | index_of(sid) for sid in chunk.sids))
-
-
-def encode_source_chunks(
-    source_id: int, payloads: Sequence[bytes], key_hashes: Sequence[int], channels: Sequence[int], *,
-    num_shards: int = 1,
-    among: Sequence[int] | None = None,
-) -> list[PackedChunk]:
-    """New source records as persist input: ids drawn per channel in chunks (:func:`assign_sids`,
-    spread over the shards, or over ``among``), fresh current ids, frames encoded
-    (``ftlayer.frames.encode_source_frames``). Ingest's hot path."""
-    sids = assign_sids(channels, [48 + len(p) for p in payloads], num_shards=num_shards, among=among)
-    cids = new_ids(len(payloads))
-    ids = [0] * (2 * len(payloads))
-    ids[0::2] = sids
-    ids[1::2] = cids
-    frames = encode_source_frames(source_id, ids, key_hashes, payloads, channels)
-    return pack_record_chunks(frames, sids, cids, channels)
 
 
 @dataclass(frozen=True)

@@ -75,8 +75,18 @@ def _hash_one(value: Any, seed: int) -> int:
     return to_signed64(xxhash.xxh64_intdigest(data, seed=useed))
 
 
+_xxh64 = xxhash.xxh64_intdigest
+_SIGN64 = 1 << 63
+
+
 def key_hash(key: Any) -> int:
     """Spark-compatible signed 64-bit hash of a key (see the module table). Pure."""
+    if type(key) is str:  # the common key, once per keyed record: no type dispatch
+        try:
+            value = _xxh64(key.encode("utf-8"), SPARK_SEED)
+        except UnicodeEncodeError:
+            return _hash_one(key, SPARK_SEED)  # raises as every other path does
+        return value - (1 << 64) if value >= _SIGN64 else value
     return _hash_one(key, SPARK_SEED)
 
 

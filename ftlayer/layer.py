@@ -21,7 +21,8 @@ import redis
 
 from ftlayer.acker_table import FlushResult
 from ftlayer.batch_acks import BatchAcks
-from ftlayer.chunks import PackedChunk, encode_source_chunks, shard_of, sid_at
+from ftlayer.chunk_encoding import encode_source_chunks
+from ftlayer.chunks import PackedChunk, shard_of, sid_at
 from ftlayer.config import FTConfig
 from ftlayer.dead_letters import (
     DeadLetter,
@@ -32,6 +33,7 @@ from ftlayer.dead_letters import (
     shard_cursor,
     unqualify,
 )
+from ftlayer.delta_arrays import DeltaArrays
 from ftlayer.errors import ConfigError, InvalidIdError
 from ftlayer.flush_tokens import FlushToken
 from ftlayer.frames import SemiDeserializedRecord
@@ -130,7 +132,7 @@ class FTLayer:
 
     def xor(
         self,
-        deltas: Mapping[int, int] | Iterable[tuple[int, int]],
+        deltas: Mapping[int, int] | Iterable[tuple[int, int]] | DeltaArrays,
         *,
         token: str | FlushToken | None = None,
         fails: Mapping[int, str] | None = None,
@@ -141,27 +143,32 @@ class FTLayer:
         if self.num_shards == 1:
             return self.acker.xor(deltas, token=token, fails=fails, no_replay=no_replay)
         try:
-            pairs = list(deltas.items()) if isinstance(deltas, Mapping) else list(deltas)
-            delta_parts = by_shard(pairs, lambda p: p[0], self.num_shards)
+            delta_parts: Mapping[int, Any]
+            if isinstance(deltas, DeltaArrays):
+                delta_parts = deltas.by_shard(self.num_shards)
+            else:
+                pairs = list(deltas.items()) if isinstance(deltas, Mapping) else list(deltas)
+                delta_parts = by_shard(pairs, lambda p: p[0], self.num_shards)
             fail_parts = split_by_shard(fails or {}, self.num_shards)
         except TypeError:  # not ids at all: the acker names the first bad one and applies nothing
             return self.acker.xor(deltas, token=token, fails=fails, no_replay=no_replay)
         result = FlushResult()
         for k in sorted(set(delta_parts) | set(fail_parts)):
             result = result.merge(self.shards[k].acker.xor(
-                delta_parts.get(k, []), token=token, fails=fail_parts.get(k), no_replay=no_replay))
+                delta_parts.get(k, ()), token=token, fails=fail_parts.get(k), no_replay=no_replay))
         return result
 
     def ack(self, current_ids: Mapping[int, int], *, token: str | FlushToken | None = None) -> FlushResult:
         """Ack ``{source_record_id: current_record_id}`` (the last XOR of a record's life)."""
         return self.xor(current_ids, token=token)
 
-    def complete(self, deltas: Mapping[int, int]) -> FlushResult:
+    def complete(self, deltas: Mapping[int, int] | DeltaArrays) -> FlushResult:
         """Apply only the deltas that complete their record (no token needed; see AckerTable)."""
         if self.num_shards == 1:
             return self.acker.complete(deltas)
         try:
-            parts = split_by_shard(deltas, self.num_shards)
+            parts: Mapping[int, Any] = (deltas.by_shard(self.num_shards) if isinstance(deltas, DeltaArrays)
+                                        else split_by_shard(deltas, self.num_shards))
         except TypeError:
             return self.acker.complete(deltas)
         result = FlushResult()

@@ -116,6 +116,13 @@ class ReplayPartitioner(ABC):
 class Partitioner(ReplayPartitioner):
     """A strategy with both forms: live routing (:meth:`select`) and replay routing."""
 
+    def select_channels(self, key_hashes: Sequence[int]) -> list[int]:
+        """The channel of each of a batch of live records with these key hashes, in order:
+        ``select(key_hash=h)[0]`` for each (ingest's hot path; strategies that can, do it
+        without a call per record). For a strategy that selects one channel per record."""
+        select = self.select
+        return [select(key_hash=h)[0] for h in key_hashes]
+
     @abstractmethod
     def select(
         self, key_hash: int | None = None, upstream_channel: int | None = None

@@ -53,6 +53,14 @@ class FieldsPartitioner(Partitioner):
             raise PartitioningError(msg)
         return [key_hash % self._num_channels]
 
+    def select_channels(self, key_hashes: Sequence[int]) -> list[int]:
+        """``pmod(h, n)`` for each hash (``PartitioningError`` if one is None, as for select)."""
+        n = self._num_channels
+        try:
+            return [h % n for h in key_hashes]
+        except TypeError:
+            return super().select_channels(key_hashes)  # raises select's own error for a None
+
     def select_replay(self, record: RoutedRecord) -> list[int]:
         """``[pmod(record.key_hash, n)]``: the channel the live record went to."""
         return [record.key_hash % self._num_channels]
@@ -106,6 +114,14 @@ class RebalancePartitioner(Partitioner):
         channel = self._live_next
         self._live_next = (channel + 1) % self._num_channels
         return [channel]
+
+    def select_channels(self, key_hashes: Sequence[int]) -> list[int]:
+        """The next ``len(key_hashes)`` channels of the live round robin (hashes not read)."""
+        if self._offset is None and self._pid != os.getpid():
+            self._restart()
+        n, start = self._num_channels, self._live_next
+        self._live_next = (start + len(key_hashes)) % n
+        return [(start + i) % n for i in range(len(key_hashes))]
 
     def select_replay(self, record: RoutedRecord) -> list[int]:
         """The next channel of the replay round robin (the record is not read)."""
@@ -170,6 +186,10 @@ class GlobalPartitioner(Partitioner):
     ) -> list[int]:
         """``[0]``."""
         return [0]
+
+    def select_channels(self, key_hashes: Sequence[int]) -> list[int]:
+        """Channel 0 for each."""
+        return [0] * len(key_hashes)
 
     def select_replay(self, record: RoutedRecord) -> list[int]:
         """``[0]``."""

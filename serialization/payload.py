@@ -51,8 +51,9 @@ import datetime as _dt
 import decimal
 import functools
 import struct
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
@@ -74,6 +75,7 @@ __all__ = [
     "MAX_PAYLOAD_BYTES",
     "MAX_TUPLE_DEPTH",
     "pack_payload",
+    "unpack_many",
     "unpack_payload",
 ]
 
@@ -218,6 +220,29 @@ def _pack(value: Any, depth: int = 0, buf_size: int = 256 * 1024) -> bytes:
     return data
 
 
+class _ThreadPackers(threading.local):
+    """One top-level ``msgpack.Packer`` per thread, reused for every payload.
+
+    Building a Packer (what ``packb`` does per call) costs about three times the
+    packing of a small record. A Packer is not thread-safe, hence one per thread;
+    it is not re-entered either: tuples (the only nested packing) go through
+    :func:`_pack`. After an error msgpack empties the buffer, so the next value
+    starts clean. Its buffer keeps the largest size it grew to, so a thread that
+    packed a payload over ``_PACKER_KEEP_BYTES`` gets a fresh Packer.
+    """
+
+    def __init__(self) -> None:
+        self.packer = self.fresh()
+
+    @staticmethod
+    def fresh() -> msgpack.Packer:
+        return msgpack.Packer(default=_DEFAULTS[0], use_bin_type=True, strict_types=True, autoreset=True)
+
+
+_PACKER_KEEP_BYTES = 1 << 20
+_PACKERS = _ThreadPackers()
+
+
 def pack_payload(value: Any) -> bytes:
     """Pack ``value`` into msgpack bytes that :func:`unpack_payload` turns back into it.
 
@@ -227,12 +252,14 @@ def pack_payload(value: Any) -> bytes:
     ``MAX_INT_DIGITS`` digits, nesting too deep, a result over ``MAX_PAYLOAD_BYTES``).
     """
     try:
-        data = _pack(value)
+        data: bytes = _PACKERS.packer.pack(value)
     except SerializationError:
         raise
     except (TypeError, ValueError, ArithmeticError, BufferError, RecursionError) as exc:
         msg = f"cannot serialize a value of type {type(value).__qualname__!r}: {exc}"
         raise SerializationError(msg) from exc
+    if len(data) > _PACKER_KEEP_BYTES:
+        _PACKERS.packer = _PACKERS.fresh()  # do not hold the grown buffer
     if len(data) > MAX_PAYLOAD_BYTES:
         msg = f"payload of {len(data)} bytes exceeds MAX_PAYLOAD_BYTES ({MAX_PAYLOAD_BYTES})"
         raise SerializationError(msg)
@@ -364,4 +391,23 @@ def unpack_payload(data: bytes) -> Any:
         raise
     except (ValueError, TypeError, ArithmeticError, RecursionError, msgpack.UnpackException) as exc:
         msg = f"cannot unpack a payload of {size} bytes: {type(exc).__name__}: {exc}"
+        raise SerializationError(msg) from exc
+
+
+def unpack_many(payloads: Sequence[bytes]) -> list[Any]:
+    """Each of ``payloads`` unpacked as :func:`unpack_payload` does, in one call.
+
+    For a column of payloads known to be ``bytes`` of at most ``MAX_PAYLOAD_BYTES``
+    (an Arrow binary column checked by its lengths): no per-item checks around the
+    unpacking, so it costs about a fifth less per item. Raises ``SerializationError``
+    if any item fails; which one is not said (unpack them one by one to find out).
+    """
+    unpack = _unpackb
+    hook = _EXT_HOOKS[0]
+    try:
+        return [unpack(p, ext_hook=hook, raw=False, strict_map_key=False, timestamp=3) for p in payloads]
+    except SerializationError:
+        raise
+    except (ValueError, TypeError, ArithmeticError, RecursionError, msgpack.UnpackException) as exc:
+        msg = f"cannot unpack one of {len(payloads)} payloads: {type(exc).__name__}: {exc}"
         raise SerializationError(msg) from exc

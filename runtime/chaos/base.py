@@ -26,7 +26,7 @@ from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError
 from ftlayer.layer import FTLayer
 from runtime.checker import Report, check
-from runtime.spark.handlers import DUPLICATE_FLUSH_PROPERTY
+from runtime.spark.xor_handler import DUPLICATE_FLUSH_PROPERTY
 from runtime.testing import FaultLog, ScriptedSource
 from runtime.topology import FTQuery, Topology
 

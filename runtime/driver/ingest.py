@@ -299,7 +299,7 @@ class Ingestor:
         A value whose key selector raises or that cannot be packed is rejected
         (see the module contract) and left out.
         """
-        select, key = self.partitioner.select, self.key
+        key = self.key
         try:  # the fast path: no per-value error handling
             payloads = [pack_payload(v) for v in values]
             hashes = [NO_KEY_HASH] * len(values) if key is None else [key_hash(key(v)) for v in values]
@@ -314,7 +314,7 @@ class Ingestor:
                     continue
                 payloads.append(packed)
                 hashes.append(h)
-        return payloads, hashes, [select(key_hash=h)[0] for h in hashes]
+        return payloads, hashes, self.partitioner.select_channels(hashes)
 
     def _reject(self, value: Any, exc: BaseException) -> None:
         what = "cannot be serialized" if isinstance(exc, SerializationError) else "key selector raised"
@@ -379,23 +379,24 @@ class Ingestor:
     def run(self) -> None:
         """Ingest until the source ends or ``stop()``; usable without the thread (tests)."""
         batch: list[Any] = []
-        started = time.monotonic()
+        monotonic, stopped = time.monotonic, self._stop.is_set  # once per record: no attribute lookups
+        batch_size, linger_s = self.batch_size, self.linger_s
+        started = monotonic()
         self._report("running")
         try:
             for value in source_iterator(self.source, self._stop):
                 if value is not None:
                     if not batch:
-                        started = time.monotonic()
+                        started = monotonic()
                     batch.append(value)
-                full = len(batch) >= self.batch_size
-                if batch and (full or value is None or time.monotonic() - started >= self.linger_s):
+                if batch and (len(batch) >= batch_size or value is None or monotonic() - started >= linger_s):
                     self._wait_for_room()
                     self._persist(batch)
                     done, batch = batch, []
                     self._ack(done)
                 if value is None:
-                    time.sleep(self.linger_s)
-                if self._stop.is_set():
+                    time.sleep(linger_s)
+                if stopped():
                     break
         except DurabilityError as exc:
             self._durability_failed(exc)

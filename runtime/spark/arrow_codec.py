@@ -132,9 +132,9 @@ def spans_to_record_batch(blob: bytes, starts: Any, lengths: Any) -> Any:
     (length, version, reserved flags, CRC-32); ``FrameError`` names the first bad one's
     index in the spans.
 
-    Cost: the headers are parsed as one numpy array and the payload column is
-    gathered from the buffer in one indexing step; only the CRC-32 check runs per
-    frame (in C, over memoryview slices, no copies).
+    Cost: the headers are parsed as one numpy array; per frame only the CRC-32
+    check and one slice of the payload column's join run (in C, over memoryview
+    slices; each payload is copied once, into the column).
     """
     import numpy as np
     import pyarrow as pa
@@ -170,10 +170,9 @@ def spans_to_record_batch(blob: bytes, starts: Any, lengths: Any) -> Any:
     sizes = lengths - HEADER_SIZE
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(sizes, out=offsets[1:])
-    # byte k of the payload column comes from blob[start of its frame's payload + its place in it]
-    total = int(offsets[-1])
-    gather = np.repeat(starts + HEADER_SIZE - offsets[:-1], sizes) + np.arange(total, dtype=np.int64)
-    payloads = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(buf[gather])])
+    # the payloads back to back: one join of slices (a memcpy each), not a gather index per byte
+    data = b"".join([view[s + HEADER_SIZE : e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)])
+    payloads = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
     i64, i32 = pa.int64(), pa.int32()
     return pa.RecordBatch.from_arrays(
         [

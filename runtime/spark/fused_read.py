@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftlayer.errors import ConfigError
-from runtime.spark.stages import ROW_COLUMNS, Stage
+from runtime.spark.row_batch import ROW_COLUMNS
+from runtime.spark.stages import Stage
 
 FUSED_OPTION = "fused_stage"
 

@@ -5,11 +5,13 @@
 - **Persister** (sources): gives each raw record a RecordId, hashes its key,
   serializes it into a SemiDeserializedRecord, routes it to a channel and
   persists it before it may be emitted.
-- **AnchorHandler** (operators): remembers the input record's RecordId while
-  the user function runs, and gives every output a child id under the same
-  source record id. Child ids are ``child_id(input current id, operator, output
-  index)``, so a retried Spark task produces exactly the same ids.
-- **XorHandler** (operators and sinks): XORs each output id in and the input id
+- **AnchorHandler** (operators): ties every output of a user function to its
+  input record's RecordId: the same source record id, and a child id
+  ``child_id(input current id, operator, output index)``, so a retried Spark
+  task produces exactly the same ids. It works on a whole batch of rows at
+  once (:class:`~runtime.spark.row_batch.RowBatch`): ids and deltas are array
+  arithmetic; only the user function runs per record.
+- **XorHandler** (operators and sinks, :mod:`runtime.spark.xor_handler`): XORs each output id in and the input id
   out (the ack). An operator puts the delta of each input on its first output
   (or on a *carrier row* when it has none), so deltas cross Spark exchanges
   with the data; the sink combines everything it received per source record,
@@ -24,7 +26,7 @@
 picks the handler; user code does not change.
 
 Fault injection (tests and ``ftlayer chaos`` only): when
-:func:`duplicate_flushes` is true at flush time, :meth:`XorHandler.flush` sends
+:func:`~runtime.spark.xor_handler.duplicate_flushes` is true at flush time, :meth:`XorHandler.flush` sends
 every call twice with the same token, as a client retry after a lost reply
 would. The second call must be skipped by the server (counted in
 ``duplicate_flushes``) and change nothing. It is switched on by the environment
@@ -41,33 +43,27 @@ threads.
 
 from __future__ import annotations
 
-import os
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ftlayer.acker_table import FlushResult
+import numpy as np
+
 from ftlayer.errors import FailRecord
 from ftlayer.flush_tokens import FlushToken
-from ftlayer.ids import child_id
+from ftlayer.id_arrays import child_ids, xor_by_group
 from ftlayer.layer import FTLayer
+from runtime.spark.row_batch import CARRIER, Row, RowBatch
+from runtime.spark.xor_handler import DUPLICATE_FLUSH_ENV, DUPLICATE_FLUSH_PROPERTY, XorHandler, duplicate_flushes
+
+__all__ = [
+    "CARRIER", "DUPLICATE_FLUSH_ENV", "DUPLICATE_FLUSH_PROPERTY", "AnchorHandler", "FTHandler", "NonFTHandler", "Row",
+    "XorHandler", "duplicate_flushes", "failure_reason", "handler_for", "wants_replay",
+]
 
 MAX_TRACEBACK_CHARS = 4000
-DUPLICATE_FLUSH_ENV = "FTLAYER_CHAOS_DUPLICATE_FLUSH"
-DUPLICATE_FLUSH_PROPERTY = "ftlayer.chaos.duplicateFlush"
-
-
-def duplicate_flushes() -> bool:
-    """True when the duplicated-flush fault is switched on for this process or task (see module notes)."""
-    if os.environ.get(DUPLICATE_FLUSH_ENV) == "1":
-        return True
-    try:
-        from pyspark import TaskContext
-    except ImportError:  # no Spark here: only the environment switch applies
-        return False
-    tc = TaskContext.get()
-    return tc is not None and tc.getLocalProperty(DUPLICATE_FLUSH_PROPERTY) == "1"
+_CARRIED = -1  # per-input output count of a carrier row (it passes through as it is)
+_FAILED = -2  # per-input output count of a record whose chain raised (no row at all)
 
 
 def wants_replay(exc: BaseException) -> bool:
@@ -83,111 +79,50 @@ def failure_reason(exc: BaseException) -> str:
     return text[-MAX_TRACEBACK_CHARS:]
 
 
-@dataclass
-class XorHandler:
-    """Per-task XOR accumulator: combined deltas and fails per (source index, source record id).
+class AnchorHandler:
+    """Anchors a batch's outputs to their inputs: child ids and the deltas the outputs carry.
 
-    ``no_replay`` holds the failed ids to dead-letter at once (the first fail of an id in a
-    task decides its reason and whether it is replayed).
+    Pure: the rows it returns depend on the input rows and the outputs alone (never on
+    how Spark cut the Arrow batches), so a recomputed task carries exactly the same ids
+    and deltas to the same partitions.
     """
 
-    deltas: dict[int, dict[int, int]] = field(default_factory=dict)
-    fails: dict[int, dict[int, str]] = field(default_factory=dict)
-    no_replay: dict[int, set[int]] = field(default_factory=dict)
+    __slots__ = ("operator_id",)
 
-    def xor(self, src: int, sid: int, value: int) -> None:
-        per = self.deltas.setdefault(src, {})
-        per[sid] = per.get(sid, 0) ^ value
+    def __init__(self, operator_id: int) -> None:
+        self.operator_id = operator_id
 
-    def flush_completing(self, layers: Mapping[int, FTLayer], ids: Iterable[tuple[int, int, int]]) -> int:
-        """Send the combined delta of each ``(src, sid, _)`` in ``ids`` (the rows written since the
-        last call), to be applied only where it completes the record (:meth:`FTLayer.complete`);
-        forget those ids, keep the rest for a later flush. Returns how many records completed.
+    def anchor(self, batch: RowBatch, counts: Sequence[int], outputs: list[Any]) -> RowBatch:
+        """The output rows for ``batch``, given each input's output count and all outputs in order.
 
-        Safe without a token: a completing delta deletes its record, so sending it again (a
-        retry of this call, a retried task) changes nothing; a delta that does not complete is
-        never applied here, so it cannot be applied twice. Ids this task failed are left for
-        :meth:`flush` (their fail goes first there).
+        ``counts[i]`` is how many of ``outputs`` input ``i`` produced, or -1 for a carrier
+        row (passed through with its delta), or -2 for a failed record (no row). Per input,
+        the delta ``carried ^ input id ^ XOR(child ids)`` rides on its first output; an
+        input with no output becomes a carrier row holding that delta.
         """
-        send: dict[int, dict[int, int]] = {}
-        for src, sid, _ in ids:
-            value = self.deltas.get(src, {}).get(sid)
-            if value and sid not in self.fails.get(src, {}):
-                send.setdefault(src, {})[sid] = value
-        completed = 0
-        for src, deltas in send.items():
-            per = self.deltas[src]
-            for sid in layers[src].complete(deltas).acked:
-                del per[sid]
-                completed += 1
-        return completed
-
-    def fail(self, src: int, sid: int, reason: str, *, replay: bool = True) -> None:
-        per = self.fails.setdefault(src, {})
-        if sid in per:
-            return
-        per[sid] = reason
-        if not replay:
-            self.no_replay.setdefault(src, set()).add(sid)
-
-    def empty(self) -> bool:
-        return not any(self.deltas.values()) and not any(self.fails.values())
-
-    def flush(self, layers: Mapping[int, FTLayer], token: str | FlushToken) -> dict[int, FlushResult]:
-        """Send everything accumulated, one call per source, then reset. Idempotent per token.
-
-        With :func:`duplicate_flushes` on, each call is sent a second time with the same
-        token (fault injection); the first call's result is returned.
-        """
-        out: dict[int, FlushResult] = {}
-        twice = duplicate_flushes()
-        for src in sorted(set(self.deltas) | set(self.fails)):
-            deltas = {sid: v for sid, v in self.deltas.get(src, {}).items() if v}
-            fails = self.fails.get(src, {})
-            if deltas or fails:
-                final = self.no_replay.get(src, set())
-                part = token.child(f"s{src}") if isinstance(token, FlushToken) else f"{token}/s{src}"
-                out[src] = layers[src].xor(deltas, token=part, fails=fails, no_replay=final)
-                if twice:
-                    layers[src].xor(deltas, token=part, fails=fails, no_replay=final)
-        self.deltas.clear()
-        self.fails.clear()
-        self.no_replay.clear()
-        return out
+        n = len(batch)
+        op = self.operator_id
+        c = np.asarray(counts, dtype=np.int64)
+        if len(outputs) == n and (n == 0 or int(c.min()) == 1):  # a map: one output each, no lists
+            child = child_ids(batch.cid, op, 0)
+            return RowBatch(batch.src, batch.sid, child, batch.origin, outputs, batch.delta ^ batch.cid ^ child)
+        rows_per = np.where(c == _FAILED, 0, np.maximum(c, 1))  # no output, or a carrier: one carrier row
+        idx = np.repeat(np.arange(n), rows_per)
+        starts = np.zeros(n, dtype=np.int64)
+        np.cumsum(rows_per[:-1], out=starts[1:])
+        index = np.arange(idx.size) - np.repeat(starts, rows_per)  # output index within its input
+        real = np.repeat(c >= 1, rows_per)
+        child = np.where(real, child_ids(batch.cid[idx], op, index), 0)
+        kept = rows_per > 0
+        base = batch.delta ^ np.where(c == _CARRIED, 0, batch.cid)
+        delta = np.zeros(idx.size, dtype=np.int64)
+        delta[starts[kept]] = base[kept] ^ xor_by_group(child, starts[kept])
+        values: list[Any] = [CARRIER] * idx.size
+        for at, out in zip(np.flatnonzero(real).tolist(), outputs, strict=True):
+            values[at] = out
+        return RowBatch(batch.src[idx], batch.sid[idx], child, batch.origin[idx], values, delta)
 
 
-class AnchorHandler:
-    """Holds the anchor (input) record while a user function runs; derives child ids."""
-
-    __slots__ = ("cid", "sid", "src")
-
-    def __init__(self) -> None:
-        self.src = 0
-        self.sid = 0
-        self.cid = 0
-
-    def anchor(self, src: int, sid: int, cid: int) -> None:
-        self.src, self.sid, self.cid = src, sid, cid
-
-    def child(self, operator_id: int, index: int) -> int:
-        return child_id(self.cid, operator_id, index)
-
-
-class _Carrier:
-    """Type of :data:`CARRIER`."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "CARRIER"
-
-
-#: The value of a *carrier row*: a row with no record, only an XOR delta on its way to the sink.
-CARRIER: Any = _Carrier()
-
-# (source index, source record id, current id, origin id, value, carried delta). The carried
-# delta is XORed into the acker by whichever terminal stage (the sink) receives the row.
-Row = tuple[int, int, int, int, Any, int]
 Chain = Callable[[Any], list[Any]]
 
 
@@ -196,7 +131,7 @@ class FTHandler:
 
     Deltas travel *in-band*: an operator does not flush its own XORs, it puts
     them on its outputs and the sink flushes everything it received in one
-    call per task (see :meth:`process`). Only explicit fails are flushed by
+    call per task (see :meth:`process_batch`). Only explicit fails are flushed by
     an intermediate stage.
     """
 
@@ -204,67 +139,69 @@ class FTHandler:
 
     def __init__(self, operator_id: int) -> None:
         self.operator_id = operator_id
-        self.anchor = AnchorHandler()
+        self.anchors = AnchorHandler(operator_id)
         self.xors = XorHandler()
         self.failed = 0
         self.dropped: dict[int, int] = {}  # FT off only: records dropped by FailRecord, per source index
 
-    def process(self, rows: Iterable[Row], chain: Chain) -> Iterator[Row]:
-        """Run ``chain`` on each input; yield outputs with child ids and the delta they carry.
+    def process_batch(self, batch: RowBatch, chain: Chain) -> RowBatch:
+        """Run ``chain`` on each input of ``batch``; the outputs with child ids and the deltas they carry.
 
         Per input row, the delta ``carried ^ input id ^ XOR(child ids)`` rides
         on its first output; an input with no output yields a carrier row
-        holding the delta instead, and carrier inputs pass through. The
-        delta depends on that row alone (never on how Spark cut the Arrow
-        batches), so a recomputed task carries exactly the same deltas to
-        the same partitions. A record whose chain raises is failed (its
-        whole tree; the failure is flushed by the task) and yields nothing:
-        its carried delta is dropped, as any later delta of a failed record
-        is ignored.
+        holding the delta instead, and carrier inputs pass through (see
+        :meth:`AnchorHandler.anchor`). A record whose chain raises is failed
+        (its whole tree; the failure is flushed by the task) and yields
+        nothing: its carried delta is dropped, as any later delta of a failed
+        record is ignored.
         """
-        anchor, op = self.anchor, self.operator_id
-        for src, sid, cid, origin, value, carried in rows:
+        outputs: list[Any] = []
+        counts: list[int] = []
+        count, extend = counts.append, outputs.extend
+        for i, value in enumerate(batch.values):
             if value is CARRIER:
-                yield src, sid, 0, origin, CARRIER, carried
+                count(_CARRIED)
                 continue
-            anchor.anchor(src, sid, cid)
             try:
-                outputs = chain(value)
+                out = chain(value)
             except Exception as exc:  # any user error fails the record, not the query
-                self.fail(src, sid, exc)
+                self.fail(int(batch.src[i]), int(batch.sid[i]), exc)
+                count(_FAILED)
                 continue
-            delta = carried ^ cid
-            if len(outputs) == 1:  # the common case (map), without the lists
-                child = child_id(cid, op, 0)
-                yield src, sid, child, origin, outputs[0], delta ^ child
-                continue
-            if not outputs:
-                yield src, sid, 0, origin, CARRIER, delta
-                continue
-            children = [child_id(cid, op, i) for i in range(len(outputs))]
-            for child in children:
-                delta ^= child
-            for i, out in enumerate(outputs):
-                yield src, sid, children[i], origin, out, delta if i == 0 else 0
+            count(len(out))
+            extend(out)
+        return self.anchors.anchor(batch, counts, outputs)
 
-    def receive(self, rows: Iterable[Row]) -> list[Row]:
+    def process(self, rows: Iterable[Row], chain: Chain) -> Iterator[Row]:
+        """:meth:`process_batch` for rows as tuples (``(src, sid, cid, origin, value, carried delta)``)."""
+        return self.process_batch(RowBatch.from_rows(list(rows)), chain).rows()
+
+    def receive_batch(self, batch: RowBatch) -> RowBatch:
         """At the sink: apply the carrier rows' deltas now (they hold no record and stand
         whatever the write does) and return the record rows, to be written and then acked
         with ``cid ^ delta``."""
-        xor = self.xors.xor
-        out: list[Row] = []
-        for row in rows:
-            if row[4] is CARRIER:
-                xor(row[0], row[1], row[5])
-            else:
-                out.append(row)
-        return out
+        records = [v is not CARRIER for v in batch.values]
+        if all(records):
+            return batch
+        mask = np.asarray(records, dtype=bool)
+        carriers = ~mask
+        self.xors.xor_many(batch.src[carriers], batch.sid[carriers], batch.delta[carriers])
+        return batch.take(mask, [v for v in batch.values if v is not CARRIER])
+
+    def receive(self, rows: Iterable[Row]) -> list[Row]:
+        """:meth:`receive_batch` for rows as tuples."""
+        return list(self.receive_batch(RowBatch.from_rows(list(rows))).rows())
+
+    def ack_batch(self, batch: RowBatch) -> None:
+        """A sink acks every row of ``batch`` (``cid ^ carried delta``) after its write succeeded."""
+        self.xors.xor_many(batch.src, batch.sid, batch.cid ^ batch.delta)
 
     def ack(self, rows: Iterable[tuple[int, int, int]]) -> None:
         """A sink acks ``(src, sid, cid ^ carried delta)`` after its write succeeded."""
-        xor = self.xors.xor
-        for src, sid, value in rows:
-            xor(src, sid, value)
+        triples = list(rows)
+        if triples:
+            src, sid, value = zip(*triples, strict=True)
+            self.xors.xor_many(src, sid, value)
 
     def fail(self, src: int, sid: int, exc: BaseException) -> None:
         """Fail one record's tree for ``exc`` (flushed by this task): replayed, or dead-lettered
@@ -283,21 +220,23 @@ class FTHandler:
         if not self.xors.empty():
             self.xors.flush(layers, token)
 
-    def flush_completing(self, layers: Mapping[int, FTLayer], ids: Iterable[tuple[int, int, int]]) -> int:
-        """Ack now the records of ``ids`` whose trees this task's deltas complete (see XorHandler)."""
-        return self.xors.flush_completing(layers, ids)
+    def flush_completing(self, layers: Mapping[int, FTLayer], written: Sequence[RowBatch]) -> int:
+        """Ack now the records of the rows ``written`` whose trees this task's deltas complete
+        (see :meth:`XorHandler.flush_completing`)."""
+        if not written:
+            return 0
+        return self.xors.flush_completing(layers, np.concatenate([b.src for b in written]),
+                                          np.concatenate([b.sid for b in written]))
 
-    def still_pending(self, layers: Mapping[int, FTLayer], rows: list[Row]) -> list[Row]:
+    def still_pending(self, layers: Mapping[int, FTLayer], batch: RowBatch) -> RowBatch:
         """The rows whose source record is still pending (a retried task's filter): a record an
         earlier attempt completed was written, and one that failed will be replayed."""
-        by_src: dict[int, list[int]] = {}
-        for row in rows:
-            by_src.setdefault(row[0], []).append(row[1])
-        alive: dict[int, set[int]] = {}
-        for src, sids in by_src.items():
-            flags = layers[src].pending_of(sids)
-            alive[src] = {sid for sid, ok in zip(sids, flags, strict=True) if ok}
-        return [row for row in rows if row[1] in alive[row[0]]]
+        keep = np.zeros(len(batch), dtype=bool)
+        for src in np.unique(batch.src).tolist():
+            at = np.flatnonzero(batch.src == src)
+            flags = layers[src].pending_of(batch.sid[at].tolist())
+            keep[at] = np.asarray(flags, dtype=bool)
+        return batch.take(keep, [v for v, k in zip(batch.values, keep.tolist(), strict=True) if k])
 
 
 class NonFTHandler(FTHandler):
@@ -309,16 +248,32 @@ class NonFTHandler(FTHandler):
 
     ft_on = False
 
-    def process(self, rows: Iterable[Row], chain: Chain) -> Iterator[Row]:
-        for src, sid, cid, origin, value, _ in rows:
+    def process_batch(self, batch: RowBatch, chain: Chain) -> RowBatch:
+        outputs: list[Any] = []
+        counts: list[int] = []
+        count, extend = counts.append, outputs.extend
+        for i, value in enumerate(batch.values):
             try:
-                outputs = chain(value)
+                out = chain(value)
             except FailRecord:  # FT off: nothing can replay it; the record is dropped and counted
                 self.failed += 1
+                src = int(batch.src[i])
                 self.dropped[src] = self.dropped.get(src, 0) + 1
+                count(0)
                 continue
-            for out in outputs:
-                yield src, sid, cid, origin, out, 0
+            count(len(out))
+            extend(out)
+        if len(outputs) == len(batch) and (not counts or min(counts) == 1):
+            return RowBatch(batch.src, batch.sid, batch.cid, batch.origin, outputs, np.zeros(len(batch), np.int64))
+        out_rows = batch.take(np.repeat(np.arange(len(batch)), counts), outputs)
+        out_rows.delta = np.zeros(len(outputs), np.int64)
+        return out_rows
+
+    def receive_batch(self, batch: RowBatch) -> RowBatch:
+        return batch
+
+    def ack_batch(self, batch: RowBatch) -> None:
+        return None
 
     def ack(self, rows: Iterable[tuple[int, int, int]]) -> None:
         return None
@@ -332,11 +287,11 @@ class NonFTHandler(FTHandler):
     def flush(self, layers: Mapping[int, FTLayer], token: str | FlushToken) -> None:
         return None
 
-    def flush_completing(self, layers: Mapping[int, FTLayer], ids: Iterable[tuple[int, int, int]]) -> int:
+    def flush_completing(self, layers: Mapping[int, FTLayer], written: Sequence[RowBatch]) -> int:
         return 0
 
-    def still_pending(self, layers: Mapping[int, FTLayer], rows: list[Row]) -> list[Row]:
-        return rows
+    def still_pending(self, layers: Mapping[int, FTLayer], batch: RowBatch) -> RowBatch:
+        return batch
 
 
 def handler_for(ft_on: bool, operator_id: int) -> FTHandler:

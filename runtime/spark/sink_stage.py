@@ -18,15 +18,16 @@ replayed). So a retry writes again only what the dead attempt had not acked.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ftlayer.flush_tokens import NO_QUERY, QUERY_ID_PROPERTY, FlushToken, batch_key
 from runtime.graph import Op
 from runtime.sinks import ExecutorSink, ForeachBatchSink, SinkContext
-from runtime.spark.handlers import CARRIER, FTHandler, Row, handler_for
-from runtime.spark.stages import ROW_COLUMNS, TaskEnv, decode_rows, make_chain
+from runtime.spark.handlers import CARRIER, FTHandler, handler_for
+from runtime.spark.row_batch import ROW_COLUMNS, RowBatch, decode_batch
+from runtime.spark.stages import TaskEnv, make_chain
 from serialization.payload import unpack_payload
 
 __all__ = ["DriverSinkBatch", "SinkStage"]
@@ -53,43 +54,43 @@ class SinkStage:
         layers = self.env.layers() if handler.ft_on else {}
         every = self.env.config.sink_ack_every_records if handler.ft_on else 0
         chain = make_chain(self.ops) if self.ops else None
-        written = 0
-        unacked: list[tuple[int, int, int]] = []  # rows written and acked in the task, not yet sent
+        written = unacked_rows = 0
+        unacked: list[RowBatch] = []  # rows written and acked in the task, not yet sent
         ctx = SinkContext(str(batch_id), partition, attempt)
         for rb in batches:
-            rows: Iterable[Row] = decode_rows(rb, handler, None)
+            batch = decode_batch(rb, handler, None)
             if chain is not None:  # fused operators: their deltas ride on their outputs
-                rows = handler.process(rows, chain)
-            received = handler.receive(rows)
-            if every and attempt > 0 and received:  # a retry: what an earlier attempt completed stays written
-                received = handler.still_pending(layers, received)
-            acks: list[tuple[int, int, int]] = []
-            values: list[Any] = []
-            origins: list[int] = []
-            sids: list[int] = []
-            for src, sid, cid, origin, value, delta in received:
-                acks.append((src, sid, cid ^ delta))
-                values.append(value)
-                origins.append(origin)
-                sids.append(sid)
-            ctx = SinkContext(str(batch_id), partition, attempt, origins, sids)
+                batch = handler.process_batch(batch, chain)
+            batch = handler.receive_batch(batch)
+            if every and attempt > 0 and len(batch):  # a retry: what an earlier attempt completed stays written
+                batch = handler.still_pending(layers, batch)
+            sids = batch.sid.tolist()
+            ctx = SinkContext(str(batch_id), partition, attempt, batch.origin.tolist(), sids)
             try:
-                self.sink.write(values, ctx)
+                self.sink.write(batch.values, ctx)
             except Exception as exc:  # a failed write fails its records; they are replayed
-                handler.fail_all(acks, exc)
+                handler.fail_all(_ids([batch]), exc)
             else:
-                handler.ack(acks)
-                written += len(values)
+                handler.ack_batch(batch)
+                written += len(batch)
                 if every:
-                    unacked.extend(acks)
-            if every and len(unacked) >= every:
+                    unacked.append(batch)
+                    unacked_rows += len(batch)
+            if every and unacked_rows >= every:
                 handler.flush_completing(layers, unacked)
-                unacked = []
+                unacked, unacked_rows = [], 0
         self.env.report(handler)
         if handler.ft_on:
             handler.flush(layers, self.env.token(f"st{self.stage_id}"))
         self.sink.after_flush(ctx)
         yield pa.RecordBatch.from_arrays([pa.array([written], pa.int64())], names=["written"])
+
+
+def _ids(batches: list[RowBatch]) -> Iterator[tuple[int, int, int]]:
+    """``(src, sid, 0)`` of every row of ``batches`` (what ``fail_all`` takes)."""
+    for batch in batches:
+        for src, sid in zip(batch.src.tolist(), batch.sid.tolist(), strict=True):
+            yield src, sid, 0
 
 
 @dataclass

@@ -36,15 +36,14 @@ from typing import Any
 
 from ftlayer.config import FTConfig
 from ftlayer.flush_tokens import FlushToken, task_token
-from ftlayer.ids import child_id
 from ftlayer.keyhash import NO_KEY_HASH, key_hash
 from ftlayer.layer import FTLayer
 from runtime.graph import Op
-from runtime.spark.handlers import CARRIER, FTHandler, Row, handler_for
-from serialization.payload import pack_payload, unpack_payload
+from runtime.spark.handlers import FTHandler, handler_for
+from runtime.spark.row_batch import CARRIER, decode_batch, encoded_to_arrow
+from serialization.payload import pack_payload
 
 ROW_SCHEMA = "src int, sid long, cid long, origin long, key_hash long, channel int, payload binary, delta long"
-ROW_COLUMNS = ("src", "sid", "cid", "origin", "key_hash", "channel", "payload", "delta")
 
 
 def make_chain(ops: Sequence[Op]) -> Callable[[Any], list[Any]]:
@@ -141,51 +140,10 @@ class Stage:
         chain = encoding_chain(make_chain(self.ops), self.key)
         n = env.num_channels
         for rb in batches:
-            rows = decode_rows(rb, handler, self.fanout)
-            yield _to_batch(handler.process(rows, chain), n)
+            yield encoded_to_arrow(handler.process_batch(decode_batch(rb, handler, self.fanout), chain), n)
         env.report(handler)
         if not handler.xors.empty():  # explicit fails only: deltas went downstream
             handler.flush(env.layers(), env.token(f"st{self.stage_id}"))
-
-
-def _to_batch(outputs: Iterable[Row], n: int) -> Any:
-    """A stage's outputs, each value ``(payload, key_hash)`` (see :func:`encoding_chain`), as an
-    Arrow batch of rows; channel = ``key_hash mod n`` (what a keyed edge routes by).
-
-    A carrier row goes to channel ``sid mod n``: any partition may apply a
-    delta, and this choice is deterministic.
-    """
-    import pyarrow as pa
-
-    src_o: list[int] = []
-    sid_o: list[int] = []
-    cid_o: list[int] = []
-    org_o: list[int] = []
-    kh_o: list[int] = []
-    ch_o: list[int] = []
-    pl_o: list[bytes | None] = []
-    dl_o: list[int] = []
-    for src, sid, cid, origin, value, delta in outputs:
-        src_o.append(src)
-        sid_o.append(sid)
-        cid_o.append(cid)
-        org_o.append(origin)
-        dl_o.append(delta)
-        if value is CARRIER:
-            kh_o.append(NO_KEY_HASH)
-            ch_o.append(sid % n)
-            pl_o.append(None)
-            continue
-        payload, h = value
-        kh_o.append(h)
-        ch_o.append(h % n)
-        pl_o.append(payload)
-    return pa.RecordBatch.from_arrays(
-        [pa.array(src_o, pa.int32()), pa.array(sid_o, pa.int64()), pa.array(cid_o, pa.int64()),
-         pa.array(org_o, pa.int64()), pa.array(kh_o, pa.int64()), pa.array(ch_o, pa.int32()),
-         pa.array(pl_o, pa.binary()), pa.array(dl_o, pa.int64())],
-        names=list(ROW_COLUMNS),
-    )
 
 
 @dataclass(frozen=True)
@@ -216,55 +174,19 @@ class StatefulStage:
             # outputs are packed inside apply(): an output that cannot be packed undoes the state change
             return store.apply(key(value), lambda state: [(pack_payload(o), NO_KEY_HASH) for o in fn(state, value)])
 
-        def keys(rows: list[Row]) -> Iterator[Any]:
-            for row in rows:
-                if row[4] is not CARRIER:
+        def keys(values: list[Any]) -> Iterator[Any]:
+            for value in values:
+                if value is not CARRIER:
                     try:
-                        yield key(row[4])
+                        yield key(value)
                     except Exception:  # raises again in chain(), which fails the record
                         continue
 
         for rb in batches:
-            rows = list(decode_rows(rb, handler, None))
-            store.load(keys(rows))
-            yield _to_batch(handler.process(rows, chain), env.num_channels)
+            batch = decode_batch(rb, handler, None)
+            store.load(keys(batch.values))
+            yield encoded_to_arrow(handler.process_batch(batch, chain), env.num_channels)
         store.save()  # state first: the sink acks a record only after this stage's task ended
         env.report(handler)
         if not handler.xors.empty():
             handler.flush(env.layers(), env.token(f"st{self.stage_id}"))
-
-
-def decode_rows(rb: Any, handler: FTHandler, fanout: Fanout | None) -> Iterator[Row]:
-    """Decode a batch into rows ``(src, sid, cid, origin, value, carried delta)``.
-
-    A null payload decodes to :data:`~runtime.spark.handlers.CARRIER`. With a
-    fan-out, copy ``index`` gets its own current id; only the reader of copy 0
-    keeps the carried deltas and carrier rows (every copy reads the same
-    upstream rows, and each delta must be applied exactly once) and adds the
-    fan-out's own delta (the original out, every copy in).
-    """
-    src, sid, cid, origin, payload, carried = (
-        rb.column(name).to_pylist() for name in ("src", "sid", "cid", "origin", "payload", "delta")
-    )
-    fan = fanout if handler.ft_on else None  # FT off: no copy ids
-    for i in range(len(sid)):
-        c, d, p = cid[i], carried[i], payload[i]
-        if p is None:
-            if fan is None or fan.index == 0:
-                yield src[i], sid[i], 0, origin[i], CARRIER, d
-            continue
-        try:
-            value = unpack_payload(p)
-        except Exception as exc:  # an input that cannot be decoded fails its record, not the task
-            handler.fail(src[i], sid[i], exc)
-            continue
-        if fan is not None:
-            copies = [child_id(c, fan.op_id, j) for j in range(fan.copies)]
-            if fan.index == 0:
-                for copy in copies:
-                    d ^= copy
-                d ^= c
-            else:
-                d = 0
-            c = copies[fan.index]
-        yield src[i], sid[i], c, origin[i], value, d

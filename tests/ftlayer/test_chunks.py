@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ftlayer.chunk_encoding import encode_source_chunks
 from ftlayer.chunks import (
     CHUNK_MAX_RECORDS,
     CHUNK_TARGET_RECORDS,
@@ -18,7 +19,6 @@ from ftlayer.chunks import (
     assign_sids,
     chunk_base,
     chunk_key,
-    encode_source_chunks,
     frame_spans,
     index_of,
     pack_chunks,

@@ -215,3 +215,24 @@ def test_select_many_replay_needs_parallel_columns() -> None:
         GlobalPartitioner(3).select_many_replay([1, 2], [None])
     with pytest.raises(PartitioningError, match="fields partitioner"):
         FieldsPartitioner(3).select_many_replay([1, 2], [None])
+
+
+@given(st.lists(I64, max_size=50), CHANNELS, st.integers(0, 300))
+def test_select_channels_is_select_per_record(hashes: list[int], n: int, offset: int) -> None:
+    # ingest routes a batch with select_channels: the same channels, and the same state after
+    for strategy, make in (("fields", lambda: FieldsPartitioner(n)), ("global", lambda: GlobalPartitioner(n)),
+                           ("rebalance", lambda: RebalancePartitioner(n, offset))):
+        batch, single = make(), make()
+        first = batch.select_channels(hashes)
+        assert first == [single.select(key_hash=h)[0] for h in hashes], strategy
+        assert batch.select_channels(hashes) == [single.select(key_hash=h)[0] for h in hashes], strategy
+
+
+def test_select_channels_of_a_shuffle_stays_in_range() -> None:
+    got = ShufflePartitioner(7, seed=1).select_channels([0] * 700)
+    assert set(got) == set(range(7))
+
+
+def test_fields_select_channels_needs_every_key_hash() -> None:
+    with pytest.raises(PartitioningError, match="key hash"):
+        FieldsPartitioner(4).select_channels([1, None])  # type: ignore[list-item]

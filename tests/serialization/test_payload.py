@@ -413,3 +413,43 @@ def test_payload_errors_are_ftlayer_errors() -> None:
     assert issubclass(UnsupportedTypeError, FTLayerError)
     with pytest.raises(FTLayerError):
         unpack_payload(b"\xc1")
+
+
+def test_a_failed_pack_leaves_nothing_behind_for_the_next_value() -> None:
+    # pack_payload reuses one Packer per thread: a value that fails part-way must not leave its
+    # first bytes in the buffer of the next value's payload
+    with pytest.raises(UnsupportedTypeError):
+        pack_payload({"a": [1, 2, 3], "b": object()})
+    with pytest.raises(SerializationError):
+        pack_payload(["x" * 10, "\ud800"])
+    assert pack_payload({"k": 1}) == msgpack.packb({"k": 1})
+
+
+def test_threads_packing_at_once_get_their_own_payloads() -> None:
+    import threading
+
+    results: dict[int, list[bytes]] = {}
+
+    def work(t: int) -> None:
+        results[t] = [pack_payload({"thread": t, "i": i, "pad": "y" * (i % 300)}) for i in range(3000)]
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for t, payloads in results.items():
+        assert [unpack_payload(p) for p in payloads] == [
+            {"thread": t, "i": i, "pad": "y" * (i % 300)} for i in range(3000)
+        ]
+
+
+def test_a_large_payload_does_not_keep_its_buffer() -> None:
+    from serialization import payload
+
+    big = pack_payload(b"z" * (payload._PACKER_KEEP_BYTES + 10))
+    assert unpack_payload(big) == b"z" * (payload._PACKER_KEEP_BYTES + 10)
+    before = payload._PACKERS.packer
+    pack_payload(b"z" * (payload._PACKER_KEEP_BYTES + 10))
+    assert payload._PACKERS.packer is not before  # replaced after the large one
+    assert pack_payload(1) == b"\x01"

@@ -15,7 +15,8 @@ from ftlayer.errors import ConfigError
 from runtime.graph import Op
 from runtime.sinks import JsonLinesSink
 from runtime.spark.fused_read import FusedStage, decode, fused_from
-from runtime.spark.stages import ROW_COLUMNS, Stage, TaskEnv
+from runtime.spark.row_batch import ROW_COLUMNS
+from runtime.spark.stages import Stage, TaskEnv
 from runtime.topology import Topology
 from serialization.payload import pack_payload, unpack_payload
 from tests.runtime.test_topology_e2e import clicks

@@ -30,6 +30,7 @@ def _roots(n: int, seed: int) -> list[Row]:
     out: list[Row] = []
     for i in range(n):
         sid, cid = rnd.getrandbits(63) + 1, rnd.getrandbits(63) + 1
+        sid, cid = (-sid if i % 2 else sid), (-cid if i % 3 else cid)  # ids are signed
         out.append((0, sid, cid, sid, i, 0))
     return out
 
@@ -77,7 +78,7 @@ def test_a_lost_row_leaves_its_record_pending(seed: int) -> None:
 def test_fanout_copies_apply_the_carried_delta_once() -> None:
     import pyarrow as pa
 
-    from runtime.spark.stages import decode_rows
+    from runtime.spark.row_batch import decode_batch
     from serialization.payload import pack_payload
 
     roots = _roots(10, 7)
@@ -93,6 +94,6 @@ def test_fanout_copies_apply_the_carried_delta_once() -> None:
     both: list[Row] = []
     for index in range(2):  # the two consumers of a diamond read the same upstream rows
         handler: Any = FTHandler(10 + index)
-        rows = list(decode_rows(batch, handler, Fanout(1 << 20, index, 2)))
+        rows = list(decode_batch(batch, handler, Fanout(1 << 20, index, 2)).rows())
         both += list(handler.process(rows, make_chain((Op("map", lambda v: v, 10 + index),))))
     assert _sink(both) == {sid: cid for _, sid, cid, _, _, _ in roots}
