@@ -74,3 +74,21 @@ def test_server_restarted_from_a_short_lived_thread_outlives_it(tmp_path) -> Non
         assert redis.Redis.from_url(server.url).ping()
     finally:
         server.stop()
+
+
+def test_free_port_stays_below_the_ephemeral_range() -> None:
+    """A killed server restarts on its port: the port must not be one the kernel hands to client sockets."""
+    import socket
+    from pathlib import Path
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(10_000 <= p < low for p in ports), ports
+    assert len(ports) > 1  # drawn at random, so two servers started together rarely meet
+    # a client connection's own local port is ephemeral: it can never be one of ours
+    with socket.socket() as server, socket.socket() as client:
+        port = free_port()
+        server.bind(("127.0.0.1", port))
+        server.listen()
+        client.connect(("127.0.0.1", port))
+        assert client.getsockname()[1] >= low
