@@ -46,13 +46,13 @@ from pyspark.sql.streaming.listener import (
     QueryProgressEvent,
     QueryStartedEvent,
     QueryTerminatedEvent,
-    StreamingQueryListener,
 )
 
 from ftlayer.errors import FTLayerError
 from ftlayer.layer import FTLayer
 from ftlayer.status import sample
 from ftlayer.store import SourceStore
+from runtime.driver.json_listener import JsonEventListener
 
 LOGGER_NAME = "ftlayer.progress"
 QUIET_S = 0.3  # detach: no callback may have started this long before it returns
@@ -69,7 +69,7 @@ def _rate(value: Any) -> str:
     return "-" if math.isnan(number) else f"{number:.1f}"
 
 
-class FTProgressListener(StreamingQueryListener):
+class FTProgressListener(JsonEventListener):
     """Logs Spark's progress and the FT figures of ``stores`` for each micro-batch (see the module doc)."""
 
     def __init__(

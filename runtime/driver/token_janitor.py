@@ -29,13 +29,13 @@ from pyspark.sql.streaming.listener import (
     QueryProgressEvent,
     QueryStartedEvent,
     QueryTerminatedEvent,
-    StreamingQueryListener,
 )
 
 from ftlayer.errors import FTLayerError
 from ftlayer.flush_tokens import delete_batch_tokens, stale_batches
 from ftlayer.layer import FTLayer
 from ftlayer.store import SourceStore
+from runtime.driver.json_listener import JsonEventListener
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def last_committed_batch(checkpoint: str) -> int | None:
     return max(ids) if ids else None
 
 
-class TokenJanitor(StreamingQueryListener):
+class TokenJanitor(JsonEventListener):
     """Deletes the token hashes of one query's committed batches (see the module contract)."""
 
     def __init__(self, stores: Sequence[FTLayer | SourceStore], *, query_name: str, checkpoint: str) -> None:
