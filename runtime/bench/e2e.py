@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
-from runtime.bench.common import summary
+from runtime.bench.common import as_shipped, summary
 from runtime.sinks import CallableSink
 from runtime.topology import Topology
 
@@ -93,6 +93,7 @@ def run_plain(spark: Any, records: int, payload_bytes: int) -> Run:
     pad = "x" * max(0, payload_bytes - 40) if payload_bytes else None
 
     def op1(batches: Any) -> Any:
+        as_shipped()
         for rb in batches:
             out = [first_map(make_value(int(v), 0) | ({"pad": pad} if pad else {}))
                    for v in rb.column("value").to_pylist()]
@@ -103,6 +104,7 @@ def run_plain(spark: Any, records: int, payload_bytes: int) -> Run:
             )
 
     def op2(batches: Any) -> Any:
+        as_shipped()
         for rb in batches:
             out = [second_map(row) for row in rb.to_pylist()]
             yield pa.RecordBatch.from_arrays([pa.array([len(out)], pa.int64())], names=["count"])

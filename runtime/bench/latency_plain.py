@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ftlayer.connection import client_for
+from runtime.bench.common import as_shipped
 from runtime.bench.e2e import first_map, make_value, second_map
 from runtime.bench.latency import LatencyBenchError, _batches, percentile
 
@@ -52,6 +53,7 @@ def _paced_source_class() -> Any:
             return [_Range(lo, mid), _Range(mid, hi)]
 
         def read(self, partition: Any) -> Any:
+            as_shipped()
             for i in range(partition.lo, partition.hi):
                 yield (i, self.t0 + i / self.rate)
 
@@ -95,6 +97,7 @@ def plain_latency(
     key = f"benchplainlat{uuid.uuid4().hex[:10]}"
 
     def op1(batches: Any) -> Any:
+        as_shipped()
         for rb in batches:
             due = rb.column("t").to_pylist()
             out = [first_map(make_value(int(v), 0)) for v in rb.column("i").to_pylist()]
@@ -104,6 +107,7 @@ def plain_latency(
             )
 
     def op2(batches: Any) -> Any:
+        as_shipped()
         rows: list[float] = []
         for rb in batches:
             for row in rb.to_pylist():

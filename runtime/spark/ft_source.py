@@ -98,6 +98,7 @@ from runtime.spark.arrow_codec import (
     spans_to_record_batch,
     split_bad_frames,
 )
+from runtime.spark.worker_heap import freeze_worker_heap
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -182,6 +183,7 @@ class FTSourceOptions:
     connect_timeout_s: float = 5.0
     outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S
     num_shards: int = 1
+    freeze_worker_heap: bool = True  # FTConfig.freeze_worker_heap, applied in the read tasks
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> FTSourceOptions:
@@ -228,8 +230,12 @@ class FTSourceOptions:
         budget = seconds("outage_budget_s", DEFAULT_OUTAGE_BUDGET_S)
         raw_shards = opts.get("num_shards", "").strip()
         shards = integer("num_shards", raw_shards, 1, 64) if raw_shards else 1
+        raw_freeze = opts.get("freeze_worker_heap", "true").strip().lower()
+        if raw_freeze not in ("true", "false"):
+            msg = f"invalid FT source option freeze_worker_heap={raw_freeze!r}: expected true or false"
+            raise ConfigError(msg)
         parsed = cls(url, required("namespace"), topology, source, num_channels, max_records, page, timeout, budget,
-                     shards)
+                     shards, raw_freeze == "true")
         parsed.config()  # validates redis_url, namespace, the timeout and the budget
         return parsed
 
@@ -444,6 +450,7 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
     def read(self, partition: ChannelPartition) -> Iterator[Any]:  # type: ignore[override]
         """Arrow record batches of the still-pending records of ``(start, end]`` of one channel
         (run through the fused first stage, if the compiler gave one: ``runtime.spark.fused_read``)."""
+        freeze_worker_heap(self.opts.freeze_worker_heap)
         if self.fused is not None:
             from runtime.spark.fused_read import decode
 
@@ -582,6 +589,7 @@ def read_stream(
         "num_shards": str(cfg.num_shards),
         "connect_timeout_s": repr(cfg.connect_timeout_s),
         "outage_budget_s": repr(cfg.outage_budget_s),
+        "freeze_worker_heap": str(cfg.freeze_worker_heap).lower(),
     }
     if max_records_per_batch is not None:
         options["max_records_per_batch"] = str(max_records_per_batch)

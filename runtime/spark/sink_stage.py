@@ -28,6 +28,7 @@ from runtime.sinks import ExecutorSink, ForeachBatchSink, SinkContext
 from runtime.spark.handlers import CARRIER, FTHandler, handler_for
 from runtime.spark.row_batch import ROW_COLUMNS, RowBatch, decode_batch
 from runtime.spark.stages import TaskEnv, make_chain
+from runtime.spark.worker_heap import freeze_worker_heap
 from serialization.payload import unpack_payload
 
 __all__ = ["DriverSinkBatch", "SinkStage"]
@@ -46,6 +47,7 @@ class SinkStage:
         import pyarrow as pa
         from pyspark import TaskContext
 
+        freeze_worker_heap(self.env.config.freeze_worker_heap)
         tc = TaskContext.get()
         batch_id = (tc.getLocalProperty("streaming.sql.batchId") if tc else None) or "0"
         partition = tc.partitionId() if tc else 0

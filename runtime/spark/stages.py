@@ -41,6 +41,7 @@ from ftlayer.layer import FTLayer
 from runtime.graph import Op
 from runtime.spark.handlers import FTHandler, handler_for
 from runtime.spark.row_batch import CARRIER, decode_batch, encoded_to_arrow
+from runtime.spark.worker_heap import freeze_worker_heap
 from serialization.payload import pack_payload
 
 ROW_SCHEMA = "src int, sid long, cid long, origin long, key_hash long, channel int, payload binary, delta long"
@@ -136,6 +137,7 @@ class Stage:
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         env = self.env
+        freeze_worker_heap(env.config.freeze_worker_heap)
         handler = handler_for(env.config.ft_on, self.stage_id)
         chain = encoding_chain(make_chain(self.ops), self.key)
         n = env.num_channels
@@ -166,6 +168,7 @@ class StatefulStage:
         from runtime.spark.keyed_state import KeyedStateStore
 
         env = self.env
+        freeze_worker_heap(env.config.freeze_worker_heap)
         handler = handler_for(env.config.ft_on, self.stage_id)
         store = KeyedStateStore(env.config, env.topology, self.state_name)
         key, fn = self.key, self.fn
