@@ -10,7 +10,13 @@ last record was processed (query start-up included in every variant alike).
 - ``ft-off``: the same Topology with status off (no persistence, no XOR).
 - ``plain``: hand-written PySpark with no ftlayer at all: the
   ``rate-micro-batch`` source, ``mapInArrow`` for each map and ``repartition``
-  by user, a ``noop`` sink.
+  by user, a ``noop`` sink. Its Python workers collect garbage as PySpark
+  ships them (a full ``gc.collect()`` after every task, 55 ms here for the
+  75,000 objects a worker holds), so it undoes any frozen heap an ftlayer run
+  left in a shared worker (:func:`runtime.bench.common.as_shipped`).
+- ``plain-frozen``: the same hand-written job with the worker-heap freeze that
+  ftlayer's tasks apply (:mod:`runtime.spark.worker_heap`), for reference: how
+  much of the gap to plain PySpark that one trick closes, and what is left.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
 from runtime.bench.common import as_shipped, summary
 from runtime.sinks import CallableSink
+from runtime.spark.worker_heap import freeze_worker_heap
 from runtime.topology import Topology
 
 USERS = 97
@@ -86,14 +93,17 @@ def run_ftlayer(spark: Any, config: FTConfig, records: int, payload_bytes: int, 
     return Run("ft-on" if ft_on else "ft-off", records, elapsed)
 
 
-def run_plain(spark: Any, records: int, payload_bytes: int) -> Run:
-    """Hand-written Structured Streaming, no ftlayer: same maps, repartition by user, noop sink."""
+def run_plain(spark: Any, records: int, payload_bytes: int, *, frozen: bool = False) -> Run:
+    """Hand-written Structured Streaming, no ftlayer: same maps, repartition by user, noop sink
+    (``frozen``: with ftlayer's worker-heap freeze, see the module docstring)."""
     import pyarrow as pa
+
+    prepare = freeze_worker_heap if frozen else as_shipped
 
     pad = "x" * max(0, payload_bytes - 40) if payload_bytes else None
 
     def op1(batches: Any) -> Any:
-        as_shipped()
+        prepare()
         for rb in batches:
             out = [first_map(make_value(int(v), 0) | ({"pad": pad} if pad else {}))
                    for v in rb.column("value").to_pylist()]
@@ -104,7 +114,7 @@ def run_plain(spark: Any, records: int, payload_bytes: int) -> Run:
             )
 
     def op2(batches: Any) -> Any:
-        as_shipped()
+        prepare()
         for rb in batches:
             out = [second_map(row) for row in rb.to_pylist()]
             yield pa.RecordBatch.from_arrays([pa.array([len(out)], pa.int64())], names=["count"])
@@ -130,15 +140,15 @@ def run_plain(spark: Any, records: int, payload_bytes: int) -> Run:
         elapsed = time.perf_counter() - start
     finally:
         query.stop()
-    return Run("plain", done, elapsed)
+    return Run("plain-frozen" if frozen else "plain", done, elapsed)
 
 
 def bench_e2e(spark: Any, config: FTConfig, records: int, payload_bytes: int, repeats: int, *,
               on_round: Any = None) -> dict[str, Any]:
-    """Alternate ft-on, ft-off and plain ``repeats`` times (order rotated each round).
+    """Alternate ft-on, ft-off, plain and plain-frozen ``repeats`` times (order rotated each round).
 
     Returns records/s per variant (median, min, max) and the per-round ratios
-    ft-on / ft-off and ft-on / plain. A warm-up round of each variant runs
+    ft-on / ft-off, ft-on / plain and ft-on / plain-frozen. A warm-up round of each variant runs
     first and is not counted (the first query in a session pays JVM and
     Python-worker start-up).
     """
@@ -146,22 +156,26 @@ def bench_e2e(spark: Any, config: FTConfig, records: int, payload_bytes: int, re
         "ft-on": lambda: run_ftlayer(spark, config, records, payload_bytes, ft_on=True),
         "ft-off": lambda: run_ftlayer(spark, config, records, payload_bytes, ft_on=False),
         "plain": lambda: run_plain(spark, records, payload_bytes),
+        "plain-frozen": lambda: run_plain(spark, records, payload_bytes, frozen=True),
     }
     warm = min(records, 50_000)  # warm-up (not counted): JVM, Python workers, first-query costs
     run_ftlayer(spark, config, warm, payload_bytes, ft_on=True)
     run_ftlayer(spark, config, warm, payload_bytes, ft_on=False)
     run_plain(spark, warm, payload_bytes)
+    run_plain(spark, warm, payload_bytes, frozen=True)
     rates: dict[str, list[float]] = {name: [] for name in variants}
     on_off: list[float] = []
     on_plain: list[float] = []
+    on_frozen: list[float] = []
     names = list(variants)
     for r in range(repeats):
-        order = names[r % 3:] + names[: r % 3]
+        order = names[r % len(names):] + names[: r % len(names)]
         got = {name: variants[name]().rate for name in order}
         for name, rate in got.items():
             rates[name].append(rate)
         on_off.append(got["ft-on"] / got["ft-off"])
         on_plain.append(got["ft-on"] / got["plain"])
+        on_frozen.append(got["ft-on"] / got["plain-frozen"])
         if on_round is not None:
             on_round(r, got)
     return {
@@ -170,4 +184,5 @@ def bench_e2e(spark: Any, config: FTConfig, records: int, payload_bytes: int, re
         "records_per_s": {name: summary(v) for name, v in rates.items()},
         "ft_on_vs_off_ratio": summary(on_off),
         "ft_on_vs_plain_ratio": summary(on_plain),
+        "ft_on_vs_plain_frozen_ratio": summary(on_frozen),
     }

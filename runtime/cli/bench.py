@@ -30,7 +30,8 @@ repeated) and reports medians with their spread:
 
 The summary is merged into ``<out>/results.json`` (default ``docs/bench``), so
 running one benchmark keeps the others' figures; the headline keys are
-``ft_on_vs_off_ratio``, ``ft_on_vs_plain_ratio``, ``redis_cpu_us_per_record``, ``acker_vs_raw_ratio``,
+``ft_on_vs_off_ratio``, ``ft_on_vs_plain_ratio`` (and ``ft_on_vs_plain_frozen_ratio``: against plain PySpark
+with ftlayer's worker-heap freeze), ``redis_cpu_us_per_record``, ``acker_vs_raw_ratio``,
 ``complete_latency_p99_over_trigger`` (next to ``plain_latency_p99_over_trigger``, plain Structured
 Streaming under the same load and trigger), ``replay_precision`` and
 ``bytes_per_pending_record``, plus the machine and the date.
@@ -128,13 +129,16 @@ def _on_spark(url: str, selected: list[str], args: argparse.Namespace) -> dict[s
         summary["latency"] = lat
     if "e2e" in selected:
         for label, payload, records in (("e2e_small", 0, args.e2e_records), ("e2e_1kib", 1024, args.e2e_kib_records)):
-            _say(f"{label}: {records:,} records, {args.e2e_repeats} alternating rounds of ft-on / ft-off / plain")
+            _say(f"{label}: {records:,} records, {args.e2e_repeats} alternating rounds of ft-on / ft-off / plain / "
+                 "plain-frozen")
             summary[label] = bench_e2e(
                 spark, cfg, records, payload, args.e2e_repeats,
                 on_round=lambda r, got: _say(f"  round {r + 1}: " + ", ".join(
                     f"{k} {v:,.0f}/s" for k, v in got.items())))
         summary["ft_on_vs_off_ratio"] = round(summary["e2e_small"]["ft_on_vs_off_ratio"]["median"], 3)
         summary["ft_on_vs_plain_ratio"] = round(summary["e2e_small"]["ft_on_vs_plain_ratio"]["median"], 3)
+        summary["ft_on_vs_plain_frozen_ratio"] = round(
+            summary["e2e_small"]["ft_on_vs_plain_frozen_ratio"]["median"], 3)
     if "e2e" in selected or "e2e-dataframe" in selected:
         from runtime.bench.e2e_dataframe import bench_e2e_dataframe
 
