@@ -144,13 +144,13 @@ def run_plain(spark: Any, records: int, payload_bytes: int, *, frozen: bool = Fa
 
 
 def bench_e2e(spark: Any, config: FTConfig, records: int, payload_bytes: int, repeats: int, *,
-              on_round: Any = None) -> dict[str, Any]:
+              on_round: Any = None, warm_up: bool = True) -> dict[str, Any]:
     """Alternate ft-on, ft-off, plain and plain-frozen ``repeats`` times (order rotated each round).
 
     Returns records/s per variant (median, min, max) and the per-round ratios
     ft-on / ft-off, ft-on / plain and ft-on / plain-frozen. A warm-up round of each variant runs
     first and is not counted (the first query in a session pays JVM and
-    Python-worker start-up).
+    Python-worker start-up); ``warm_up=False`` skips it (tests of the bench itself).
     """
     variants: dict[str, Callable[[], Run]] = {
         "ft-on": lambda: run_ftlayer(spark, config, records, payload_bytes, ft_on=True),
@@ -158,11 +158,12 @@ def bench_e2e(spark: Any, config: FTConfig, records: int, payload_bytes: int, re
         "plain": lambda: run_plain(spark, records, payload_bytes),
         "plain-frozen": lambda: run_plain(spark, records, payload_bytes, frozen=True),
     }
-    warm = min(records, 50_000)  # warm-up (not counted): JVM, Python workers, first-query costs
-    run_ftlayer(spark, config, warm, payload_bytes, ft_on=True)
-    run_ftlayer(spark, config, warm, payload_bytes, ft_on=False)
-    run_plain(spark, warm, payload_bytes)
-    run_plain(spark, warm, payload_bytes, frozen=True)
+    if warm_up:  # not counted: JVM, Python workers, first-query costs
+        warm = min(records, 50_000)
+        run_ftlayer(spark, config, warm, payload_bytes, ft_on=True)
+        run_ftlayer(spark, config, warm, payload_bytes, ft_on=False)
+        run_plain(spark, warm, payload_bytes)
+        run_plain(spark, warm, payload_bytes, frozen=True)
     rates: dict[str, list[float]] = {name: [] for name in variants}
     on_off: list[float] = []
     on_plain: list[float] = []

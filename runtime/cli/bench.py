@@ -83,7 +83,7 @@ def _sizes(text: str) -> list[int]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``ftlayer bench`` (each names its environment variable)."""
     p.add_argument("which", nargs="*", default=None, metavar="BENCH",
-                   help=f"benchmarks to run: {', '.join(BENCHES)} or all (default all, about 10 minutes on "
+                   help=f"benchmarks to run: {', '.join(BENCHES)} or all (default all, about 15 minutes on "
                         "2 cores) [env FTLAYER_BENCH, comma-separated]")
     p.add_argument("--redis-url", default=_env("FTLAYER_REDIS_URL", ""), metavar="URL",
                    help="Redis to measure; default an embedded valkey-server [env FTLAYER_REDIS_URL]")
