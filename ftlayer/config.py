@@ -43,6 +43,7 @@ __all__ = [
     "TEMP_STATE_DIR",
     "FTConfig",
     "mask_url",
+    "parse_bool",
 ]
 
 if sys.version_info >= (3, 11):
@@ -435,13 +436,19 @@ def _parse(name: str, raw: str, type_name: str, where: str) -> Any:
         err.option = name
         raise err from exc
     if type_name == "bool":
-        if raw.lower() in ("1", "true", "yes", "on"):
-            return True
-        if raw.lower() in ("0", "false", "no", "off"):
-            return False
-        msg = f"invalid ftlayer option {name}={raw!r} (from {where}): expected true or false"
-        raise ConfigError(msg)
+        return parse_bool(name, raw, where)
     return raw
+
+
+def parse_bool(name: str, raw: str, where: str) -> bool:
+    """A boolean option's text (1/true/yes/on or 0/false/no/off, any case); ConfigError names it."""
+    text = raw.strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    msg = f"invalid ftlayer option {name}={raw!r} (from {where}): expected true or false"
+    raise ConfigError(msg)
 
 
 def config_file_path(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Path | None:

@@ -42,8 +42,9 @@ from runtime.sinks import ForeachBatchSink, RedisHashSink
 from runtime.spark.conf import effective_config
 from runtime.spark.feed_source import feed_host
 from runtime.spark.fused_read import FusedStage
+from runtime.spark.row_batch import Fanout
 from runtime.spark.sink_stage import DriverSinkBatch, SinkStage
-from runtime.spark.stages import ROW_SCHEMA, Fanout, Stage, StatefulStage, TaskEnv
+from runtime.spark.stages import ROW_SCHEMA, Stage, StatefulStage, TaskEnv
 from runtime.trigger import Trigger
 
 __all__ = ["FANOUT_OP_BASE", "Compiler", "source_layer"]

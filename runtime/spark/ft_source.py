@@ -85,7 +85,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
 
-from ftlayer.config import FTConfig
+from ftlayer.config import FTConfig, parse_bool
 from ftlayer.connection import resolved
 from ftlayer.errors import ConfigError, FrameError
 from ftlayer.keys import check_name
@@ -230,12 +230,9 @@ class FTSourceOptions:
         budget = seconds("outage_budget_s", DEFAULT_OUTAGE_BUDGET_S)
         raw_shards = opts.get("num_shards", "").strip()
         shards = integer("num_shards", raw_shards, 1, 64) if raw_shards else 1
-        raw_freeze = opts.get("freeze_worker_heap", "true").strip().lower()
-        if raw_freeze not in ("true", "false"):
-            msg = f"invalid FT source option freeze_worker_heap={raw_freeze!r}: expected true or false"
-            raise ConfigError(msg)
+        freeze = parse_bool("freeze_worker_heap", opts.get("freeze_worker_heap", "true"), "FT source options")
         parsed = cls(url, required("namespace"), topology, source, num_channels, max_records, page, timeout, budget,
-                     shards, raw_freeze == "true")
+                     shards, freeze)
         parsed.config()  # validates redis_url, namespace, the timeout and the budget
         return parsed
 

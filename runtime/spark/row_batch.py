@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -26,11 +26,7 @@ from ftlayer.keyhash import NO_KEY_HASH
 from ftlayer.record import MAX_PAYLOAD_BYTES
 from serialization.payload import unpack_many, unpack_payload
 
-if TYPE_CHECKING:
-    from runtime.spark.handlers import FTHandler
-    from runtime.spark.stages import Fanout
-
-__all__ = ["CARRIER", "ROW_COLUMNS", "Row", "RowBatch", "decode_batch", "encoded_to_arrow"]
+__all__ = ["CARRIER", "ROW_COLUMNS", "Fanout", "Row", "RowBatch", "decode_batch", "encoded_to_arrow"]
 
 ROW_COLUMNS = ("src", "sid", "cid", "origin", "key_hash", "channel", "payload", "delta")
 
@@ -86,12 +82,34 @@ class RowBatch:
                    col(5, np.int64))
 
 
+@dataclass(frozen=True)
+class Fanout:
+    """This stage reads copy ``index`` of a stream consumed by ``copies`` stages.
+
+    Copy j of a record has current id ``child_id(cid, op_id, j)``. The stage
+    reading copy 0 emits all copies (XORs them in and the original out); every
+    stage acks its own copy, so each copy id is XORed exactly twice.
+    """
+
+    op_id: int
+    index: int
+    copies: int
+
+
+class FailingHandler(Protocol):
+    """What decoding needs of a task's handler (``runtime.spark.handlers.FTHandler``)."""
+
+    ft_on: bool
+
+    def fail(self, src: int, sid: int, exc: BaseException) -> None: ...
+
+
 def _ints(rb: Any, name: str, dtype: Any) -> Any:
     # no nulls in these columns: a view of Arrow's buffer, no copy
     return np.asarray(rb.column(name).to_numpy(zero_copy_only=False), dtype=dtype)
 
 
-def _values(rb: Any, handler: FTHandler, src: Any, sid: Any) -> tuple[list[Any], Any]:
+def _values(rb: Any, handler: FailingHandler, src: Any, sid: Any) -> tuple[list[Any], Any]:
     """The batch's payloads unpacked (CARRIER for a null one) and a keep-mask, or None if every row
     is kept; a payload that cannot be unpacked fails its record (handler.fail), not the task, and
     has no value in the list."""
@@ -118,7 +136,7 @@ def _values(rb: Any, handler: FTHandler, src: Any, sid: Any) -> tuple[list[Any],
     return values, keep
 
 
-def decode_batch(rb: Any, handler: FTHandler, fanout: Fanout | None) -> RowBatch:
+def decode_batch(rb: Any, handler: FailingHandler, fanout: Fanout | None) -> RowBatch:
     """Decode an Arrow batch of ``ROW_COLUMNS`` into a :class:`RowBatch`.
 
     A null payload decodes to CARRIER. With a fan-out, copy ``index`` gets its

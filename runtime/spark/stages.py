@@ -40,7 +40,7 @@ from ftlayer.keyhash import NO_KEY_HASH, key_hash
 from ftlayer.layer import FTLayer
 from runtime.graph import Op
 from runtime.spark.handlers import FTHandler, handler_for
-from runtime.spark.row_batch import CARRIER, decode_batch, encoded_to_arrow
+from runtime.spark.row_batch import CARRIER, Fanout, decode_batch, encoded_to_arrow
 from runtime.spark.worker_heap import freeze_worker_heap
 from serialization.payload import pack_payload
 
@@ -109,20 +109,6 @@ class TaskEnv:
         """This task's flush token: the query id Spark keeps in the checkpoint, the batch, the
         stage and partition (same after a restart on the checkpoint, new for a new checkpoint)."""
         return task_token(stage)
-
-
-@dataclass(frozen=True)
-class Fanout:
-    """This stage reads copy ``index`` of a stream consumed by ``copies`` stages.
-
-    Copy j of a record has current id ``child_id(cid, op_id, j)``. The stage
-    reading copy 0 emits all copies (XORs them in and the original out); every
-    stage acks its own copy, so each copy id is XORed exactly twice.
-    """
-
-    op_id: int
-    index: int
-    copies: int
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.spark.handlers import CARRIER, FTHandler, Row
-from runtime.spark.stages import Fanout, Op, make_chain
+from runtime.spark.row_batch import Fanout
+from runtime.spark.stages import Op, make_chain
 
 
 def _sink(rows: list[Row]) -> dict[int, int]:
