@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from runtime.cli.common import CLIError
 from runtime.cli.env import (
     ENV_OPTIONS,
+    EnvDefault,
     add_env_options,
     config_env_vars,
     known_env_vars,
@@ -70,6 +72,28 @@ def test_defaults_are_converted_only_after_parsing_and_name_their_variable() -> 
 
 
 def test_build_parser_reads_no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building the parser looks up none of the table's variables: every option's default is a lazy
+    EnvDefault of its row, resolved only after parsing (so a bad value cannot break --help)."""
+    looked_up: set[str] = set()
+
+    class Recording(dict[str, str]):  # os.environ that notes every name looked up
+        def __getitem__(self, key: str) -> str:
+            looked_up.add(key)
+            return super().__getitem__(key)
+
+        def __contains__(self, key: object) -> bool:
+            looked_up.add(str(key))
+            return super().__contains__(key)
+
+        def get(self, key: str, default: Any = None) -> Any:
+            looked_up.add(key)
+            return super().get(key, default)
+
+    junk = {opt.env: "not a value" for opt in ENV_OPTIONS}
+    monkeypatch.setattr(os, "environ", Recording({**os.environ, **junk}))
+    parser = build_parser()
+    assert looked_up & set(junk) == set()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     for opt in ENV_OPTIONS:
-        monkeypatch.setenv(opt.env, "not a value")
-    build_parser()
+        default = commands[opt.command].get_default(opt.dest)
+        assert isinstance(default, EnvDefault) and default.option is opt, opt.env
