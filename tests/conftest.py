@@ -9,13 +9,22 @@
 - ``valkey_cluster``: a Valkey Cluster of 3 primaries and 3 replicas from the same
   binary, started once on first use. Tests must not kill its
   nodes; fault tests start their own ``EmbeddedCluster``.
+
+Markers (pyproject.toml): a test that starts a JVM, here or in a child process, is marked
+``spark``, and every ``spark`` test is also ``slow`` (added here), so ``-m "not spark"`` (the fast
+tier, ``scripts/test --fast``) starts no JVM. That is enforced: a test not marked ``spark`` fails
+if it asks for the ``spark`` fixture, and runs with ``SPARK_HOME`` pointing at a ``spark-submit``
+that refuses (so a child process that launches Spark fails too), and fails if a JVM started in
+this process during it.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +32,51 @@ import redis
 
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
 from ftlayer.server import EmbeddedServer
+
+NOT_MARKED_SPARK = "is not marked spark, so it may not start a JVM: mark it @pytest.mark.spark (tests/conftest.py)"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("spark") is not None and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # before the session-scoped spark fixture would start the JVM
+    if "spark" in getattr(item, "fixturenames", ()) and item.get_closest_marker("spark") is None:
+        pytest.fail(f"{item.nodeid} uses the spark fixture but {NOT_MARKED_SPARK}", pytrace=False)
+
+
+def _jvm_started() -> bool:
+    """True once PySpark has launched its JVM gateway in this process."""
+    context = sys.modules.get("pyspark.core.context") or sys.modules.get("pyspark.context")
+    spark_context = getattr(context, "SparkContext", None)
+    return getattr(spark_context, "_gateway", None) is not None
+
+
+@pytest.fixture(scope="session")
+def refusing_spark_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SPARK_HOME whose bin/spark-submit refuses to start Spark, saying why."""
+    home = tmp_path_factory.mktemp("refusing-spark-home")
+    (home / "bin").mkdir()
+    submit = home / "bin" / "spark-submit"
+    submit.write_text(f"#!/bin/sh\necho 'ftlayer tests: this test {NOT_MARKED_SPARK}' >&2\nexit 3\n")
+    submit.chmod(0o755)
+    return home
+
+
+@pytest.fixture(autouse=True)
+def _no_jvm_unless_marked_spark(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    if request.node.get_closest_marker("spark") is not None:
+        yield
+        return
+    monkeypatch.setenv("SPARK_HOME", str(request.getfixturevalue("refusing_spark_home")))
+    started_before = _jvm_started()
+    yield
+    if not started_before and _jvm_started():
+        pytest.fail(f"{request.node.nodeid} started a JVM but {NOT_MARKED_SPARK}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

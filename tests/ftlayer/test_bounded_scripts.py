@@ -69,6 +69,7 @@ def quiet_server() -> Iterator[EmbeddedServer]:
     server.stop()
 
 
+@pytest.mark.slow
 def test_200k_records_timing_out_at_once_never_block_the_server(
     ft_config: FTConfig, clock: FakeClock, quiet_server: EmbeddedServer
 ) -> None:
@@ -102,6 +103,7 @@ def test_200k_records_timing_out_at_once_never_block_the_server(
     assert max(slow.values(), default=0.0) < PING_LIMIT_MS, slow
 
 
+@pytest.mark.slow
 def test_expiry_chunks_skip_nothing_when_records_complete_between_chunks(
     make_layer: Callable[..., FTLayer]
 ) -> None:
@@ -158,6 +160,7 @@ def test_channel_reads_are_chunked_by_bytes(layer: FTLayer) -> None:
     assert len(batches) >= 3 and max(sizes) < SCRIPT_MAX_BYTES + CHUNK_MAX_BYTES + 110_000, sizes
 
 
+@pytest.mark.slow
 def test_trim_done_is_bounded_and_still_trims_everything(
     layer: FTLayer, redis_client: redis.Redis
 ) -> None:
@@ -176,6 +179,7 @@ def test_trim_done_is_bounded_and_still_trims_everything(
     assert slow.get("TRIM_DONE", 0.0) < PING_LIMIT_MS, slow
 
 
+@pytest.mark.slow
 def test_persist_is_split_into_bounded_calls(layer: FTLayer, redis_client: redis.Redis) -> None:
     recs = [make_record(layer, i) for i in range(BIG // 4)]  # one persist() of 50k: many calls
     times = ScriptTimes(redis_client).start()

@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from ftlayer.cluster_server import EmbeddedCluster
 from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError
@@ -33,6 +35,7 @@ def _retrying(what: str, call: object, deadline_s: float = 90.0) -> object:
             time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_owning_primary_loses_no_confirmed_record(tmp_path: Path) -> None:
     # two replicas per primary: after the failover the new primary still has one, so WAIT can succeed
     with EmbeddedCluster(primaries=3, replicas=2, data_dir=tmp_path / "cl") as cluster:

@@ -64,6 +64,7 @@ def test_cluster_forms_with_3_primaries_and_3_synced_replicas(valkey_cluster: Em
             assert c.info("replication")["master_link_status"] == "up"
 
 
+@pytest.mark.slow
 def test_cluster_client_sets_and_gets_a_key_in_every_slot(valkey_cluster: EmbeddedCluster) -> None:
     keys = one_key_per_slot()
     rc = valkey_cluster.client()
@@ -146,6 +147,7 @@ def test_kill_9_of_a_primary_promotes_its_replica_and_nothing_replicated_is_lost
             rc.close()
 
 
+@pytest.mark.slow
 def test_stop_leaves_no_process_and_no_directory() -> None:
     cluster = EmbeddedCluster(primaries=2, replicas=1).start()
     pids = [n.pid for n in cluster.nodes]
@@ -155,6 +157,7 @@ def test_stop_leaves_no_process_and_no_directory() -> None:
     assert not cluster.data_dir.exists()
 
 
+@pytest.mark.slow
 def test_nodes_die_with_a_killed_parent() -> None:
     code = (
         "import time\n"

@@ -90,6 +90,7 @@ def test_replicated_durability_is_refused_without_a_replica(redis_server_url: st
         FTLayer(cfg, "topo", "src", num_channels=2).open()
 
 
+@pytest.mark.slow
 def test_replicated_persist_waits_for_a_replica_and_fails_loudly_without_one(tmp_path: Any) -> None:
     """A persist in 'replicated' mode returns only once a replica has the writes: with the
     replica frozen (SIGSTOP), it raises DurabilityError; in 'everysec' the same persist returns."""

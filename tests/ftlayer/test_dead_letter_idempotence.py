@@ -94,6 +94,7 @@ def test_a_retried_replay_call_dead_letters_once(make_layer: Callable[..., FTLay
     assert layer.dead_letters.count() == 1 and layer.stats()["dead_lettered"] == 1
 
 
+@pytest.mark.slow
 def test_ingest_rejects_a_record_once_when_its_replies_are_lost(
     ft_config: FTConfig, dropper: ReplyDropper
 ) -> None:

@@ -167,6 +167,7 @@ FAULTS = st.sampled_from(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     n=st.integers(2, 4),

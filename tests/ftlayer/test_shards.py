@@ -72,6 +72,7 @@ def test_naive_tag_names_spread_unevenly() -> None:
     assert max(spread(best, slot_ranges(3))) - min(spread(best, slot_ranges(3))) <= 1
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(base=names, num_shards=st.integers(1, MAX_NUM_SHARDS), data=st.data())
 def test_shards_spread_within_one_over_any_primary_count(base: str, num_shards: int, data: st.DataObject) -> None:

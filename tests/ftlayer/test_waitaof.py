@@ -38,6 +38,7 @@ def _open(server: EmbeddedServer, timeout_ms: int) -> tuple[FTLayer, redis.Redis
     return layer, admin
 
 
+@pytest.mark.slow
 def test_persist_returns_only_after_the_server_confirms_the_fsync(server: EmbeddedServer) -> None:
     layer, admin = _open(server, timeout_ms=120_000)
     recs = [make_record(layer, i) for i in range(500)]

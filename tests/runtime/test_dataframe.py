@@ -24,6 +24,8 @@ from ftlayer.config import FTConfig
 from runtime.dataframe import sources
 from runtime.testing import once
 
+pytestmark = pytest.mark.spark
+
 SCHEMA = "i long, user string, tags array<string>, ts timestamp"
 WAIT_S = 240.0  # generous: a loaded 2-core machine
 

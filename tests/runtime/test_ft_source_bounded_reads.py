@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 import redis
 
 from ftlayer.config import FTConfig
@@ -13,6 +14,7 @@ from tests.ftlayer.test_bounded_scripts import persist_raw
 from tests.runtime.spark.test_ft_source import CHANNELS, SRC, TOPO, read_partition, reader_for
 
 
+@pytest.mark.slow
 def test_reader_reads_200k_records_in_big_entries_in_bounded_calls(
     ft_config: FTConfig, redis_client: redis.Redis
 ) -> None:

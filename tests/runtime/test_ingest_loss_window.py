@@ -49,6 +49,7 @@ def _killed_mid_stream(url: str, ns: str, tmp: Path, batch: int) -> tuple[int, i
     return len(produced), len(produced - persisted)
 
 
+@pytest.mark.slow
 def test_a_killed_driver_loses_at_most_one_ingest_batch(
     redis_server_url: str, namespace: str, redis_client: object, tmp_path: Path
 ) -> None:

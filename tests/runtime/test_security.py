@@ -131,6 +131,7 @@ def test_acl_user_runs_the_record_life_and_secrets_stay_hidden(
     assert "ftuser:***@" in repr(cfg)
 
 
+@pytest.mark.slow
 def test_wrong_password_errors_never_show_a_password(
     acl_server: EmbeddedServer, debug_logs: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -281,6 +282,7 @@ class TLSProxy:
             s.close()
 
 
+@pytest.mark.slow
 def test_rediss_client_side_through_a_tls_terminator(
     acl_server: EmbeddedServer, tmp_path: Path, debug_logs: pytest.LogCaptureFixture,
     capsys: pytest.CaptureFixture[str],

@@ -66,6 +66,7 @@ def test_ack_hook_gets_every_value_once_in_order_after_persist(ft_config: FTConf
     assert source.unpersisted_at_ack == []  # every acked value was in Redis when acked
 
 
+@pytest.mark.slow
 def test_webhook_answers_2xx_only_after_persist_and_503_during_an_outage(server: EmbeddedServer) -> None:
     cfg = FTConfig(redis_url=server.url, namespace="hook", durability="waitaof")
     layer = FTLayer(cfg, "hook", "web", num_channels=2).open()
@@ -112,6 +113,7 @@ def test_webhook_answers_2xx_only_after_persist_and_503_during_an_outage(server:
     assert ing.error is None
 
 
+@pytest.mark.slow
 def test_webhook_answers_503_under_backpressure(ft_config: FTConfig) -> None:
     layer = FTLayer(ft_config.replace(max_pending=5), "hook", "bp", num_channels=2).open()
     hooks = WebhookSource(reply_timeout_s=5.0, retry_after_s=2)

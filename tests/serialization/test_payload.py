@@ -234,6 +234,7 @@ values = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=150)
 @given(values)
 def test_hypothesis_values_roundtrip_exactly(value: Any) -> None:

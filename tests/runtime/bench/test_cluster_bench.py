@@ -3,6 +3,8 @@ two sources on different primaries."""
 
 from __future__ import annotations
 
+import pytest
+
 from ftlayer.shards import key_slot_of, slot_ranges
 from runtime.bench.cluster import TOPOLOGY, bench_cluster_scaling, spread_sources
 
@@ -17,6 +19,7 @@ def test_the_two_sources_land_on_different_primaries() -> None:
     assert len({_owner(n, 3) for n in names}) == 2
 
 
+@pytest.mark.slow
 def test_a_small_run_reports_both_sizes_and_a_ratio() -> None:
     got = bench_cluster_scaling(records=30_000, repeats=1, batch=3000)  # enough for /proc CPU ticks (10 ms)
     for label in ("1_primary", "3_primaries"):

@@ -17,6 +17,8 @@ import pytest
 from ftlayer.config import FTConfig
 from runtime.chaos.runner import run_scenario
 
+pytestmark = pytest.mark.spark
+
 
 @pytest.mark.parametrize("shards", [1, 16], ids=["one-shard", "16-shards"])
 def test_kill_primary_replicated_loses_nothing(spark: Any, ft_config: FTConfig, tmp_path: Path, shards: int) -> None:

@@ -6,8 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ftlayer.config import FTConfig
 from runtime.chaos.runner import run_scenario
+
+pytestmark = pytest.mark.spark
 
 
 def test_kill_one_of_two_ingest_processes(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:

@@ -9,9 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import redis
 
 
+@pytest.mark.spark
 def test_demo_reports_nothing_lost_and_nothing_left(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The main job as a user runs it: its own Spark, embedded Redis, a killed worker, FailRecord."""
     env = {**os.environ, "FTLAYER_NAMESPACE": "demotest", "FTLAYER_EMBEDDED_DATA_DIR": str(tmp_path)}

@@ -83,6 +83,7 @@ def test_file_ingest_persists_every_line_and_dead_letters_the_bad_ones(
     assert any("not valid JSON" in r or "UnparsedLine" in r for r in reasons), reasons
 
 
+@pytest.mark.slow
 def test_a_second_run_reads_on_from_the_saved_offset(tmp_path: Path, redis_server_url: str, namespace: str) -> None:
     f, off = tmp_path / "events.jsonl", tmp_path / "off"
     _write(f, 0, 300)
@@ -105,6 +106,7 @@ def test_stdin_text_lines(redis_server_url: str, namespace: str) -> None:
     assert sorted(_persisted_values(_layer(redis_server_url, namespace))) == ["alpha", "beta", "gamma"]
 
 
+@pytest.mark.slow
 def test_two_workers_share_a_file_without_overlap_or_gap(
         tmp_path: Path, redis_server_url: str, namespace: str) -> None:
     f = tmp_path / "big.jsonl"
@@ -118,6 +120,7 @@ def test_two_workers_share_a_file_without_overlap_or_gap(
     assert len(ids) == 20_000 and sorted(ids) == list(range(20_000))
 
 
+@pytest.mark.slow
 def test_one_of_two_ingest_processes_killed_and_restarted_loses_nothing(
         tmp_path: Path, redis_server_url: str, namespace: str) -> None:
     f, off = tmp_path / "big.jsonl", tmp_path / "off"
@@ -151,6 +154,7 @@ def test_one_of_two_ingest_processes_killed_and_restarted_loses_nothing(
     assert len(dupes) <= 200, len(dupes)
 
 
+@pytest.mark.slow
 def test_webhook_ingest_answers_after_persisting_and_ends_on_sigterm(redis_server_url: str, namespace: str) -> None:
     proc = _cli("clicks", "events", "--webhook", "127.0.0.1:0", "--key", "user", url=redis_server_url, ns=namespace)
     try:

@@ -58,6 +58,7 @@ def test_db_index_out_of_range_is_one_clear_line(capsys: Any, redis_server_url: 
     assert err.startswith("ftlayer: error:") and "no database 99" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_missing_password_is_explained_not_the_servers_hello_text(capsys: Any) -> None:
     with EmbeddedServer(password="s3cret-pw") as server:
         bare = server.url.replace(":s3cret-pw@", "")
@@ -86,6 +87,7 @@ def _redis_foreground(env: dict[str, str], *extra: str) -> tuple[subprocess.Pope
     return proc, url, data_dir
 
 
+@pytest.mark.slow
 def test_ftlayer_redis_honours_the_data_dir_env_and_sigterm_removes_its_temp_dir(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path / "tmp")}
     (tmp_path / "tmp").mkdir()

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import redis
 
 from runtime.cli.main import main
@@ -21,6 +22,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_ftlayer_redis_cluster_prints_urls_and_stops_every_node_on_sigterm(tmp_path) -> None:  # type: ignore[no-untyped-def]
     proc = subprocess.Popen(
         [sys.executable, "-m", "runtime.cli.main", "redis", "--cluster", "--data-dir", str(tmp_path)],

@@ -10,6 +10,7 @@ from ftlayer.config import FTConfig
 from ftlayer.keyhash import key_hash
 from ftlayer.layer import FTLayer
 from runtime.driver.ingest import Ingestor
+from tests.waiting import wait_until
 
 
 def _layer(cfg: FTConfig, **kw: Any) -> FTLayer:
@@ -101,7 +102,7 @@ def test_broken_source_stops_ingest_but_keeps_what_was_read(ft_config: FTConfig)
 def test_backpressure_waits_for_room(ft_config: FTConfig) -> None:
     layer = _layer(ft_config, max_pending=50, flush_batch_size=10)
     ing = Ingestor(layer, range(200), linger_s=0.001).start()
-    time.sleep(0.5)
+    wait_until(lambda: (ing.paused or "").startswith("backpressure"), 20, "ingest to wait for room")
     assert 50 <= layer.pending_count() <= 60 and not ing.done
     # ack everything pending, as a pipeline would, until ingest finishes
     deadline = time.monotonic() + 20
@@ -120,7 +121,7 @@ def test_stop_ends_an_endless_source(ft_config: FTConfig) -> None:
 
     layer = _layer(ft_config)
     ing = Ingestor(layer, endless).start()
-    time.sleep(0.2)
+    wait_until(lambda: layer.stats()["persisted"] > 0, 20, "the first records persisted")
     ing.stop()
     assert ing.done and layer.stats()["persisted"] == ing.ingested > 0
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
 import redis
 
 from ftlayer.cluster_server import EmbeddedCluster
@@ -18,6 +19,7 @@ def _count(state: dict[str, Any]) -> int:
     return int(state["n"])
 
 
+@pytest.mark.slow
 def test_state_loads_and_saves_ride_out_a_failover(tmp_path: Path) -> None:
     with EmbeddedCluster(primaries=3, replicas=1, data_dir=tmp_path / "cl") as cluster:
         cfg = FTConfig(redis_url=cluster.urls[0], namespace="ks", outage_budget_s=5.0)
