@@ -109,12 +109,22 @@ class FTConfig:
         "one slot; on a cluster, 16 lets one source use every primary. Fixed when a source registers."))
     max_replays: int = field(default=5, metadata=_doc(
         "Replays of one origin record before it is dead-lettered (>= 0)."))
-    replay_backoff_initial_s: float = field(default=0.0, metadata=_doc(
-        "Delay before the first replay of a failed record, seconds (>= 0)."))
+    replay_backoff_initial_s: float = field(default=1.0, metadata=_doc(
+        "Delay before the first replay of a failed record, seconds (>= 0; 0 replays at once). With "
+        "the defaults a record is replayed after 1, 2, 4, 8 and 16 s, then dead-lettered."))
     replay_backoff_multiplier: float = field(default=2.0, metadata=_doc(
         "Factor applied to the delay for each further replay (>= 1)."))
     replay_backoff_max_s: float = field(default=30.0, metadata=_doc(
         "Upper bound of the replay delay, seconds (>= replay_backoff_initial_s)."))
+    sink_retry_budget_s: float = field(default=120.0, metadata=_doc(
+        "DataFrame path: how long an acking point (ftlayer.acking, ftlayer.acking_sink) retries a "
+        "micro-batch whose write failed, with backoff (0.5 s doubling to 10 s), before it gives up, "
+        "seconds (>= 0; 0: no retry). While it retries, the sources' sink breaker is open and their "
+        "replays wait, so a sink outage spends no replay budget. Keep it below max_batch_s."))
+    max_batch_s: float = field(default=600.0, metadata=_doc(
+        "Timeouts follow progress: while a micro-batch runs, none of the records it read times out, "
+        "for up to this many seconds after Spark planned it (> 0). A batch still running past it "
+        "(hung) has its records time out and replay as usual. See docs/guarantees.md."))
     max_pending: int = field(default=100_000, metadata=_doc(
         "Backpressure: ingest waits while this many source records are pending (>= 1)."))
     durability: str = field(default="everysec", metadata=_doc(
@@ -199,6 +209,8 @@ class FTConfig:
         _at_least("replay_backoff_initial_s", self.replay_backoff_initial_s, 0.0)
         _at_least("replay_backoff_multiplier", self.replay_backoff_multiplier, 1.0)
         _at_least("replay_backoff_max_s", self.replay_backoff_max_s, self.replay_backoff_initial_s)
+        _positive("max_batch_s", self.max_batch_s)
+        _at_least("sink_retry_budget_s", self.sink_retry_budget_s, 0.0)
         _at_least("max_pending", self.max_pending, 1)
         _at_least("waitaof_timeout_ms", self.waitaof_timeout_ms, 1)
         _between("flush_batch_size", self.flush_batch_size, 1, 1_000_000)

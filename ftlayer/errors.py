@@ -24,8 +24,10 @@ __all__ = [
     "KeyHashError",
     "LeaseLostError",
     "PartitioningError",
+    "RecordFailError",
     "RedisUnavailableError",
     "SerializationError",
+    "SinkWriteError",
     "StateDirBusyError",
     "TopologyError",
     "UnsupportedTypeError",
@@ -169,3 +171,13 @@ class ServiceStoppedError(FTLayerError):
 
 class IngestStoppedError(FTLayerError):
     """A source's ingest thread stopped on an error (the user source or one of its hooks raised)."""
+
+
+class SinkWriteError(FTLayerError):
+    """A micro-batch's write still failed after its retries, and the batch must not commit (a stateful
+    plan): the query stops; restarted on its checkpoint, it re-runs the batch."""
+
+
+class RecordFailError(FTLayerError):
+    """A row function raised, and its record could not be failed in Redis within ``outage_budget_s``:
+    the Spark task fails instead (so the batch cannot commit and ack the record)."""

@@ -46,21 +46,30 @@ key suffix        type    contents
 ``dlq``           stream  dead letters: origin, sid, replay count, reason, time, frame
 ``stats``         hash    counters: persisted, acked, failed_explicit, failed_timeout,
                           replayed, dead_lettered, requeued, late_deltas, duplicate_flushes,
-                          refiled_unread
+                          refiled_unread, refiled_held
 ``meta``          hash    num_channels, num_shards, format version (3; 1 and 2 are migrated
                           on start, see ``ftlayer.layout``), created time; under the source's
                           own tag whatever the shard count
 ``lease``         string  owner token of the rotator lease (with PX expiry)
+``brk``           hash    the sink breaker (``ftlayer.breaker``): query, since_ms, until_ms,
+                          failures, error while a batch's write fails and is retried; under
+                          the source's own tag; deleted when a write succeeds
 ``tok:<batch>``   hash    applied flush tokens of one micro-batch of one query (``<query
                           id>/<batch id>``): task -> 1; deleted when the batch commits,
                           PX expiry as a safety net (``ftlayer.flush_tokens``)
 ``tok:dl:<sid>``   string  the dlq entry id of a record dead-lettered by ingest (retry guard)
 ``tok:p:<hash>``  string  a PERSIST call was applied (``<hash>``: xxh64 of its input; PX expiry):
                           a retried call files nothing, even after its records were acked
-``dfb:<q>:<b>``   list    DataFrame path: the records that the read tasks of batch ``b`` of
-                          streaming query ``q`` emitted, as [chunk id 6][bitmap length u16]
-                          [bitmap] per chunk (PX expiry); settled (acked or failed) and
-                          emptied by the batch's acking point
+``dfb:<tag>``     list    DataFrame path: the records that the read tasks of the micro-batch
+                          ``tag`` emitted (``tag``: ``ftlayer.batch_acks.batch_tag`` of the
+                          batch's end offset), as [chunk id 6][bitmap length u16][bitmap] per
+                          chunk (PX expiry); acked and emptied once Spark committed the batch,
+                          or failed by an acking point whose write failed
+``holds``         hash    running micro-batches: ``tag`` -> ``"<deadline ms> <started ms>"``;
+                          a timeout of a chunk in ``hld:<tag>`` falls due while the deadline
+                          lies ahead is postponed (``ftlayer.holds``)
+``hld:<tag>``     set     the chunk ids the read tasks of batch ``tag`` received (PX expiry);
+                          deleted with the hold
 ``pend``          hash    layout format 2 only (one entry per record): emptied by the migration
 ================  ======  ===============================================================
 
@@ -68,9 +77,9 @@ Namespace-level (no hash tag): ``<namespace>:sources`` (set of ``topology/source
 and ``<namespace>:owner`` (who created the namespace: JSON ``{"created_ms": ..., "by":
 "ftlayer"}``, set once by the first source's registration; the CLI's destructive
 commands refuse a namespace without it unless ``--force``).
-``<namespace>:dfq:<query id>`` (set of ``topology/source`` that the DataFrame path's
-read tasks of that streaming query read from; PX expiry) tells an acking point
-which sources' ``dfb`` keys to settle.
+``<namespace>:dfq:<query id>:<batch id>`` (set of ``"topology/source tag"`` that the DataFrame
+path's read tasks of that micro-batch filed under; PX expiry) tells an acking point or the
+commit listener which sources' ``dfb:<tag>`` keys belong to a batch.
 """
 
 from __future__ import annotations
@@ -205,6 +214,11 @@ class SourceKeys:
         return self.key("lease")
 
     @property
+    def breaker(self) -> str:
+        """The source's sink breaker (``ftlayer.breaker``), under its own tag like ``meta``."""
+        return self.source_prefix + "brk"
+
+    @property
     def read_marks(self) -> str:
         return self.key("rd")
 
@@ -218,9 +232,18 @@ class SourceKeys:
     def token(self, token: str) -> str:
         return self.key(f"tok:{token}")
 
-    def batch_reads(self, query_id: str, batch_id: int) -> str:
-        """Ids emitted by the read tasks of one micro-batch of one query (DataFrame path)."""
-        return self.key(f"dfb:{check_name('query id', query_id)}:{int(batch_id)}")
+    def batch_reads(self, tag: str) -> str:
+        """Ids emitted by the read tasks of the micro-batch ``tag`` (DataFrame path)."""
+        return self.key(f"dfb:{check_name('batch tag', tag)}")
+
+    @property
+    def holds(self) -> str:
+        """``holds``: running micro-batches (tag -> deadline and start, ms)."""
+        return self.key("holds")
+
+    def held(self, tag: str) -> str:
+        """``hld:<tag>``: the chunk ids the read tasks of batch ``tag`` received."""
+        return self.key(f"hld:{check_name('batch tag', tag)}")
 
 
 def sources_key(namespace: str) -> str:
@@ -233,6 +256,6 @@ def owner_key(namespace: str) -> str:
     return f"{namespace}:owner"
 
 
-def query_sources_key(namespace: str, query_id: str) -> str:
-    """Set of ``topology/source`` read by a streaming query on the DataFrame path."""
-    return f"{namespace}:dfq:{check_name('query id', query_id)}"
+def query_batch_key(namespace: str, query_id: str, batch_id: int) -> str:
+    """Set of ``"topology/source tag"`` a micro-batch of a streaming query read (DataFrame path)."""
+    return f"{namespace}:dfq:{check_name('query id', query_id)}:{int(batch_id)}"

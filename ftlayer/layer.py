@@ -37,6 +37,7 @@ from ftlayer.delta_arrays import DeltaArrays
 from ftlayer.errors import ConfigError, InvalidIdError
 from ftlayer.flush_tokens import FlushToken
 from ftlayer.frames import SemiDeserializedRecord
+from ftlayer.holds import Hold, Holds
 from ftlayer.keys import SourceKeys
 from ftlayer.persistence import ChannelBatch
 from ftlayer.replayer import ReplayResult, ReplayRouter
@@ -279,14 +280,39 @@ class FTLayer:
         groups = by_shard(records, lambda r: r[0], self.num_shards)
         return sum(self.shards[k].persistence.fail_unreadable(group) for k, group in groups.items())
 
-    def record_batch_reads(self, query_id: str, batch_id: int, sids: Sequence[int]) -> None:
-        """DataFrame path: file the ids a read task emitted for ``batch_id`` of ``query_id``."""
-        for k, group in by_shard(sids, lambda s: s, self.num_shards).items():
-            BatchAcks(self.shards[k].store).record(query_id, batch_id, group)
+    def record_batch_reads(self, tag: str, sids: Sequence[int], batch: tuple[str, int] | None = None) -> None:
+        """DataFrame path: file the ids a read task emitted for the micro-batch ``tag`` (and list the
+        tag under Spark's ``batch`` = (query id, batch id), if known); see ``ftlayer.batch_acks``."""
+        groups = by_shard(sids, lambda s: s, self.num_shards)
+        for k, group in groups.items():
+            BatchAcks(self.shards[k].store).record(tag, group, batch)
 
-    def settle_batch(self, query_id: str, batch_id: int, mode: Literal["ack", "fail"], reason: str = "") -> int:
-        """DataFrame path: ack (or fail) every still-pending record the batch's read tasks emitted."""
-        return sum(BatchAcks(shard.store).settle(query_id, batch_id, mode, reason) for shard in self.shards)
+    def settle_batch(self, tag: str, mode: Literal["ack", "fail"], reason: str = "") -> int:
+        """DataFrame path: ack (or fail) every still-pending record the batch ``tag`` emitted."""
+        return sum(BatchAcks(shard.store).settle(tag, mode, reason) for shard in self.shards)
+
+    # --- holds (ftlayer.holds) -------------------------------------------------------
+    def start_hold(self, tag: str, deadline_ms: int, started_ms: int) -> None:
+        """Hold the micro-batch ``tag`` in every shard until ``deadline_ms``."""
+        for shard in self.shards:
+            Holds(shard.store).start(tag, deadline_ms, started_ms)
+
+    def renew_hold(self, tag: str, deadline_ms: int, started_ms: int) -> bool:
+        """Move a hold's deadline where it still exists; False if it was ended in every shard."""
+        return any([Holds(shard.store).renew(tag, deadline_ms, started_ms) for shard in self.shards])
+
+    def end_hold(self, tag: str) -> None:
+        """End the hold of the micro-batch ``tag`` in every shard."""
+        for shard in self.shards:
+            Holds(shard.store).end(tag)
+
+    def end_holds(self) -> int:
+        """End every hold of the source (its one query stopped); returns how many there were."""
+        return sum(Holds(shard.store).end_all() for shard in self.shards)
+
+    def holds(self) -> list[Hold]:
+        """Every hold of every shard (live or lapsed), for status and tests."""
+        return [h for shard in self.shards for h in Holds(shard.store).all()]
 
     def replay_due(self) -> ReplayResult:
         """Replay (or dead-letter) every failure whose backoff has passed."""

@@ -294,6 +294,8 @@ class PersistenceLayer:
         skip: int = 0,
         max_records: int = READ_MAX_RECORDS,
         max_bytes: int = SCRIPT_MAX_BYTES,
+        hold: str | None = None,
+        hold_ttl_ms: int = 3_600_000,
     ) -> ChannelBatch:
         """One bounded read of the pending records with stream ids in (after, until].
 
@@ -302,13 +304,16 @@ class PersistenceLayer:
         ``max_entries`` entries, about ``max_records`` records examined and
         ``max_bytes`` of frames per call (at least one chunk); the returned
         cursor says where it stopped. Use :meth:`iter_channel` to read a whole range.
+        With ``hold`` (a running batch's tag, ``ftlayer.holds``) the chunks read join that
+        batch's hold set, kept ``hold_ttl_ms`` at most.
         """
         k = self.store.keys
-        reply = self.store.run(
-            "READ_CHANNEL",
-            [k.channel(channel), k.chunks, k.chunk_frames, k.read_marks],
-            [after, skip, until, max_entries, max_records, max_bytes, SCRIPT_BUDGET_MS, channel],
-        )
+        keys = [k.channel(channel), k.chunks, k.chunk_frames, k.read_marks]
+        args: list[object] = [after, skip, until, max_entries, max_records, max_bytes, SCRIPT_BUDGET_MS, channel]
+        if hold is not None:
+            keys.append(k.held(hold))
+            args.append(hold_ttl_ms)
+        reply = self.store.run("READ_CHANNEL", keys, args)
         last = reply[0].decode() if reply and reply[0] else ""
         rest = reply[2:]
         return ChannelBatch(channel, last, list(zip(rest[::3], rest[1::3], rest[2::3], strict=True)), int(reply[1]))
@@ -322,16 +327,18 @@ class PersistenceLayer:
         max_entries: int = 10_000,
         max_records: int = READ_MAX_RECORDS,
         max_bytes: int = SCRIPT_MAX_BYTES,
+        hold: str | None = None,
     ) -> Iterator[ChannelBatch]:
         """Every pending record of (after, until], in stream order, each once, in bounded calls.
 
         Yields one batch per server-side call (batches may be empty when a
-        chunk held only settled records).
+        chunk held only settled records). ``hold``: as in :meth:`read_channel`.
         """
         skip = 0
         while True:
             batch = self.read_channel(
-                channel, after, until, max_entries, skip=skip, max_records=max_records, max_bytes=max_bytes
+                channel, after, until, max_entries, skip=skip, max_records=max_records, max_bytes=max_bytes,
+                hold=hold,
             )
             yield batch
             if not batch.last_id or (not batch.skip and _stream_pos(batch.last_id) >= _stream_pos(until)):

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import redis
 
 from ftlayer.errors import FTLayerError, LeaseLostError
+from ftlayer.holds import Holds
 from ftlayer.script_bounds import EXPIRE_MAX_RECORDS, SCRIPT_BUDGET_MS, SCRIPT_MAX_BYTES
 from ftlayer.store import SourceStore, unpack_ids
 
@@ -159,17 +160,31 @@ class RotatingBucketMap:
         """
         store = self.store
         out: list[int] = []
+        if not store.client.llen(store.keys.expq):
+            return out  # nothing expired: the common tick
         # a pending record's channel is below the recorded count (a rescale needs a drained source)
         channels = store.channel_keys(store.recorded_channels() or 0)
+        holds = Holds(store)
+        holds.clean(store.now_ms())
+        live = [h.tag for h in holds.all() if h.live(store.now_ms())]
+        retries = 0
         while True:
             blob, queued = store.run(
                 "EXPIRE",
-                [*store.state_keys, store.keys.expq, store.keys.read_marks, *channels],
+                [*store.state_keys, store.keys.expq, store.keys.read_marks, store.keys.holds,
+                 *(store.keys.held(t) for t in live), *channels],
                 [
                     store.keys.prefix, store.now_ms(), *store.backoff_args(),
-                    self.scan_max_records, SCRIPT_MAX_BYTES, SCRIPT_BUDGET_MS,
+                    self.scan_max_records, SCRIPT_MAX_BYTES, SCRIPT_BUDGET_MS, len(live), *live,
                 ],
             )
+            if int(queued) < 0:  # a batch started meanwhile: declare its hold and call again
+                retries += 1
+                if retries > 100:
+                    msg = f"EXPIRE on {store.keys.prefix!r}: the holds keep changing; try again later"
+                    raise FTLayerError(msg)
+                live = [h.tag for h in holds.all() if h.live(store.now_ms())]
+                continue
             ids = unpack_ids(blob or b"")
             if ids and self.on_expired is not None:
                 self.on_expired(ids)

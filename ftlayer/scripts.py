@@ -225,10 +225,12 @@ EXPIRE = (
     r"""
 -- expire: fail the still-pending records of expired buckets, in bounded chunks of work.
 -- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, expq, rd (read watermarks),
+--       holds, hld:<tag> of each hold the caller found live (h of them),
 --       ch:0 .. ch:<num_channels - 1>
 -- ARGV: prefix, now ms, backoff initial ms, backoff multiplier, backoff max ms,
---       max records to examine, max frame bytes to move, time budget ms
--- Returns: {failed sids (packed 8-byte), expired buckets still queued}
+--       max records to examine, max frame bytes to move, time budget ms, h, the h hold tags
+-- Returns: {failed sids (packed 8-byte), expired buckets still queued}; {'', -1} (nothing done)
+-- if `holds` has a live hold the caller did not declare: it reads `holds` again and calls again.
 -- A record acked or failed earlier is no longer pending and is skipped, so a record that
 -- completed never expires. Each record fails at most once. A bucket element is [gen u32] ..
 -- k x [chunk id 6]; a chunk whose state names a newer gen was re-filed and is skipped here.
@@ -243,6 +245,10 @@ EXPIRE = (
 -- chunk is checked again one timeout later. A re-filed chunk that a task has read since gets one
 -- more timeout (it may have been read just now; flag SEEN) and then fails as usual: a record
 -- read after a stall has at least timeout_s to complete.
+-- Holds (timeouts follow progress): a chunk that would fail but that a running micro-batch
+-- read (it is in the `hld:<tag>` set of a hold whose deadline lies ahead) is re-filed in the
+-- current bucket instead (flags REFILED and SEEN, counted in `refiled_held`): it fails at its
+-- first expiry after the hold ended, unless the batch settled it first.
 """
     + _STATE
     + CLOCK
@@ -306,7 +312,30 @@ local function handed_out(key, ch, egen)
   return not set[key]
 end
 
-CH_BASE = 13
+local nh = tonumber(ARGV[9] or '0')
+local held_sets, held_n = {}, 0
+do
+  local declared = {}
+  for j = 1, nh do declared[ARGV[9 + j]] = 14 + j end
+  local all = redis.call('HGETALL', KEYS[14])
+  for i = 1, #all - 1, 2 do
+    local deadline = tonumber(string.match(all[i + 1], '^(%d+)'))
+    if deadline and deadline > now then
+      local at = declared[all[i]]
+      if not at then return {'', -1} end
+      held_sets[#held_sets + 1] = at
+    end
+  end
+end
+
+local function held(key)
+  for _, at in ipairs(held_sets) do
+    if redis.call('SISMEMBER', KEYS[at], key) == 1 then return true end
+  end
+  return false
+end
+
+CH_BASE = 14 + nh
 while not stop do
   local e = redis.call('LINDEX', KEYS[12], 0)
   if not e then break end
@@ -331,7 +360,9 @@ while not stop do
         end
         local seen = bit.band(c.flags, FLAG_SEEN) ~= 0
         local read = seen or handed_out(c.key, c.ch, c.egen)
-        if read and (seen or bit.band(c.flags, FLAG_REFILED) == 0) then
+        local due = read and (seen or bit.band(c.flags, FLAG_REFILED) == 0)
+        local hold = due and #held_sets > 0 and held(c.key)
+        if due and not hold then
           for i = 0, c.n - 1 do
             if chunk_pending(c, i) then
               bytes = bytes + chunk_fail(c, i, 'timeout', now, b_init, b_mult, b_max, false)
@@ -342,6 +373,7 @@ while not stop do
         else
           bucket_done(eg)
           if not read then unread_n = unread_n + c.left end
+          if hold then held_n = held_n + c.left end
           c.gen = cur
           c.flags = FLAG_REFILED + (read and FLAG_SEEN or 0)
           c.dirty = true
@@ -363,6 +395,7 @@ if #refiled > 0 then
   redis.call('HINCRBY', K_BCNT, cur, #refiled)
 end
 if unread_n > 0 then redis.call('HINCRBY', K_STATS, 'refiled_unread', unread_n) end
+if held_n > 0 then redis.call('HINCRBY', K_STATS, 'refiled_held', held_n) end
 settle_counts()
 drop_done_heads()
 if #out > 0 then redis.call('HINCRBY', K_STATS, 'failed_timeout', #out) end
@@ -538,11 +571,12 @@ READ_CHANNEL = (
     r"""
 -- read_channel: the chunks of one channel between two stream positions that still hold pending
 -- records, bounded.
--- KEYS: channel stream, ck, cf, rd (read watermarks)
+-- KEYS: channel stream, ck, cf, rd (read watermarks), optionally hld:<tag> (the running
+--       batch's hold set)
 -- ARGV: start id ('-' = from the beginning), chunks of the start entry already read
 --       (0 = all of it: the read begins after it; k > 0: it begins at the entry's (k+1)-th chunk),
 --       end id (inclusive, '+' = to the end), max stream entries, max records to examine,
---       max frame bytes to return, time budget ms, channel number
+--       max frame bytes to return, time budget ms, channel number, hold set ttl ms (with KEYS[5])
 -- Returns: {cursor id ('' if no entry was read), chunks of the cursor entry read (0 = all),
 -- chunk id, state, frames, chunk id, state, frames, ...}: per chunk still pending, its id, its
 -- `ck` state (header and settled bitmap) and its `cf` frames, as stored. The reader skips the
@@ -553,6 +587,8 @@ READ_CHANNEL = (
 -- few at a time (doubling).
 -- The channel's read watermark (`rd`) moves up to the cursor entry, the last entry this call
 -- finished or entered (never back): its chunks count as handed to a task (see EXPIRE).
+-- With a hold set, every chunk returned joins it: EXPIRE postpones their timeouts while the
+-- hold lasts (a re-read adds nothing new: it is a set).
 """
     + CLOCK
     + r"""
@@ -608,9 +644,37 @@ if mark_g then
   end
   if newer then redis.call('HSET', KEYS[4], ARGV[8], mark_g .. ' ' .. out[1]) end
 end
+if KEYS[5] and #out > 2 then
+  local batch = {}
+  for i = 3, #out, 3 do
+    batch[#batch + 1] = out[i]
+    if #batch == 1000 then redis.call('SADD', KEYS[5], unpack(batch)); batch = {} end
+  end
+  if #batch > 0 then redis.call('SADD', KEYS[5], unpack(batch)) end
+  redis.call('PEXPIRE', KEYS[5], ARGV[9])
+end
 return out
 """
 )
+
+HOLD = r"""
+-- hold: start, renew or end the hold of a running micro-batch (timeouts follow progress).
+-- KEYS: holds, hld:<tag>
+-- ARGV: op ('start' | 'renew' | 'end'), tag, deadline ms, started ms
+-- start: holds[tag] = "<deadline> <started>"; renew: the same, only while holds[tag] exists (a
+-- hold that was ended stays ended, so a late heartbeat cannot revive it); end: delete holds[tag]
+-- and the set of the chunks the batch read.
+-- Returns: 1 if the hold exists after the call, else 0.
+local op, tag = ARGV[1], ARGV[2]
+if op == 'end' then
+  redis.call('HDEL', KEYS[1], tag)
+  redis.call('DEL', KEYS[2])
+  return 0
+end
+if op == 'renew' and redis.call('HEXISTS', KEYS[1], tag) == 0 then return 0 end
+redis.call('HSET', KEYS[1], tag, ARGV[3] .. ' ' .. ARGV[4])
+return 1
+"""
 
 LEASE = r"""
 -- lease: acquire or renew the rotator lease.
@@ -684,7 +748,7 @@ return {redis.call('XTRIM', KEYS[1], 'MINID', ms .. '-' .. (tonumber(seq) + 1)),
 BATCH_SETTLE = (
     r"""
 -- batch_settle: ack (or fail) every still-pending record a micro-batch's read tasks emitted.
--- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, batch key (dfb:<query>:<batch>)
+-- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, batch key (dfb:<tag>)
 -- ARGV: prefix, mode ('ack' | 'fail'), max list elements to take in this call, fail reason,
 --       now ms, backoff initial ms, backoff multiplier, backoff max ms
 -- Returns: {records settled in this call, list elements left}. The caller repeats until nothing
@@ -742,7 +806,7 @@ return {settled, redis.call('LLEN', KEYS[12])}
 #: Every script the store may run; each gets the shebang and :data:`~ftlayer.lua_lib.LAYOUT` in front.
 SCRIPT_NAMES = (
     "PERSIST", "FLUSH", "ROTATE", "EXPIRE", "REPLAY", "READ_CHANNEL", "LEASE", "RELEASE", "TRIM_DONE", "REQUEUE",
-    "DEAD_LETTER", "RESCALE", "BATCH_SETTLE", "PENDING", "MIGRATE", "META_CAS",
+    "DEAD_LETTER", "RESCALE", "BATCH_SETTLE", "PENDING", "MIGRATE", "META_CAS", "HOLD",
 )
 #: First line of every script: a ``#!lua`` shebang makes the server hold a script to the
 #: keys it declares (a cluster refuses any other key; Redis >= 7.0 or Valkey needed).

@@ -21,6 +21,10 @@ causes an extra rotation inside an interval, and rotations missed during an
 outage are caught up in order when Redis answers again; the timeout bound
 then stretches by the outage, never shrinks for records filed on schedule.
 
+Sink outages: while a source's sink breaker is open (``ftlayer.breaker``: an acking point is
+retrying a batch whose write failed) its failed records wait instead of being replayed, so an
+outage of the sink does not spend their replay budget.
+
 Outages: a tick that fails (Redis unreachable, restarting) is retried with
 backoff (redis-py's ExponentialBackoff, up to 2 s between tries) for up to
 ``outage_budget_s`` (300 s by default) of consecutive failures; then the
@@ -43,6 +47,7 @@ from collections.abc import Sequence
 import redis
 from redis.backoff import ExponentialBackoff
 
+from ftlayer.breaker import SinkBreaker
 from ftlayer.errors import FTLayerError, LeaseLostError, ServiceStoppedError
 from ftlayer.layer import FTLayer
 from ftlayer.shard import Shard
@@ -84,6 +89,7 @@ class FTService:
         self._thread: threading.Thread | None = None
         self.rotations = 0
         self.errors = 0
+        self.paused_ticks = 0  # shard ticks that skipped replays for an open sink breaker
         self.outage_budget_s = outage_budget_s if outage_budget_s is not None else cfg.outage_budget_s
         self.error: ServiceStoppedError | None = None  # set when the service gave up (module notes)
         self.trim_every_s = trim_every_s
@@ -121,13 +127,23 @@ class FTService:
                 shard.buckets.expire_pending()
             else:
                 self._schedule.pop(i, None)
-            # one bounded replay pass per tick, so a replay storm cannot starve rotation or the lease
-            shard.replayer.replay_due()
+            # one bounded replay pass per tick, so a replay storm cannot starve rotation or the lease;
+            # none while the source's sink breaker is open (a sink outage: ftlayer.breaker)
+            if not self._paused(shard):
+                shard.replayer.replay_due()
             # trimming finished head entries is clean-up for a drained source (a running query
             # trims on every batch), and it costs a lookup per chunk of the head entry: not every tick
             if now - self._last_trim.get(i, float("-inf")) >= self.trim_every_s:
                 shard.persistence.trim_done()
                 self._last_trim[i] = now
+
+    def _paused(self, shard: Shard) -> bool:
+        """True while the sink breaker of the shard's source is open (replays wait)."""
+        store = shard.store
+        paused = SinkBreaker(store.client, store.keys).is_open(store.now_ms())
+        if paused:
+            self.paused_ticks += 1
+        return paused
 
     def run_once(self) -> bool:
         """:meth:`tick`, with a Redis error logged and counted instead of raised; True if it succeeded."""

@@ -30,7 +30,7 @@ T = TypeVar("T")
 
 COUNTERS = (
     "persisted", "acked", "failed_explicit", "failed_timeout", "replayed",
-    "dead_lettered", "requeued", "late_deltas", "duplicate_flushes", "refiled_unread",
+    "dead_lettered", "requeued", "late_deltas", "duplicate_flushes", "refiled_unread", "refiled_held",
 )
 OWNER_TAG = "ftlayer"  # the "by" of an owner record that ftlayer wrote
 _SCRIPT_NAMES = scripts.SCRIPT_NAMES

@@ -22,6 +22,7 @@ Redis outage (shorter than the budget) ``drained()`` is False, not an error.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from types import TracebackType
@@ -29,11 +30,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
-from ftlayer.errors import IngestStoppedError, RedisUnavailableError
+from ftlayer.errors import FTLayerError, IngestStoppedError, RedisUnavailableError
 from ftlayer.layer import FTLayer
 from ftlayer.service import FTService
 from runtime.driver.ingest import Ingestor
 from runtime.driver.observe import TopologyObservers
+
+log = logging.getLogger(__name__)
 
 __all__ = ["FTProgress", "FTQuery", "Progress"]
 
@@ -76,6 +79,12 @@ class FTProgress:
         return all(s["pending"] == 0 and s["failed_waiting"] == 0 for s in stats.values())
 
     def stop(self) -> None:
+        # the query has stopped: the batch it was running (if any) no longer holds its records
+        for layer in self.layers:
+            try:
+                layer.end_holds()
+            except (FTLayerError, redis.RedisError) as exc:  # they lapse within one lease anyway
+                log.warning("could not end the batch holds of %s: %s", layer.keys.prefix, exc)
         self.service.stop()
         if self.observers is not None:
             self.observers.stop()

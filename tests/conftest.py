@@ -111,7 +111,9 @@ def redis_client(redis_server_url: str, namespace: str) -> Iterator[redis.Redis]
 
 @pytest.fixture
 def ft_config(redis_server_url: str, namespace: str) -> FTConfig:
-    return FTConfig(redis_url=redis_server_url, namespace=namespace, timeout_s=5.0, state_dir=TEMP_STATE_DIR)
+    # replays at once: tests that count replays should not wait out the default backoff
+    return FTConfig(redis_url=redis_server_url, namespace=namespace, timeout_s=5.0, state_dir=TEMP_STATE_DIR,
+                    replay_backoff_initial_s=0.0)
 
 
 @pytest.fixture

@@ -12,8 +12,13 @@
   that raise again fail their record (and produce no output), the other rows'
   outputs are kept. Cost: one extra pass per poisoned batch.
 
-Failing a record needs Redis: if that call fails too, the error is logged and
-the record times out and replays instead (at-least-once still holds). The
+A failed row is never acked. Failing its record needs Redis; that call waits
+out an outage (up to ``outage_budget_s``, as every Spark task of ftlayer does),
+so a record is failed before its task ends even when the server restarts
+meanwhile, and the batch's ack at Spark's commit skips it. If the server stays
+away longer, the call raises :class:`~ftlayer.errors.RecordFailError` and fails
+the Spark task: the batch cannot commit, so nothing of it is acked (Spark
+retries the task, or the query stops and a restart re-runs the batch). The
 config is the one given, else the last source opened in the driver process
 (``runtime.dataframe.sources.last_config``), captured when the UDF is built.
 """
@@ -25,7 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ftlayer.config import FTConfig
-from ftlayer.errors import FTLayerError
+from ftlayer.errors import FTLayerError, RecordFailError
 from ftlayer.layer import FTLayer
 from runtime.dataframe.sources import config_or_last, parse_schema
 from runtime.spark.payload_columns import METADATA_COLUMN
@@ -43,17 +48,23 @@ _layers: dict[tuple[str, str, str], FTLayer] = {}  # per executor process
 
 
 def fail_record(config: FTConfig, source: str, sid: int, exc: BaseException, where: str) -> None:
-    """Fail one source record (``source`` = ``topology/name``) for ``exc``; logs instead of raising."""
+    """Fail one source record (``source`` = ``topology/name``) for ``exc``, waiting out a Redis outage.
+
+    Raises :class:`RecordFailError` (which fails the Spark task) if the record cannot be failed
+    within ``outage_budget_s``: a row whose failure is not recorded must not let its batch commit.
+    """
     key = (config.redis_url, config.namespace, source)
     layer = _layers.get(key)
     if layer is None:
         topology, _, name = source.partition("/")
-        layer = _layers[key] = FTLayer(config, topology, name)
+        layer = _layers[key] = FTLayer(config, topology, name, outage_budget_s=config.outage_budget_s)
     reason = f"{where}: {type(exc).__name__}: {exc}"[:MAX_REASON_CHARS]
     try:
         layer.xor({}, fails={int(sid): reason})
-    except FTLayerError:
-        log.exception("could not fail record %d of %s; it will time out and replay", sid, source)
+    except FTLayerError as err:
+        msg = (f"record {sid} of {source} failed in {where} ({type(exc).__name__}: {exc}) and could not be "
+               f"failed in Redis: {err}; failing the task so that its batch does not commit")
+        raise RecordFailError(msg) from err
 
 
 class FTUdf:

@@ -12,26 +12,50 @@ A :class:`SourceHandle` is one source of one topology in one namespace:
 - :meth:`SourceHandle.read_stream` gives the streaming DataFrame (typed
   columns plus ``_ftlayer``; see ``runtime.spark.typed_source``).
 
+Configuration, as on the Topology path: the config given, else ``FTConfig.load()``
+(``ftlayer.toml`` < ``FTLAYER_*``), then the ``spark.ftlayer.*`` keys of the session
+(the one passed, else the active one) for every option not set in code.
+
+**Durable by default, one state model** (``ftlayer.state``): with no ``redis_url`` the
+embedded server runs on the topology's state directory, ``<state_dir>/<topology>/redis/``
+(its AOF), the same one a ``Topology`` of that name uses, with the same lock (one process
+at a time) and the same die-with-the-driver rules: a re-run of the same program finds the
+records a killed driver left pending. A non-local Spark master without ``redis_url`` is
+refused (executors elsewhere cannot reach an embedded server on the driver).
+
+**A server that is down at start** is waited for, with backoff, for up to
+``outage_budget_s`` (as a running query waits), before :class:`RedisUnavailableError`.
+
 Handles are cached per process by (namespace, topology, source) in
 :func:`source`, so ``read_stream``, ``ingest`` and the acking helpers of the
 same process share one config (and one embedded server when the config has no
 ``redis_url``). :func:`last_config` is the config of the most recent handle:
 what :func:`runtime.dataframe.acking.acking` and the row functions use when
-given none.
+given none. :func:`read_stream` also attaches, once per session, the commit
+listener (``runtime.dataframe.commits``: acks committed batches), the progress
+log listener and, with ``metrics_port``, the Prometheus exporter
+(``runtime.driver``), as a topology does.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Any
+
+from redis.backoff import ExponentialBackoff
 
 from ftlayer.config import FTConfig
 from ftlayer.connection import resolved
-from ftlayer.errors import ConfigError
+from ftlayer.errors import ConfigError, RedisUnavailableError
 from ftlayer.layer import FTLayer
 from ftlayer.service import FTService
+from ftlayer.state import TopologyState, check_reachable_redis
 from runtime.driver.ingest import Ingestor, KeySelector
-from runtime.spark.ft_source import FORMAT, FTSourceOptions
+from runtime.driver.metrics import MetricsExporter
+from runtime.spark.conf import effective_config
+from runtime.spark.ft_source import FORMAT, source_options
 from runtime.spark.payload_columns import METADATA_COLUMN, metadata_type
 from runtime.spark.typed_source import register
 
@@ -40,12 +64,15 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = [
-    "SourceHandle", "config_or_last", "ingest", "last_config", "read_stream", "source", "stop_all", "with_metadata",
+    "SourceHandle", "active_session", "config_or_last", "ingest", "last_config", "open_waiting", "read_stream",
+    "session_config", "source", "stop_all", "with_metadata",
 ]
 
+log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _handles: dict[tuple[str, str, str], SourceHandle] = {}
 _last: list[FTConfig] = []
+_embedded: dict[str, str] = {}  # namespace -> URL of the embedded server its sources were opened on
 
 
 def with_metadata(schema: StructType | str) -> StructType:
@@ -77,9 +104,10 @@ class SourceHandle:
         self.topology = topology
         self.name = name
         self.num_channels = num_channels
-        self.layer = FTLayer(config, topology, name, num_channels=num_channels).open()
+        self.layer = open_waiting(FTLayer(config, topology, name, num_channels=num_channels), config)
         self.service: FTService | None = None
         self.ingestors: list[Ingestor] = []
+        self.exporter: MetricsExporter | None = None
 
     def ingest(self, records: Any, *, key: KeySelector | None = None, partitioning: str | None = None) -> Ingestor:
         """Start persisting ``records`` (any ingest source) in a driver thread; returns the Ingestor."""
@@ -97,45 +125,98 @@ class SourceHandle:
                     max_records_per_batch: int | None = None) -> DataFrame:
         """The streaming DataFrame of this source in ``schema``'s columns plus ``_ftlayer``."""
         register(spark)
-        options = {
-            "redis_url": self.config.redis_url,
-            "namespace": self.config.namespace,
-            "topology": self.topology,
-            "source": self.name,
-            "num_channels": str(self.num_channels),
-            "num_shards": str(self.config.num_shards),
-            "connect_timeout_s": repr(self.config.connect_timeout_s),
-        }
-        if max_records_per_batch is not None:
-            options["max_records_per_batch"] = str(max_records_per_batch)
-        FTSourceOptions.parse(options)  # refuse bad values here, not in a Spark worker
+        options = source_options(self.config, self.topology, self.name, self.num_channels,
+                                 max_records_per_batch=max_records_per_batch)
         return spark.readStream.format(FORMAT).options(**options).schema(with_metadata(schema)).load()
+
+    def observe(self, spark: SparkSession) -> None:
+        """Attach the session's commit and progress listeners and, with ``metrics_port``, start the
+        metrics exporter for this source (each once)."""
+        from runtime.dataframe import commits
+        from runtime.dataframe.observe import progress_listener
+
+        commits.attach(spark, self.config)
+        progress_listener(spark).add(self.layer)
+        if self.exporter is None:
+            self.exporter = MetricsExporter([self.layer], self.config).start()
 
     def stats(self) -> dict[str, int]:
         return self.layer.stats()
 
     def stop(self) -> None:
-        """Stop this handle's ingest threads and FT service (Redis state stays)."""
+        """Stop this handle's ingest threads, FT service and metrics exporter (Redis state stays)."""
         for ingestor in self.ingestors:
             ingestor.stop()
         if self.service is not None:
             self.service.stop()
+        if self.exporter is not None:
+            self.exporter.stop()
+            self.exporter = None
 
 
-def source(topology: str, name: str, *, config: FTConfig | None = None,
-           num_channels: int | None = None) -> SourceHandle:
-    """The process's handle of a source (created on first use; config resolved to a URL once)."""
-    cfg = resolved(config if config is not None else FTConfig.load())
-    channels = num_channels or cfg.num_channels
-    key = (cfg.namespace, topology, name)
+def open_waiting(layer: FTLayer, config: FTConfig) -> FTLayer:
+    """``layer.open()``, waiting out an unreachable server with backoff for up to ``outage_budget_s``."""
+    backoff = ExponentialBackoff(cap=2.0, base=0.1)
+    start, failures = time.monotonic(), 0
+    while True:
+        try:
+            return layer.open()
+        except RedisUnavailableError as exc:
+            failures += 1
+            waited = time.monotonic() - start
+            if waited >= config.outage_budget_s:
+                msg = (f"Redis stayed unreachable for {waited:.0f} s (outage_budget_s={config.outage_budget_s:g}) "
+                       f"while opening source {layer.keys.topology}/{layer.keys.source}: {exc}")
+                raise RedisUnavailableError(msg) from exc
+            if failures == 1:
+                log.warning("Redis is unreachable (%s); waiting up to outage_budget_s=%g s",
+                            exc, config.outage_budget_s)
+            time.sleep(backoff.compute(failures))
+
+
+def active_session() -> Any:
+    """The active SparkSession of this thread, or None (or None without pyspark)."""
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        return None
+    return SparkSession.getActiveSession()
+
+
+def session_config(config: FTConfig | None, spark: Any = None) -> FTConfig:
+    """``config`` (default ``FTConfig.load()``) with the ``spark.ftlayer.*`` keys of ``spark`` (default:
+    the active session) applied to every option not set in code."""
+    base = config if config is not None else FTConfig.load()
+    session = spark if spark is not None else active_session()
+    return effective_config(base, session) if session is not None else base
+
+
+def _resolve(config: FTConfig, topology: str, spark: Any) -> FTConfig:
+    """``config`` with a URL: its own, or the topology's embedded server on its state directory."""
+    if config.redis_url:
+        return config
+    if spark is not None:
+        check_reachable_redis(str(spark.conf.get("spark.master", "local") or "local"), config)
+    server = TopologyState.open(config, topology).embedded_server(config)
+    _embedded[config.namespace] = server.url
+    return config.replace(redis_url=server.url)
+
+
+def source(topology: str, name: str, *, config: FTConfig | None = None, num_channels: int | None = None,
+           spark: Any = None) -> SourceHandle:
+    """The process's handle of a source (created on first use; see the module notes for the config)."""
+    session = spark if spark is not None else active_session()
+    base = session_config(config, session)
+    channels = num_channels or base.num_channels
+    key = (base.namespace, topology, name)
     with _lock:
         handle = _handles.get(key)
         if handle is not None and handle.num_channels != channels:
             msg = (f"source {topology}/{name} is open with num_channels={handle.num_channels}; "
                    f"asked for {channels}")
             raise ConfigError(msg)
-        if handle is None or handle.config.redis_url != cfg.redis_url:
-            handle = _handles[key] = SourceHandle(cfg, topology, name, channels)
+        if handle is None or (base.redis_url and handle.config.redis_url != base.redis_url):
+            handle = _handles[key] = SourceHandle(_resolve(base, topology, session), topology, name, channels)
         _last[:] = [handle.config]
     return handle
 
@@ -143,25 +224,34 @@ def source(topology: str, name: str, *, config: FTConfig | None = None,
 def read_stream(spark: SparkSession, topology: str, source_name: str, *, schema: StructType | str,
                 config: FTConfig | None = None, num_channels: int | None = None,
                 max_records_per_batch: int | None = None) -> DataFrame:
-    """``spark.readStream`` over an ftlayer source, typed by ``schema``, with its FT service started."""
-    handle = source(topology, source_name, config=config, num_channels=num_channels)
+    """``spark.readStream`` over an ftlayer source, typed by ``schema``, with its FT service started
+    and the session's listeners attached."""
+    handle = source(topology, source_name, config=config, num_channels=num_channels, spark=spark)
     handle.start_service()
+    handle.observe(spark)
     return handle.read_stream(spark, schema, max_records_per_batch=max_records_per_batch)
 
 
 def ingest(topology: str, source_name: str, records: Any, *, config: FTConfig | None = None,
            num_channels: int | None = None, key: KeySelector | None = None,
-           partitioning: str | None = None) -> Ingestor:
+           partitioning: str | None = None, spark: Any = None) -> Ingestor:
     """Persist ``records`` into a source from a driver thread, independent of any query."""
-    handle = source(topology, source_name, config=config, num_channels=num_channels)
+    handle = source(topology, source_name, config=config, num_channels=num_channels, spark=spark)
     return handle.ingest(records, key=key, partitioning=partitioning)
 
 
 def config_or_last(config: FTConfig | None) -> FTConfig:
-    """``config`` with its Redis URL resolved (the embedded server's, as :func:`source` resolves
-    it), or :func:`last_config` when None. Every acking point and row function goes through it:
-    a config without a URL must never reach an executor or a settle call."""
-    return resolved(config) if config is not None else last_config()
+    """``config`` with its Redis URL resolved, or :func:`last_config` when None. Every acking point
+    and row function goes through it: a config without a URL must never reach an executor or a
+    settle call. Without a URL it takes the embedded server its namespace's sources were opened
+    on in this process (else the process's own embedded server), with the session's Spark conf."""
+    if config is None:
+        return last_config()
+    if config.redis_url:
+        return config
+    cfg = session_config(config)
+    url = _embedded.get(cfg.namespace)
+    return cfg.replace(redis_url=url) if url else resolved(cfg)
 
 
 def last_config() -> FTConfig:

@@ -11,21 +11,29 @@
 
 :func:`acking_sink` registers a :class:`pyspark.sql.datasource.DataSource` whose stream writer
 (:class:`~pyspark.sql.datasource.DataSourceStreamWriter`, or the Arrow variant) calls ``fn`` once
-per write task with that task's rows, and acks in its ``commit``, which Spark calls on the
-driver side once every write task of the micro-batch succeeded. The rules:
+per write task with that task's rows. The rules:
 
-- **Acked only after every row is written.** A record's rows may sit in several write tasks
-  (explode, a shuffle): its record is acked at the batch's commit, after all of them returned.
-  Records whose rows were all filtered out, or folded into aggregation state, are acked then too
-  (the records the batch's read tasks emitted and that are still pending; see
-  :mod:`ftlayer.batch_acks`), so they never time out.
-- **A failed write fails only its task's records.** ``fn`` raising does not fail the Spark task:
-  the writer drains the task's remaining rows to learn their source records (the ``_ftlayer``
-  column), and ``commit`` fails exactly those (replayed under new ids with backoff, then
-  dead-lettered after ``max_replays``) before acking the rest of the batch. Records with rows in
-  a failed task and in a successful one are failed too: not all their rows were written. If the
-  DataFrame has no ``_ftlayer`` column, rows cannot be traced to records, and a failed write
-  fails every still-pending record of the batch.
+- **Acked at Spark's commit.** The writer acks nothing itself: once Spark has committed the
+  micro-batch (every write task returned, the writer's ``commit`` ran and the commit log entry
+  is written), the FT source acks every record the batch emitted that is still pending
+  (``runtime.spark.typed_source``). So a record whose rows sit in several write tasks (explode,
+  a shuffle) is acked after all of them were written, records whose rows were all filtered out
+  or folded into aggregation state are acked then too, and a batch that fails before its commit
+  log entry is re-run by Spark and reads its records again.
+- **A failed write is retried in the task**, with backoff, for up to ``sink_retry_budget_s``
+  (``runtime.dataframe.sink_retry``): the task keeps its rows in memory for that (bound them with
+  ``max_records_per_batch``), its batch holds its records from timing out, and the sources' sink
+  breaker keeps replays paused. A sink outage shorter than the budget costs no replay.
+- **A write that still fails** does not fail the Spark task: the task reports its records (the
+  ``_ftlayer`` column) to ``commit``, which then, for a stateless plan, fails exactly those
+  (replayed under new ids with backoff, then dead-lettered after ``max_replays``) and lets the
+  batch commit: the other records are acked. A record with rows in a failed task and in a
+  successful one is failed: not all its rows were written. Without an ``_ftlayer`` column a
+  failure fails every still-pending record of the batch. For a stateful plan (or one not known
+  to be stateless yet: ``stateful=None`` learns it from the query's progress reports,
+  ``runtime.dataframe.commits``) ``commit`` raises instead: Spark does not commit the batch and
+  the query stops; restarted on its checkpoint it re-runs the batch, so state counts each
+  record once.
 - **A task that dies** (its Python worker or executor killed) is retried by Spark; only its last
   attempt's message reaches ``commit``. If Spark gives up, ``abort`` fails every still-pending
   record of the batch and the query stops with Spark's error (restart it on its checkpoint).
@@ -33,8 +41,7 @@ driver side once every write task of the micro-batch succeeded. The rules:
   that column); the record was failed already and is replayed, not acked.
 
 Effects are at-least-once: a replayed record's rows are written again, and a batch that Spark
-re-runs after a driver restart calls ``fn`` again. Settling needs Redis; if it is unreachable at
-commit, the error is logged and the batch's records time out and replay instead.
+re-runs after a driver restart calls ``fn`` again.
 """
 
 from __future__ import annotations
@@ -48,12 +55,14 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
 
 from ftlayer.config import FTConfig
-from ftlayer.errors import ConfigError, FTLayerError
-from runtime.dataframe.acking import settle_batch
+from ftlayer.errors import ConfigError, FTLayerError, SinkWriteError
+from runtime.dataframe.acking import batch_sources, settle_batch
+from runtime.dataframe.plan import recall_stateful
 from runtime.dataframe.rowfn import MAX_REASON_CHARS
+from runtime.dataframe.sink_retry import SinkRetry, close_breakers
 from runtime.dataframe.sources import config_or_last
 from runtime.spark.payload_columns import METADATA_COLUMN
-from runtime.spark.typed_source import QUERY_ID_PROPERTY
+from runtime.spark.typed_source import batch_identity
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -103,13 +112,6 @@ class _Tracer:
             yield item
 
 
-def _query_id() -> str:
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    return (ctx.getLocalProperty(QUERY_ID_PROPERTY) or "") if ctx is not None else ""
-
-
 class _Writer:
     """The write/commit/abort of both writer variants (mixed into the PySpark base classes)."""
 
@@ -117,26 +119,37 @@ class _Writer:
     config: FTConfig
     arrow: bool
 
-    def __init__(self, schema: StructType, fn: Callable[[Iterator[Any]], Any], config: FTConfig, arrow: bool) -> None:
+    def __init__(self, schema: StructType, fn: Callable[[Iterator[Any]], Any], config: FTConfig, arrow: bool,
+                 stateful: bool | None = None) -> None:
         names = schema.fieldNames()
         self.meta_index = names.index(METADATA_COLUMN) if METADATA_COLUMN in names else None
-        self.fn, self.config, self.arrow = fn, config, arrow
+        self.fn, self.config, self.arrow, self.stateful = fn, config, arrow, stateful
 
     def write(self, iterator: Iterator[Any]) -> TaskResult:
+        from pyspark import TaskContext
+
         tracer = _Tracer(self.meta_index, self.arrow)
-        rows = tracer.traced(iterator)
-        try:
-            self.fn(rows)
-        except Exception as exc:  # one task's failed write fails its records, not the task
-            for _ in rows:  # learn every record this task held
-                pass
-            reason = f"write failed: {type(exc).__name__}: {exc}"[:MAX_REASON_CHARS]
-            log.warning("ftlayer sink: a write task failed (%s); its records will be replayed", reason)
-            failed = {src: sorted(ids) for src, ids in tracer.records.items()}
-            return TaskResult(_query_id(), tracer.rows, reason, failed, traced=self.meta_index is not None)
-        for _ in rows:  # fn need not consume every row: the rest counts as written
-            pass
-        return TaskResult(_query_id(), tracer.rows)
+        rows = list(tracer.traced(iterator))  # kept: a failed write is retried on the same rows
+        ctx = TaskContext.get()
+        ident = batch_identity(ctx.getLocalProperty) if ctx is not None else None
+        query_id = ident[0] if ident is not None else ""
+        cfg = self.config
+
+        def sources() -> list[str]:
+            if tracer.records:
+                return sorted(tracer.records)
+            return batch_sources(cfg, *ident) if ident is not None else []
+
+        part = ctx.partitionId() if ctx is not None else "?"
+        retry = SinkRetry(cfg, query_id, sources, what=f"write task {part} of batch "
+                          f"{ident[1] if ident is not None else '?'}")
+        error = retry.run(lambda: self.fn(iter(rows)))
+        if error is None:
+            return TaskResult(query_id, tracer.rows)
+        reason = f"write failed: {type(error).__name__}: {error}"[:MAX_REASON_CHARS]
+        log.warning("ftlayer sink: a write task failed after %d attempts (%s)", retry.attempts, reason)
+        failed = {src: sorted(ids) for src, ids in tracer.records.items()}
+        return TaskResult(query_id, tracer.rows, reason, failed, traced=self.meta_index is not None)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         results = [m for m in messages if isinstance(m, TaskResult)]
@@ -145,16 +158,25 @@ class _Writer:
             log.error("ftlayer sink: batch %d carries no streaming query id; its records time out and replay",
                       batchId)
             return
-        try:
-            whole = next((r.error for r in results if r.error and not r.traced), "")
-            if whole:
-                settle_batch(self.config, query_id, batchId, "fail", whole)
-                return
-            _fail_traced(self.config, results)
-            settle_batch(self.config, query_id, batchId, "ack")
-        except FTLayerError:
-            log.exception("ftlayer sink: could not settle batch %d of query %s; its records will time out "
-                          "and replay", batchId, query_id)
+        failures = [r for r in results if r.error]
+        if not failures:
+            close_breakers(self.config, batch_sources(self.config, query_id, batchId))
+            return  # acked once Spark committed the batch (the FT source settles it)
+        if not self._stateless(query_id):
+            msg = (f"ftlayer sink: {len(failures)} write task(s) of batch {batchId} failed ({failures[0].error}); "
+                   "the plan keeps state (or is not known not to), so the batch is not committed: restart the "
+                   "query on its checkpoint to re-run it")
+            raise SinkWriteError(msg)
+        whole = next((r.error for r in failures if not r.traced), "")
+        if whole:
+            settle_batch(self.config, query_id, batchId, "fail", whole)
+            return
+        _fail_traced(self.config, failures)
+
+    def _stateless(self, query_id: str) -> bool:
+        if self.stateful is not None:
+            return not self.stateful
+        return recall_stateful(self.config, query_id) is False
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         results = [m for m in messages if isinstance(m, TaskResult)]
@@ -173,7 +195,7 @@ def _fail_traced(config: FTConfig, results: list[TaskResult]) -> None:
     for r in results:
         for source, sids in r.failed.items():
             topology, _, name = source.partition("/")
-            FTLayer(config, topology, name).fail(sids, r.error)
+            FTLayer(config, topology, name, outage_budget_s=config.outage_budget_s).fail(sids, r.error)
 
 
 class _RowWriter(_Writer, DataSourceStreamWriter):
@@ -195,7 +217,7 @@ def _arrow_writer() -> type[_Writer]:
 
 
 def acking_sink(spark: SparkSession, fn: Callable[[Iterator[Any]], Any], *, name: str | None = None,
-                arrow: bool = False, config: FTConfig | None = None) -> str:
+                arrow: bool = False, config: FTConfig | None = None, stateful: bool | None = None) -> str:
     """Register a per-task acking stream sink that writes with ``fn``; returns its format name.
 
     ``fn(rows)`` is called once per write task with an iterator of :class:`pyspark.sql.Row`
@@ -203,7 +225,9 @@ def acking_sink(spark: SparkSession, fn: Callable[[Iterator[Any]], Any], *, name
     format name is ``name`` or ``ftlayer-sink-<fn's name>``. Call it on the thread that starts
     the query: it also makes ``spark`` the JVM's active session there, where Spark looks the
     format up. See the module notes for when records are acked. ``config`` defaults to the
-    last ftlayer source opened in this process.
+    last ftlayer source opened in this process. ``stateful`` says whether the query keeps state
+    (None: learnt from its progress reports); it decides what a write that still fails after its
+    retries does (module notes).
     """
     cfg = config_or_last(config)
     fmt = name or f"ftlayer-sink-{getattr(fn, '__name__', 'fn')}"
@@ -218,7 +242,7 @@ def acking_sink(spark: SparkSession, fn: Callable[[Iterator[Any]], Any], *, name
             return fmt
 
         def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-            writer: DataSourceStreamWriter = writer_cls(schema, fn, cfg, arrow)
+            writer: DataSourceStreamWriter = writer_cls(schema, fn, cfg, arrow, stateful)
             return writer
 
     spark.dataSource.register(_Sink)

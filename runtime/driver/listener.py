@@ -93,6 +93,13 @@ class FTProgressListener(JsonEventListener):
         """Ignore every event from now on (Spark delivers events asynchronously, even after removal)."""
         self.closed = True
 
+    def add(self, source: FTLayer | SourceStore) -> None:
+        """Also report the figures of ``source`` (a DataFrame query may read sources opened later)."""
+        store = source.store if isinstance(source, FTLayer) else source
+        if all(s.keys.prefix != store.keys.prefix or s.config.redis_url != store.config.redis_url
+               for s in self.stores):
+            self.stores = [*self.stores, store]
+
     def _enter(self) -> None:
         with self._calls:
             self._running += 1

@@ -85,9 +85,11 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
 
+from ftlayer.batch_acks import batch_tag
 from ftlayer.config import FTConfig, parse_bool
 from ftlayer.connection import resolved
 from ftlayer.errors import ConfigError, FrameError
+from ftlayer.holds import hold_lease_s
 from ftlayer.keys import check_name
 from ftlayer.layer import FTLayer
 from runtime.spark.admission import AvailableNowBase, max_rows, read_all, read_max_rows
@@ -98,6 +100,7 @@ from runtime.spark.arrow_codec import (
     spans_to_record_batch,
     split_bad_frames,
 )
+from runtime.spark.batch_holds import HOLD_SET_MARGIN_S, BatchHolds
 from runtime.spark.worker_heap import freeze_worker_heap
 
 if TYPE_CHECKING:
@@ -115,6 +118,7 @@ __all__ = [
     "compare_ids",
     "read_stream",
     "register",
+    "source_options",
     "source_schema",
 ]
 
@@ -124,6 +128,7 @@ DEFAULT_READ_PAGE_ENTRIES = 8  # first page of a read; later pages adapt (see re
 MAX_READ_PAGE_ENTRIES = 4096
 READ_TARGET_RECORDS = 10_000  # records per server-side read call that paging aims at
 DEFAULT_OUTAGE_BUDGET_S = FTConfig().outage_budget_s
+DEFAULT_MAX_BATCH_S = FTConfig().max_batch_s
 # An offset: channel stream key ("ch<c>", "ch<c>s<shard>" with shards) -> Redis stream id ("<ms>-<seq>").
 Offset = dict[str, str]
 
@@ -184,6 +189,8 @@ class FTSourceOptions:
     outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S
     num_shards: int = 1
     freeze_worker_heap: bool = True  # FTConfig.freeze_worker_heap, applied in the read tasks
+    max_batch_s: float = DEFAULT_MAX_BATCH_S  # FTConfig.max_batch_s: the longest hold of a batch
+    hold_lease_s: float = 10.0  # how far one renewal moves a hold (ftlayer.holds.hold_lease_s)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> FTSourceOptions:
@@ -231,8 +238,13 @@ class FTSourceOptions:
         raw_shards = opts.get("num_shards", "").strip()
         shards = integer("num_shards", raw_shards, 1, 64) if raw_shards else 1
         freeze = parse_bool("freeze_worker_heap", opts.get("freeze_worker_heap", "true"), "FT source options")
+        max_batch = seconds("max_batch_s", DEFAULT_MAX_BATCH_S)
+        lease = seconds("hold_lease_s", 10.0)
+        if max_batch <= 0 or lease <= 0:
+            msg = f"invalid FT source options max_batch_s={max_batch!r}, hold_lease_s={lease!r}: expected > 0"
+            raise ConfigError(msg)
         parsed = cls(url, required("namespace"), topology, source, num_channels, max_records, page, timeout, budget,
-                     shards, freeze)
+                     shards, freeze, max_batch, lease)
         parsed.config()  # validates redis_url, namespace, the timeout and the budget
         return parsed
 
@@ -246,15 +258,18 @@ class FTSourceOptions:
 
 class ChannelPartition(InputPartition):
     """Input partition ``channel`` of a micro-batch: stream ids in ``(start, end]`` of that channel's
-    stream in each shard (``ranges``: ``(shard, start, end)``; one range for a one-shard source)."""
+    stream in each shard (``ranges``: ``(shard, start, end)``; one range for a one-shard source).
+    ``tag`` names the micro-batch (``ftlayer.batch_acks.batch_tag`` of its end offset): the read
+    files what it read under it (the batch's hold set and, on the DataFrame path, its emitted ids)."""
 
     def __init__(self, channel: int, start: str, end: str,
-                 more: Sequence[tuple[int, str, str]] = ()) -> None:
+                 more: Sequence[tuple[int, str, str]] = (), tag: str | None = None) -> None:
         super().__init__(channel)
         self.channel = channel
         self.start = start
         self.end = end
         self.ranges: list[tuple[int, str, str]] = [(0, start, end), *more]
+        self.tag = tag
 
 
 class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[misc]
@@ -267,11 +282,13 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         self._target: Offset | None = None  # Trigger.AvailableNow: tails when the query started
         self._last_tails: Offset | None = None  # seen by the last latestOffset, for progress reports
         self.fused: str | None = None  # the first stage, run in the read task (runtime.spark.fused_read)
+        self._holds: BatchHolds | None = None  # driver side only: the running batch's hold
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_layer"] = None  # rebuilt (and reconnected) in the process that unpickles
         state["_checked"] = False
+        state["_holds"] = None  # a thread of the source runner: never shipped to a read task
         return state
 
     # --- Redis access ------------------------------------------------------------
@@ -385,6 +402,7 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
             tails = self._last_tails = self.layer.store.ride_out(self.tails)
             return tails
         self._check_offset(start, "start")
+        self._committed(start)
         tails = self._last_tails = self.layer.store.ride_out(lambda: self.tails(trim_upto=start))
         end: Offset = {}
         for _, _, k in self.streams:
@@ -436,13 +454,44 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         that channel's stream of every shard."""
         self._check_offset(start, "start")
         self._check_offset(end, "end")
+        tag = batch_tag(end)
+        if any(compare_ids(end[k], start[k]) > 0 for k in end):
+            self.batch_holds().begin(tag)  # the batch's records do not time out while it runs
         n = self.layer.num_shards
         out = []
         for c in self.channels:
             keys = [channel_key(c, k, n) for k in range(n)]
             more = [(k, start[keys[k]], end[keys[k]]) for k in range(1, n)]
-            out.append(ChannelPartition(c, start[keys[0]], end[keys[0]], more))
+            out.append(ChannelPartition(c, start[keys[0]], end[keys[0]], more, tag=tag))
         return out
+
+    # --- commit: settle and end the hold of a committed batch ---------------------------
+    def batch_holds(self) -> BatchHolds:
+        """The driver-side holds of this query's batches (created, with its thread, on first use)."""
+        if self._holds is None:
+            self._holds = BatchHolds(self.layer, max_batch_s=self.opts.max_batch_s, lease_s=self.opts.hold_lease_s)
+        return self._holds
+
+    def _committed(self, end: Mapping[str, str]) -> None:
+        """Spark committed the batch that ends at ``end``: settle its records, then end its hold.
+
+        Spark calls ``latestOffset(start)`` only once the batch ending at ``start`` is in the
+        commit log, and ``commit(end)`` after that too; both come here (idempotent: a tag is
+        settled once per reader, and settling again finds nothing pending).
+        """
+        if all(v == START_ID for v in end.values()):
+            return
+        tag = batch_tag(end)
+        holds = self.batch_holds()
+        if holds.settled(tag):
+            return
+        self.layer.store.ride_out(lambda: self.settle(tag))
+        holds.end(tag)
+
+    def settle(self, tag: str) -> None:
+        """What a committed batch ``tag`` settles: nothing here (the Topology path acks in its sink
+        tasks); the DataFrame path's reader acks the records its read tasks emitted."""
+        return None
 
     def read(self, partition: ChannelPartition) -> Iterator[Any]:  # type: ignore[override]
         """Arrow record batches of the still-pending records of ``(start, end]`` of one channel
@@ -457,18 +506,20 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
 
     def read_raw(self, partition: ChannelPartition) -> Iterator[Any]:
         """The records of ``(start, end]`` of one channel (of each shard) as read (source columns)."""
+        tag = getattr(partition, "tag", None)
         for shard, after, until in partition.ranges:
-            yield from self._read_range(partition.channel, shard, after, until)
+            yield from self._read_range(partition.channel, shard, after, until, tag)
 
-    def _read_range(self, c: int, shard: int, after: str, until: str) -> Iterator[Any]:
+    def _read_range(self, c: int, shard: int, after: str, until: str, tag: str | None = None) -> Iterator[Any]:
         if compare_ids(until, after) <= 0:
             return
         layer = self.layer
         page = self.opts.read_page_entries
+        hold_ttl_ms = int((self.opts.max_batch_s + HOLD_SET_MARGIN_S) * 1000)
         skip = 0  # chunks of entry `after` already read: a read call is bounded and may stop inside an entry
         while True:
             batch = layer.read_channel(c, shard=shard, after="-" if after == START_ID else after, until=until,
-                                       max_entries=page, skip=skip)
+                                       max_entries=page, skip=skip, hold=tag, hold_ttl_ms=hold_ttl_ms)
             blob, starts, lengths, sids = batch.spans()
             if sids:
                 yield from self._arrow(blob, starts, lengths, sids)
@@ -496,8 +547,10 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
             return [frames_to_record_batch(good)] if good else []
 
     def commit(self, end: Offset) -> None:
-        """Spark committed everything up to ``end``: trim each channel stream there (one round trip)."""
+        """Spark committed everything up to ``end``: settle that batch (if ``latestOffset`` has not),
+        then trim each channel stream there (one round trip)."""
         self._check_offset(end, "committed")
+        self._committed(end)
 
         def trim() -> None:
             pipe = self.layer.client.pipeline(transaction=False)
@@ -559,6 +612,30 @@ def register(spark: SparkSession) -> None:
     setattr(spark, REGISTERED_ATTR, True)
 
 
+def source_options(config: FTConfig, topology: str, source: str, num_channels: int, *,
+                   max_records_per_batch: int | None = None, read_page_entries: int | None = None) -> dict[str, str]:
+    """The FT source's options for a resolved ``config`` (validated here, not in a Spark worker)."""
+    options = {
+        "redis_url": config.redis_url,
+        "namespace": config.namespace,
+        "topology": topology,
+        "source": source,
+        "num_channels": str(num_channels),
+        "num_shards": str(config.num_shards),
+        "connect_timeout_s": repr(config.connect_timeout_s),
+        "outage_budget_s": repr(config.outage_budget_s),
+        "freeze_worker_heap": str(config.freeze_worker_heap).lower(),
+        "max_batch_s": repr(config.max_batch_s),
+        "hold_lease_s": repr(hold_lease_s(config.rotation_interval_s)),
+    }
+    if max_records_per_batch is not None:
+        options["max_records_per_batch"] = str(max_records_per_batch)
+    if read_page_entries is not None:
+        options["read_page_entries"] = str(read_page_entries)
+    FTSourceOptions.parse(options)
+    return options
+
+
 def read_stream(
     spark: SparkSession,
     config: FTConfig,
@@ -577,22 +654,8 @@ def read_stream(
     """
     cfg = resolved(config)
     register(spark)
-    options = {
-        "redis_url": cfg.redis_url,
-        "namespace": cfg.namespace,
-        "topology": topology,
-        "source": source,
-        "num_channels": str(num_channels),
-        "num_shards": str(cfg.num_shards),
-        "connect_timeout_s": repr(cfg.connect_timeout_s),
-        "outage_budget_s": repr(cfg.outage_budget_s),
-        "freeze_worker_heap": str(cfg.freeze_worker_heap).lower(),
-    }
-    if max_records_per_batch is not None:
-        options["max_records_per_batch"] = str(max_records_per_batch)
-    if read_page_entries is not None:
-        options["read_page_entries"] = str(read_page_entries)
-    FTSourceOptions.parse(options)  # refuse bad values here, not in a Spark worker
+    options = source_options(cfg, topology, source, num_channels, max_records_per_batch=max_records_per_batch,
+                             read_page_entries=read_page_entries)
     if fused_stage is not None:  # the first stage runs in the read task (runtime.spark.fused_read)
         options["fused_stage"] = fused_stage
     return spark.readStream.format(FORMAT).options(**options).load()

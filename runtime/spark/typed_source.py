@@ -14,13 +14,19 @@ What ``read()`` adds, per page of a channel:
   dead-lettered, and never reach Spark; the query goes on;
 - the ids of the records it emits are filed for the micro-batch
   (:meth:`ftlayer.batch_acks.BatchAcks.record`: one round trip, before the
-  rows are handed to Spark) under the query id and batch id that Spark puts in
-  the task's local properties (``sql.streaming.queryId``,
-  ``streaming.sql.batchId``). The acking point settles them
-  (``runtime.dataframe.acking``). Outside a streaming query nothing is filed and
-  the records time out and replay as usual.
+  rows are handed to Spark) under the batch's tag (its partition carries it),
+  and the tag is listed under the query id and batch id that Spark puts in the
+  task's local properties (``sql.streaming.queryId``, ``streaming.sql.batchId``).
 
-The reader never acks anything itself.
+**Acked at Spark's commit.** A read task never acks. Once Spark has written the
+batch's commit log entry, it calls this reader's ``latestOffset(start)`` (or
+``commit(end)``) with the batch's end, and the reader acks every record the
+batch emitted that is still pending (:meth:`TypedStreamReader.settle`); the
+DataFrame path's commit listener does the same from the driver
+(``runtime.dataframe.commits``). So whatever the sink (``foreachBatch``, the
+acking writer, Spark's own file or Kafka sinks) a record is acked only once
+its batch's output and state are committed, and a batch that Spark re-runs
+(it failed before its commit log entry) reads its records again.
 """
 
 from __future__ import annotations
@@ -81,16 +87,21 @@ class TypedStreamReader(FTStreamReader):
 
         ctx = TaskContext.get()
         ident = batch_identity(ctx.getLocalProperty) if ctx is not None else None
+        tag = getattr(partition, "tag", None)
         layer = self.layer
         source = f"{self.opts.topology}/{self.opts.source}"
         for raw in super().read(partition):
             batch, emitted, bad = decode_batch(raw, self.schema, source)
             if bad:
                 layer.xor({}, fails=bad)
-            if ident is not None:
-                layer.record_batch_reads(ident[0], ident[1], emitted)
+            if tag is not None:
+                layer.record_batch_reads(tag, emitted, ident)
             if batch.num_rows:
                 yield batch
+
+    def settle(self, tag: str) -> None:
+        """Spark committed the batch ``tag``: ack every record it emitted that is still pending."""
+        self.layer.settle_batch(tag, "ack")
 
 
 class FTDataSource(FTSource):

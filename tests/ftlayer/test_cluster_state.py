@@ -34,6 +34,7 @@ def backend(request: pytest.FixtureRequest, redis_server_url: str) -> tuple[str,
 @pytest.fixture
 def cluster_layer(backend: tuple[str, str], clock: FakeClock) -> Iterator[FTLayer]:
     cfg = FTConfig(redis_url=backend[1], namespace=f"t{uuid.uuid4().hex[:10]}", timeout_s=30.0, num_buckets=3,
+                   replay_backoff_initial_s=0.0,
                    max_replays=1)
     layer = FTLayer(cfg, "topo", "src", num_channels=4, clock=clock).open()
     yield layer
@@ -76,8 +77,8 @@ def test_every_state_change_runs_on_the_backend(
     requeued_sids = [r.record_id.source_record_id for ch in range(layer.num_channels)
                      for batch in layer.persistence.iter_channel(ch) for r in batch.records()]
     assert len(requeued_sids) == 200
-    layer.record_batch_reads("q1", 7, requeued_sids)
-    assert layer.settle_batch("q1", 7, "ack") == 200
+    layer.record_batch_reads("b7", requeued_sids, ("q1", 7))
+    assert layer.settle_batch("b7", "ack") == 200
     commit_all(layer)
     stats = layer.stats()
     assert stats["pending"] == 0 and stats["acked"] == 400 and stats["requeued"] == 200

@@ -109,8 +109,8 @@ def test_timeouts_fail_in_every_shard_and_dead_letters_name_their_shard(sharded:
 
 def test_batch_acks_settle_every_shard(sharded: FTLayer) -> None:
     pairs = _ingest(sharded, 1000)
-    sharded.record_batch_reads("q", 3, [sid for sid, _ in pairs[:600]])
-    assert sharded.settle_batch("q", 3, "ack") == 600
+    sharded.record_batch_reads("b3", [sid for sid, _ in pairs[:600]], ("q", 3))
+    assert sharded.settle_batch("b3", "ack") == 600
     assert sharded.pending_count() == 400
 
 

@@ -50,10 +50,10 @@ class Run:
         self.query: Any = None
 
     def start(self, out: DataFrame, write: Callable[[DataFrame, int], Any], records: Any = None,
-              mode: str = "append") -> Run:
+              mode: str = "append", **acking_kw: Any) -> Run:
         self.handle.ingest(_records(self.n) if records is None else records)
         self.query = (out.writeStream.outputMode(mode)
-                      .foreachBatch(ftlayer.acking(write, config=self.cfg))
+                      .foreachBatch(ftlayer.acking(write, config=self.cfg, **acking_kw))
                       .option("checkpointLocation", str(self.tmp / "ck"))
                       .trigger(processingTime="500 milliseconds").start())
         return self
@@ -222,7 +222,7 @@ def test_killed_python_worker_in_the_sink_stage_loses_nothing(run: Callable[...,
     assert written == set(range(0, 2000, 2))
 
 
-def test_failed_write_replays_the_batch_and_the_query_stays_up(run: Callable[..., Run], tmp_path: Path) -> None:
+def test_a_failed_write_is_retried_in_place_and_replays_nothing(run: Callable[..., Run], tmp_path: Path) -> None:
     r = run(1000)
     marks = tmp_path / "marks"
     rows: list[Any] = []
@@ -235,6 +235,28 @@ def test_failed_write_replays_the_batch_and_the_query_stays_up(run: Callable[...
         rows.extend(got)
 
     r.start(r.df.select("i", "_ftlayer.replay"), write)
+    stats = r.finish()
+    assert (marks / "fail-write").exists()
+    assert stats["failed_explicit"] == 0 and stats["replayed"] == 0, stats
+    assert sorted(row["i"] for row in rows) == list(range(1000))  # each once: the retry wrote them
+    assert all(row["replay"] == 0 for row in rows)
+
+
+def test_a_write_that_fails_past_its_retries_replays_the_batch_of_a_stateless_plan(
+    run: Callable[..., Run], tmp_path: Path,
+) -> None:
+    r = run(1000, sink_retry_budget_s=0.0)  # no retry: the first failure gives up
+    marks = tmp_path / "marks"
+    rows: list[Any] = []
+
+    def write(df: DataFrame, batch_id: int) -> None:
+        got = [x.asDict() for x in df.collect()]
+        if got and once(marks, "fail-write"):
+            msg = f"sink down for batch {batch_id}"
+            raise OSError(msg)
+        rows.extend(got)
+
+    r.start(r.df.select("i", "_ftlayer.replay"), write)  # on_error="auto": stateless, so "replay"
     stats = r.finish()
     assert stats["failed_explicit"] > 0 and stats["replayed"] == stats["failed_explicit"]
     assert {row["i"] for row in rows} == set(range(1000))

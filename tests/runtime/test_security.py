@@ -75,7 +75,7 @@ def _url(port: int, password: str = SECRET, scheme: str = "redis", query: str = 
 
 def _record_life(cfg: FTConfig, source: str) -> FTLayer:
     """persist, ack, explicit fail, rotate (timeout), replay, dead-letter: as the configured user."""
-    layer = FTLayer(cfg.replace(max_replays=1), "topo", source, num_channels=2).open()
+    layer = FTLayer(cfg.replace(max_replays=1, replay_backoff_initial_s=0.0), "topo", source, num_channels=2).open()
     recs = [make_record(layer, {"n": i}, key=f"k{i}") for i in range(6)]
     assert layer.persist(recs) == 6
     assert hand_out(layer) == 6  # a task's read: only records handed out time out

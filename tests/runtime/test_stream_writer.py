@@ -56,8 +56,9 @@ def _written(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for p in out.iterdir() for line in p.read_text().splitlines() if line]
 
 
-def _start(r: Run, df: DataFrame, fn: Callable[[Iterator[Any]], None], *, arrow: bool = False) -> Run:
-    fmt = ftlayer.acking_sink(r.spark, fn, name=f"ftlayer-sink-{r.name}", arrow=arrow, config=r.cfg)
+def _start(r: Run, df: DataFrame, fn: Callable[[Iterator[Any]], None], *, arrow: bool = False,
+           **sink_kw: Any) -> Run:
+    fmt = ftlayer.acking_sink(r.spark, fn, name=f"ftlayer-sink-{r.name}", arrow=arrow, config=r.cfg, **sink_kw)
     r.handle.ingest(_records(r.n))
     r.query = (df.writeStream.format(fmt).option("checkpointLocation", str(r.tmp / "ck"))
                .trigger(processingTime="500 milliseconds").start())
@@ -80,7 +81,9 @@ def test_filter_and_explode_across_partitions_ack_at_commit(run: Callable[..., R
     assert stats["acked"] == 1500 and stats["replayed"] == 0  # the filtered fifth acked, not timed out
 
 
-def test_a_failed_write_task_replays_only_its_own_records(run: Callable[..., Run], tmp_path: Path) -> None:
+def test_a_failed_write_task_is_retried_in_the_task_and_replays_nothing(
+    run: Callable[..., Run], tmp_path: Path,
+) -> None:
     r = run(2000)
     out, marks = tmp_path / "out", tmp_path / "marks"
 
@@ -89,6 +92,22 @@ def test_a_failed_write_task_replays_only_its_own_records(run: Callable[..., Run
 
     df = r.df.select("i", "_ftlayer").repartition(4)
     stats = _start(r, df, _files_writer(out, fail_when=refuse_once)).finish()
+    assert (marks / "refuse").exists()
+    assert sorted(row["i"] for row in _written(out)) == list(range(2000))  # each once: the retry wrote it
+    assert stats["failed_explicit"] == stats["replayed"] == 0, stats
+
+
+def test_a_write_task_that_fails_past_its_retries_replays_only_its_own_records(
+    run: Callable[..., Run], tmp_path: Path,
+) -> None:
+    r = run(2000, sink_retry_budget_s=0.0)
+    out, marks = tmp_path / "out", tmp_path / "marks"
+
+    def refuse_once(row: dict[str, Any]) -> bool:
+        return row["i"] == 1234 and once(marks, "refuse")
+
+    df = r.df.select("i", "_ftlayer").repartition(4)
+    stats = _start(r, df, _files_writer(out, fail_when=refuse_once), stateful=False).finish()
     assert (marks / "refuse").exists()
     assert {row["i"] for row in _written(out)} == set(range(2000))
     # the failed task held about a quarter of its batch: only those records were replayed
@@ -141,13 +160,13 @@ def test_arrow_writer_gets_record_batches(run: Callable[..., Run], tmp_path: Pat
 
 def test_without_the_metadata_column_a_failed_write_replays_the_whole_batch(
         run: Callable[..., Run], tmp_path: Path) -> None:
-    r = run(600)
+    r = run(600, sink_retry_budget_s=0.0)
     out, marks = tmp_path / "out", tmp_path / "marks"
 
     def refuse_once(row: dict[str, Any]) -> bool:
         return row["i"] == 300 and once(marks, "refuse")
 
-    stats = _start(r, r.df.select("i"), _files_writer(out, fail_when=refuse_once)).finish()
+    stats = _start(r, r.df.select("i"), _files_writer(out, fail_when=refuse_once), stateful=False).finish()
     assert {row["i"] for row in _written(out)} == set(range(600))
     # rows cannot be traced to records: every still-pending record of that batch failed and replayed
     assert stats["failed_explicit"] == stats["replayed"] > 0

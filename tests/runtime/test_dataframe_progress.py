@@ -1,0 +1,121 @@
+"""Timeouts follow progress and sink outages pause, on the DataFrame path (real Spark, real server).
+
+- A batch that runs six times ``timeout_s`` replays nothing: its hold keeps its records from
+  timing out while it runs (``ftlayer.holds``).
+- A batch that hangs past ``max_batch_s`` has its records time out and replay as usual.
+- A sink that fails every write for five times ``timeout_s`` costs nothing: the batch is retried
+  in place and no record is failed, replayed or dead-lettered.
+- A sink outage longer than the retry budget costs each record at most one replay: the breaker
+  keeps replays paused, so even ``max_replays = 1`` dead-letters nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame
+
+from ftlayer.breaker import SinkBreaker
+from ftlayer.config import FTConfig
+from tests.runtime.test_dataframe import Run
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+@pytest.fixture
+def run(spark: Any, ft_config: FTConfig, tmp_path: Path) -> Callable[..., Run]:
+    return lambda n, **kw: Run(spark, ft_config, tmp_path, n, **kw)
+
+
+def test_a_60_s_batch_with_timeout_10_s_replays_nothing(run: Callable[..., Run]) -> None:
+    r = run(300, timeout_s=10.0, num_buckets=3)
+    rows: list[int] = []
+    slow = {"first": True}
+
+    def write(df: DataFrame, _batch_id: int) -> None:
+        got = [row["i"] for row in df.collect()]  # read: the batch holds these records now
+        if got and slow["first"]:
+            slow["first"] = False
+            time.sleep(60.0)  # a slow sink: a Delta MERGE, a JDBC write, a backlog
+        rows.extend(got)
+
+    r.start(r.df.select("i"), write)
+    stats = r.finish()
+    assert sorted(rows) == list(range(300)), "a record was lost or written twice"
+    assert stats["failed_timeout"] == 0 and stats["replayed"] == 0, stats
+    assert stats["refiled_held"] > 0, stats  # their timeouts fell due and were postponed
+
+
+def test_a_batch_that_hangs_past_max_batch_s_has_its_records_replayed(run: Callable[..., Run]) -> None:
+    r = run(200, timeout_s=2.0, num_buckets=3, max_batch_s=5.0)
+    rows: list[int] = []
+    hang = {"first": True}
+
+    def write(df: DataFrame, _batch_id: int) -> None:
+        got = [row["i"] for row in df.collect()]
+        if got and hang["first"]:
+            hang["first"] = False
+            time.sleep(20.0)  # hung well past max_batch_s
+        rows.extend(got)
+
+    r.start(r.df.select("i", "_ftlayer.replay"), write)
+    r.drained()
+    stats = r.handle.stats()
+    r.query.stop()
+    r.handle.stop()
+    assert set(rows) == set(range(200))
+    assert stats["failed_timeout"] > 0 and stats["replayed"] > 0, stats  # no longer held: they timed out
+    assert len(rows) > 200  # written by the hung batch and again by their replays
+
+
+def test_a_sink_down_for_five_timeouts_costs_no_replay(run: Callable[..., Run]) -> None:
+    r = run(400, timeout_s=4.0, num_buckets=3)  # defaults otherwise: in-place retries, breaker
+    rows: list[int] = []
+    down_until: list[float] = []
+    seen_open: list[bool] = []
+
+    def write(df: DataFrame, _batch_id: int) -> None:
+        got = [row["i"] for row in df.collect()]
+        if got and not down_until:
+            down_until.append(time.monotonic() + 5 * 4.0)
+        if down_until and time.monotonic() < down_until[0]:
+            store = r.handle.layer.store
+            seen_open.append(SinkBreaker(store.client, store.keys).is_open(store.now_ms()))
+            msg = "sink unreachable"
+            raise ConnectionError(msg)
+        rows.extend(got)
+
+    r.start(r.df.select("i"), write)
+    stats = r.finish()
+    assert sorted(rows) == list(range(400))
+    assert stats["dead_lettered"] == 0 and stats["failed_explicit"] == 0 and stats["replayed"] == 0, stats
+    assert stats["failed_timeout"] == 0, stats
+    assert len(seen_open) >= 4 and any(seen_open), seen_open  # retried with the breaker open
+    store = r.handle.layer.store
+    assert SinkBreaker(store.client, store.keys).state() is None  # closed by the write that succeeded
+
+
+def test_an_outage_past_the_retry_budget_spends_at_most_one_replay_per_record(run: Callable[..., Run]) -> None:
+    r = run(300, timeout_s=4.0, num_buckets=3, sink_retry_budget_s=2.0, max_replays=1)
+    rows: list[int] = []
+    down_until: list[float] = []
+
+    def write(df: DataFrame, _batch_id: int) -> None:
+        got = [row["i"] for row in df.collect()]
+        if got and not down_until:
+            down_until.append(time.monotonic() + 8.0)
+        if down_until and time.monotonic() < down_until[0]:
+            msg = "sink unreachable"
+            raise ConnectionError(msg)
+        rows.extend(got)
+
+    r.start(r.df.select("i"), write)  # stateless: a batch that gives up fails its records
+    stats = r.finish()
+    assert set(rows) == set(range(300))
+    assert stats["dead_lettered"] == 0, stats  # replays waited for the sink instead of failing again
+    assert stats["failed_explicit"] == stats["replayed"] > 0, stats
+    assert r.handle.service is not None and r.handle.service.paused_ticks > 0
