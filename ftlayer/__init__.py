@@ -43,6 +43,8 @@ _LAZY: dict[str, str] = {
     "udf": "runtime.dataframe",
     "map_in_pandas": "runtime.dataframe",
     "with_metadata": "runtime.dataframe",
+    "source": "runtime.dataframe",
+    "stop_all": "runtime.dataframe",
 }
 
 __all__ = [
@@ -66,6 +68,8 @@ __all__ = [
     "local_session",
     "map_in_pandas",
     "read_stream",
+    "source",
+    "stop_all",
     "udf",
     "with_metadata",
 ]

@@ -154,6 +154,23 @@ def _diagnose(pairs: Iterable[Any], where: str) -> InvalidIdError:
     return InvalidIdError(f"{where}: deltas could not be packed; nothing was applied")
 
 
+def check_pairs(pairs: Sequence[Any], where: str) -> None:
+    """Raise the error :func:`_diagnose` names if any (id, delta) pair is not two signed 64-bit ints
+    (a caller that splits a flush over shards checks the whole flush before it sends any part)."""
+    for pair in pairs:
+        try:
+            sid, value = pair
+        except (TypeError, ValueError):
+            raise _diagnose([pair], where) from None
+        if not (_is_i64(sid) and _is_i64(value)):
+            raise _diagnose([pair], where)
+
+
+def checked_fails(fails: Mapping[int, str] | None, where: str) -> dict[int, str]:
+    """``fails`` checked whole (ids signed 64-bit, reasons str), as a dict; InvalidArgumentError else."""
+    return _checked_fails(fails, where)
+
+
 def _checked_fails(fails: Mapping[int, str] | None, where: str) -> dict[int, str]:
     if fails is None:
         return {}

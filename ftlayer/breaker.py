@@ -17,13 +17,15 @@ a breaker whose driver died closes by itself within one lease. All calls are ide
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
 from ftlayer.keys import SourceKeys
 
-__all__ = ["BREAKER_LEASE_S", "BreakerState", "SinkBreaker"]
+__all__ = ["BREAKER_LEASE_S", "BreakerState", "SinkBreaker", "parse_breaker"]
 
 BREAKER_LEASE_S = 60.0  # default lease: an open breaker nobody renews closes after this long
 MAX_ERROR_CHARS = 500
@@ -41,6 +43,19 @@ class BreakerState:
 
     def open_at(self, now_ms: int) -> bool:
         return self.until_ms > now_ms
+
+
+def parse_breaker(fields: Mapping[Any, Any] | None) -> BreakerState | None:
+    """A ``brk`` hash as read (bytes or str) as a :class:`BreakerState`; None if empty or malformed."""
+    raw = {k.decode() if isinstance(k, bytes) else str(k): v.decode() if isinstance(v, bytes) else str(v)
+           for k, v in (fields or {}).items()}
+    if not raw:
+        return None
+    try:
+        return BreakerState(raw.get("query", ""), int(raw.get("since_ms", "0")), int(raw.get("until_ms", "0")),
+                            int(raw.get("failures", "0")), raw.get("error", ""))
+    except ValueError:
+        return None
 
 
 class SinkBreaker:
@@ -65,15 +80,7 @@ class SinkBreaker:
 
     def state(self) -> BreakerState | None:
         """The stored breaker (open or lapsed), or None if closed."""
-        raw = {k.decode() if isinstance(k, bytes) else str(k): v.decode() if isinstance(v, bytes) else str(v)
-               for k, v in self.client.hgetall(self.key).items()}
-        if not raw:
-            return None
-        try:
-            return BreakerState(raw.get("query", ""), int(raw.get("since_ms", "0")), int(raw.get("until_ms", "0")),
-                                int(raw.get("failures", "0")), raw.get("error", ""))
-        except ValueError:
-            return None
+        return parse_breaker(self.client.hgetall(self.key))
 
     def is_open(self, now_ms: int) -> bool:
         """True while an unexpired breaker is stored (replays of the source are paused)."""

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import redis
 
-from ftlayer.acker_table import FlushResult
+from ftlayer.acker_table import FlushResult, check_pairs, checked_fails
 from ftlayer.batch_acks import BatchAcks
 from ftlayer.chunk_encoding import encode_source_chunks
 from ftlayer.chunks import PackedChunk, shard_of, sid_at
@@ -143,14 +143,17 @@ class FTLayer:
         replays) at most once per token (per shard: each shard's call carries the same token)."""
         if self.num_shards == 1:
             return self.acker.xor(deltas, token=token, fails=fails, no_replay=no_replay)
+        where = f"flush of source {self.store.keys.topology}/{self.store.keys.source}"
         try:
             delta_parts: Mapping[int, Any]
+            # the whole flush is checked before any shard's part is sent: a bad id refuses it whole
+            fail_parts = split_by_shard(checked_fails(fails, where), self.num_shards)
             if isinstance(deltas, DeltaArrays):
                 delta_parts = deltas.by_shard(self.num_shards)
             else:
                 pairs = list(deltas.items()) if isinstance(deltas, Mapping) else list(deltas)
+                check_pairs(pairs, where)
                 delta_parts = by_shard(pairs, lambda p: p[0], self.num_shards)
-            fail_parts = split_by_shard(fails or {}, self.num_shards)
         except TypeError:  # not ids at all: the acker names the first bad one and applies nothing
             return self.acker.xor(deltas, token=token, fails=fails, no_replay=no_replay)
         result = FlushResult()

@@ -30,7 +30,7 @@ over the calls and reads a range whole, each record once, in order.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import xxhash
@@ -121,6 +121,13 @@ class ChannelBatch:
     last_id: str
     chunks: list[tuple[bytes, bytes, bytes]] = field(default_factory=list)  # (chunk id, state, frames)
     skip: int = 0
+    cuts: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # chunk id -> (lo, hi]: the records kept
+
+    def _spans(self, key: bytes, state: bytes, blob: bytes) -> Iterator[tuple[int, int, int]]:
+        cut = self.cuts.get(key)
+        for sid, start, end in pending_spans(key, state, blob):
+            if cut is None or cut[0] < (sid & 0xFFFF) <= cut[1]:
+                yield sid, start, end
 
     @property
     def sids(self) -> list[int]:
@@ -137,9 +144,9 @@ class ChannelBatch:
         sids: list[int] = []
         frames: list[bytes] = []
         for key, state, blob in self.chunks:
-            got_sids, got = chunk_records(key, state, blob)
-            sids.extend(got_sids)
-            frames.extend(got)
+            for sid, start, end in self._spans(key, state, blob):
+                sids.append(sid)
+                frames.append(blob[start:end])
         return sids, frames
 
     def spans(self) -> tuple[bytes, list[int], list[int], list[int]]:
@@ -152,7 +159,7 @@ class ChannelBatch:
         sids: list[int] = []
         offset = 0
         for key, state, blob in self.chunks:
-            for sid, start, end in pending_spans(key, state, blob):
+            for sid, start, end in self._spans(key, state, blob):
                 starts.append(offset + start)
                 lengths.append(end - start)
                 sids.append(sid)
@@ -296,6 +303,9 @@ class PersistenceLayer:
         max_bytes: int = SCRIPT_MAX_BYTES,
         hold: str | None = None,
         hold_ttl_ms: int = 3_600_000,
+        start_chunk: bytes = b"",
+        end_chunk: bytes = b"",
+        cuts: Mapping[bytes, tuple[int, int]] | None = None,
     ) -> ChannelBatch:
         """One bounded read of the pending records with stream ids in (after, until].
 
@@ -305,18 +315,23 @@ class PersistenceLayer:
         ``max_bytes`` of frames per call (at least one chunk); the returned
         cursor says where it stopped. Use :meth:`iter_channel` to read a whole range.
         With ``hold`` (a running batch's tag, ``ftlayer.holds``) the chunks read join that
-        batch's hold set, kept ``hold_ttl_ms`` at most.
+        batch's hold set, kept ``hold_ttl_ms`` at most. Record-precise bounds: with
+        ``start_chunk`` (and ``skip`` 0) the read begins at that chunk of entry ``after``,
+        included; with ``end_chunk`` the entry ``until`` is read up to that chunk, included;
+        ``cuts`` keeps, of the chunks it names, only the records whose index ``i`` has
+        ``lo < i <= hi`` (``runtime.spark.ft_offsets``).
         """
         k = self.store.keys
         keys = [k.channel(channel), k.chunks, k.chunk_frames, k.read_marks]
-        args: list[object] = [after, skip, until, max_entries, max_records, max_bytes, SCRIPT_BUDGET_MS, channel]
+        args: list[object] = [after, skip, until, max_entries, max_records, max_bytes, SCRIPT_BUDGET_MS, channel,
+                              hold_ttl_ms, start_chunk, end_chunk]
         if hold is not None:
             keys.append(k.held(hold))
-            args.append(hold_ttl_ms)
         reply = self.store.run("READ_CHANNEL", keys, args)
         last = reply[0].decode() if reply and reply[0] else ""
         rest = reply[2:]
-        return ChannelBatch(channel, last, list(zip(rest[::3], rest[1::3], rest[2::3], strict=True)), int(reply[1]))
+        return ChannelBatch(channel, last, list(zip(rest[::3], rest[1::3], rest[2::3], strict=True)), int(reply[1]),
+                            dict(cuts or {}))
 
     def iter_channel(
         self,

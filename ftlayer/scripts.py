@@ -576,7 +576,9 @@ READ_CHANNEL = (
 -- ARGV: start id ('-' = from the beginning), chunks of the start entry already read
 --       (0 = all of it: the read begins after it; k > 0: it begins at the entry's (k+1)-th chunk),
 --       end id (inclusive, '+' = to the end), max stream entries, max records to examine,
---       max frame bytes to return, time budget ms, channel number, hold set ttl ms (with KEYS[5])
+--       max frame bytes to return, time budget ms, channel number, hold set ttl ms (with KEYS[5]),
+--       start chunk id ('' = none: with skip 0 the read begins at that chunk of the start entry,
+--       which it includes), end chunk id ('' = none: the end entry is read up to that chunk, included)
 -- Returns: {cursor id ('' if no entry was read), chunks of the cursor entry read (0 = all),
 -- chunk id, state, frames, chunk id, state, frames, ...}: per chunk still pending, its id, its
 -- `ck` state (header and settled bitmap) and its `cf` frames, as stored. The reader skips the
@@ -594,8 +596,20 @@ READ_CHANNEL = (
     + r"""
 local start, skip, last_id = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local max_e, max_n, max_b, budget = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local start_chunk, end_chunk = ARGV[10] or '', ARGV[11] or ''
 local from = start
-if start == '-' then skip = 0 elseif skip == 0 then from = '(' .. start end
+if start == '-' then
+  skip = 0
+elseif skip == 0 and start_chunk == '' then
+  from = '(' .. start
+end
+
+local function chunk_pos(ids, key)
+  for q = 1, #ids - KEY_BYTES + 1, KEY_BYTES do
+    if string.sub(ids, q, q + KEY_BYTES - 1) == key then return (q - 1) / KEY_BYTES end
+  end
+  return nil
+end
 local t0, out, n, bytes, ents, fetch, done = clock_ms(), {'', 0}, 0, 0, 0, 4, false
 local mark_g = nil
 while not done and ents < max_e do
@@ -609,9 +623,15 @@ while not done and ents < max_e do
       if f[i] == 'c' then ids = f[i + 1] elseif f[i] == 'g' then g = f[i + 1] end
     end
     local total, pos = math.floor(#ids / KEY_BYTES), 0
-    if skip > 0 and e[1] == start then pos = skip end
+    if skip > 0 and e[1] == start then
+      pos = skip
+    elseif start_chunk ~= '' and e[1] == start then
+      pos = chunk_pos(ids, start_chunk) or 0
+    end
     skip = 0
-    while pos < total do
+    local stop_at = total
+    if end_chunk ~= '' and e[1] == last_id then stop_at = (chunk_pos(ids, end_chunk) or (total - 1)) + 1 end
+    while pos < stop_at do
       local key = string.sub(ids, KEY_BYTES * pos + 1, KEY_BYTES * (pos + 1))
       pos = pos + 1
       local st = redis.call('HGET', KEYS[2], key)
@@ -628,7 +648,7 @@ while not done and ents < max_e do
     end
     out[1] = e[1]
     mark_g = g or '2147483648'  -- an entry written without its gen: count everything before it as read
-    if pos < total then out[2] = pos else out[2] = 0 end
+    if pos < stop_at then out[2] = pos else out[2] = 0 end
     if done then break end
   end
   from = '(' .. out[1]

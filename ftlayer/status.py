@@ -14,7 +14,9 @@ from typing import Any
 
 import redis
 
+from ftlayer.breaker import BreakerState, parse_breaker
 from ftlayer.errors import FTLayerError
+from ftlayer.holds import Hold, parse_hold
 from ftlayer.ingest_state import FIELDS as INGEST_FIELDS
 from ftlayer.ingest_state import IngestState, parse_state
 from ftlayer.keys import SourceKeys, check_name, sources_key
@@ -23,7 +25,7 @@ from ftlayer.store import COUNTERS
 __all__ = ["Snapshot", "SourceName", "SourceStatus", "oldest_pending_age_ms", "registered_sources", "sample"]
 
 SourceName = tuple[str, str]  # (topology, source)
-_PER_SHARD = 9  # commands per shard of a source in the sampling pipeline
+_PER_SHARD = 10  # commands per shard of a source in the sampling pipeline
 
 
 def registered_sources(client: redis.Redis, namespace: str) -> list[SourceName]:
@@ -59,6 +61,20 @@ class SourceStatus:
     lease_owner: str | None
     lease_ttl_s: float | None
     ingest: IngestState | None = None
+    breaker: BreakerState | None = None  # the sink breaker, if stored (open or lapsed): ftlayer.breaker
+    holds: tuple[Hold, ...] = ()  # micro-batches holding the source's records: ftlayer.holds
+
+    def breaker_open(self, now_ms: int) -> bool:
+        """True while a sink breaker keeps the source's replays paused (a sink outage)."""
+        return self.breaker is not None and self.breaker.open_at(now_ms)
+
+    def running_batches(self, now_ms: int) -> list[Hold]:
+        """The live holds: micro-batches running now that read the source (one per batch)."""
+        live: dict[str, Hold] = {}
+        for hold in self.holds:
+            if hold.live(now_ms):
+                live.setdefault(hold.tag, hold)
+        return list(live.values())
 
     @property
     def name(self) -> str:
@@ -122,6 +138,7 @@ def sample(client: redis.Redis, namespace: str, sources: list[SourceName]) -> Sn
         home = SourceKeys(namespace, topology, source, 0, n)
         pipe.hget(home.meta, "num_channels")
         pipe.hmget(home.meta, *INGEST_FIELDS)
+        pipe.hgetall(home.breaker)
         for shard in range(n):
             k = home.for_shard(shard)
             pipe.hgetall(k.stats)
@@ -133,18 +150,21 @@ def sample(client: redis.Redis, namespace: str, sources: list[SourceName]) -> Sn
             pipe.hgetall(k.key("gtime"))
             pipe.get(k.lease)
             pipe.pttl(k.lease)
+            pipe.hgetall(k.holds)
     replies = pipe.execute() if sources else []
     now_ms, mono = int(time.time() * 1000), time.monotonic()
     out: list[SourceStatus] = []
     at = 0
     for (topology, source), n in zip(sources, counts, strict=True):
-        nch, ingest = replies[at : at + 2]
-        shards = [replies[at + 2 + j * _PER_SHARD : at + 2 + (j + 1) * _PER_SHARD] for j in range(n)]
-        at += 2 + n * _PER_SHARD
+        nch, ingest, brk = replies[at : at + 3]
+        shards = [replies[at + 3 + j * _PER_SHARD : at + 3 + (j + 1) * _PER_SHARD] for j in range(n)]
+        at += 3 + n * _PER_SHARD
+        holds: list[Hold] = []
         counters = dict.fromkeys(COUNTERS, 0)
         pending = failed_n = dead = gen_max = 0
         ages: list[float] = []
-        for stats, pend, failed, dlq, gen, bgens, gtimes, _owner, _pttl in shards:
+        for stats, pend, failed, dlq, gen, bgens, gtimes, _owner, _pttl, held in shards:
+            holds += [h for h in (parse_hold(t, v) for t, v in held.items()) if h is not None]
             for key, value in stats.items():
                 counters[key.decode()] = counters.get(key.decode(), 0) + int(value)
             pending, failed_n, dead = pending + int(pend or 0), failed_n + int(failed), dead + int(dlq)
@@ -164,5 +184,7 @@ def sample(client: redis.Redis, namespace: str, sources: list[SourceName]) -> Sn
             lease_owner=_decode(owner),
             lease_ttl_s=int(pttl) / 1000 if owner is not None and int(pttl) >= 0 else None,
             ingest=parse_state(ingest),
+            breaker=parse_breaker(brk),
+            holds=tuple(holds),
         ))
     return Snapshot(now_ms, mono, out)

@@ -53,7 +53,8 @@ from runtime.bench.replay_app import GO, SOURCE, TOPOLOGY, read_passes, user_key
 from runtime.chaos.procs import pending_ids
 from runtime.checker import check
 from runtime.driver.ingest import Ingestor
-from runtime.spark.ft_source import START_ID, channel_key, compare_ids
+from runtime.spark.ft_offsets import START_ID, compare_ids
+from runtime.spark.ft_source import channel_key
 from runtime.testing import CollectingSink
 
 Progress = Callable[[str], None]

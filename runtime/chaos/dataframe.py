@@ -1,6 +1,6 @@
 """Chaos scenarios on a DataFrame pipeline: ``ftlayer chaos <scenario> --pipeline dataframe``.
 
-The pipeline is the DataFrame path as a user writes it::
+The pipeline is the DataFrame path as a user writes it (:func:`start_pipeline`)::
 
     ftlayer.ingest("chaos", "events", ScriptedSource(...))            # a driver thread, apart from the query
     df = ftlayer.read_stream(spark, "chaos", "events", schema="i long, user string")
@@ -9,14 +9,19 @@ The pipeline is the DataFrame path as a user writes it::
 
 The record faults of :mod:`runtime.chaos.faults` run inside the ``ftlayer.udf`` (a raising
 row fails its own record; a killed Python worker fails the task, which Spark retries), and
-the batch faults in ``write_lines``. The run loop starts the query, waits until ingest ended
-and nothing is pending or waiting for replay, lets the last batch commit, and stops it; a
-query that dies is restarted on its checkpoint (ingest is not restarted: it never depended
-on the query). The checker is the same as for the Topology scenarios.
+the batch faults in ``write_lines`` (a batch that dies, a slow sink, a sink outage). The run
+loop starts the query, waits until ingest ended and nothing is pending or waiting for replay,
+lets the last batch commit, and stops it; a query that dies is restarted on its checkpoint
+(ingest is not restarted: it never depended on the query). A Redis outage is ridden out, not
+taken for a dead query. The checker is the same as for the Topology scenarios. The sink and
+stateful scenarios are in :mod:`runtime.chaos.df_sinks`; the process kills (driver, Redis,
+webhook driver) share :mod:`runtime.chaos.procs` and :mod:`runtime.chaos.webhook` with the
+Topology path, whose driver programs take ``--pipeline dataframe``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -24,6 +29,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import redis
+
+from ftlayer.config import FTConfig
+from ftlayer.errors import FTLayerError
 from runtime.chaos.base import SOURCE, TOPOLOGY, ChaosError, ScenarioContext, _first_line, finish
 from runtime.chaos.faults import ChaosMap, FailAtRate, KillWorker, Poison, RecordFault
 from runtime.chaos.scenarios import paced
@@ -33,53 +42,115 @@ from runtime.testing import CollectingSink, FaultLog, ScriptedSource
 TRIGGER = "200 milliseconds"
 
 
-class _Lines:
-    """``foreachBatch`` writer: the batch's rows as CollectingSink lines; optionally dies on one batch."""
+class Lines:
+    """``foreachBatch`` writer: the batch's rows as CollectingSink lines. Batch faults: ``fail_batch``
+    dies once on that batch; ``slow_s`` sleeps that long on the first batch with rows (a slow sink);
+    ``down_until`` raises while ``time.monotonic()`` is before it (a sink outage, from the first
+    batch with rows on: the caller sets it, see :mod:`runtime.chaos.df_sinks`)."""
 
-    def __init__(self, out: Path, faults: FaultLog, fail_batch: int | None) -> None:
+    def __init__(self, out: Path, faults: FaultLog, fail_batch: int | None = None, *, slow_s: float = 0.0,
+                 outage_s: float = 0.0) -> None:
         self.out, self.faults, self.fail_batch = out, faults, fail_batch
+        self.slow_s, self.outage_s = slow_s, outage_s
+        self._outage_ends: float | None = None
 
     def __call__(self, df: Any, batch_id: int) -> None:
-        if self.fail_batch is not None and batch_id == self.fail_batch and df.count() > 0:
-            self.faults.once("batch-fails", f"b{batch_id}")
+        if self.fail_batch is not None and batch_id == self.fail_batch and df.count() > 0 \
+                and self.faults.once("batch-fails", f"b{batch_id}"):
             msg = f"chaos batch-fails: batch {batch_id} dies"
             raise OSError(msg)
         rows = df.select("i", "user", "_ftlayer.origin", "_ftlayer.replay").collect()
-        lines = [json.dumps({"origin": r["origin"], "replay": r["replay"] > 0, "partition": -1,
-                             "value": {"i": r["i"], "user": r["user"]}}) for r in rows]
-        if lines:
-            self.out.mkdir(parents=True, exist_ok=True)
-            tmp = self.out / f".part-{uuid.uuid4().hex}.tmp"
-            tmp.write_text("\n".join(lines) + "\n")
-            tmp.rename(self.out / f"part-{uuid.uuid4().hex}.jsonl")
+        if rows and self.outage_s:
+            if self._outage_ends is None:
+                self._outage_ends = time.monotonic() + self.outage_s
+            if time.monotonic() < self._outage_ends:
+                self.faults.record("sink-outage", [r["i"] for r in rows])
+                msg = f"chaos sink-outage: the sink is down for {self.outage_s:g} s"
+                raise ConnectionError(msg)
+        if rows and self.slow_s and self.faults.once("slow-sink", "first"):
+            time.sleep(self.slow_s)
+        write_lines(self.out, [{"origin": r["origin"], "replay": r["replay"] > 0, "partition": -1,
+                                "value": {"i": r["i"], "user": r["user"]}} for r in rows])
 
 
-def _run(ctx: ScenarioContext, source: ScriptedSource, faults: list[RecordFault], *,
-         fail_batch: int | None = None, max_records_per_batch: int | None = 500,
-         timeout_s: float = 300.0, max_restarts: int = 3) -> tuple[Report, int]:
+def write_lines(out: Path, lines: list[dict[str, Any]]) -> None:
+    """Append ``lines`` to ``out`` as one CollectingSink part file (atomically)."""
+    if not lines:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".part-{uuid.uuid4().hex}.tmp"
+    tmp.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    tmp.rename(out / f"part-{uuid.uuid4().hex}.jsonl")
+
+
+def start_pipeline(spark: Any, cfg: FTConfig, checkpoint: Path, write: Callable[[Any, int], None],
+                   mapper: Callable[[Any], Any], *, max_records_per_batch: int | None = 500,
+                   on_error: str = "auto") -> Any:
+    """Start the chaos DataFrame query (module notes) on ``checkpoint``; returns the StreamingQuery."""
     import ftlayer
-    from runtime.dataframe import sources
-
-    cfg = ctx.config
-    handle = sources.source(TOPOLOGY, SOURCE, config=cfg, num_channels=cfg.num_channels)
-    mapper = ChaosMap(faults)
 
     def apply(i: int, user: str) -> int:
         mapper({"i": i, "user": user})
         return 1
 
+    df = ftlayer.read_stream(spark, TOPOLOGY, SOURCE, schema="i long, user string", config=cfg,
+                             num_channels=cfg.num_channels, max_records_per_batch=max_records_per_batch)
+    out = df.withColumn("ok", ftlayer.udf(apply, "int", config=cfg)("i", "user")).filter("ok IS NOT NULL")
+    return (out.writeStream.foreachBatch(ftlayer.acking(write, config=cfg, on_error=on_error))
+            .option("checkpointLocation", str(checkpoint)).trigger(processingTime=TRIGGER).start())
+
+
+def serve(spark: Any, cfg: FTConfig, source: Any, workdir: Path, *, sleep_s: float = 0.0,
+          drain_s: float = 300.0, before_drain: Callable[[], None] | None = None) -> tuple[bool, dict[str, int]]:
+    """The chaos DataFrame pipeline as a driver program runs it (``python -m runtime.chaos.driver_app
+    --pipeline dataframe``, the webhook driver): ingest ``source``, run the query on
+    ``<workdir>/checkpoint``; ``before_drain`` blocks until the source should end (the webhook);
+    then wait up to ``drain_s`` until ingest ended and nothing is pending. Returns (drained, stats)."""
+    from runtime.dataframe import sources
+
+    handle = sources.source(TOPOLOGY, SOURCE, config=cfg, num_channels=cfg.num_channels)
+    ingestor = handle.ingest(source, key=lambda v: v["user"])
+    query = start_pipeline(spark, cfg, workdir / "checkpoint", Lines(workdir / "out", FaultLog(workdir / "faults")),
+                           ChaosMap([], sleep_s=sleep_s), max_records_per_batch=400)
+    print("started", flush=True)
+    if before_drain is not None:
+        before_drain()
+    deadline = time.monotonic() + drain_s
+    ok = False
+    while time.monotonic() < deadline and query.exception() is None:
+        st = handle.stats()
+        if ingestor.done and st["pending"] == 0 and st["failed_waiting"] == 0:
+            query.processAllAvailable()
+            ok = True
+            break
+        time.sleep(0.2)
+    query.stop()
+    stats = handle.stats()
+    ingestor.stop()
+    handle.stop()
+    return ok, stats
+
+
+def _run(ctx: ScenarioContext, source: Any, faults: list[RecordFault], *,
+         fail_batch: int | None = None, max_records_per_batch: int | None = 500,
+         timeout_s: float = 300.0, max_restarts: int = 3, write: Callable[[Any, int], None] | None = None,
+         on_tick: Callable[[Any], None] | None = None, check: bool = True) -> tuple[Report, int]:
+    """Run the pipeline over ``source`` until drained (restarting a dead query on its checkpoint)."""
+    from runtime.dataframe import sources
+
+    cfg = ctx.config
+    handle = sources.source(TOPOLOGY, SOURCE, config=cfg, num_channels=cfg.num_channels)
+    mapper = ChaosMap(faults)
     ingestor = handle.ingest(source, key=lambda v: v["user"])
     restarts = 0
     deadline = time.monotonic() + timeout_s
     try:
         while True:
-            df = ftlayer.read_stream(ctx.spark, TOPOLOGY, SOURCE, schema="i long, user string", config=cfg,
-                                     max_records_per_batch=max_records_per_batch)
-            out = df.withColumn("ok", ftlayer.udf(apply, "int", config=cfg)("i", "user")).filter("ok IS NOT NULL")
-            writer = _Lines(ctx.out_dir, ctx.faults, fail_batch)
-            query = (out.writeStream.foreachBatch(ftlayer.acking(writer, config=cfg, on_error="raise"))
-                     .option("checkpointLocation", str(ctx.checkpoint)).trigger(processingTime=TRIGGER).start())
-            died = _wait(query, handle, ingestor, deadline)
+            writer = write or Lines(ctx.out_dir, ctx.faults, fail_batch)
+            query = start_pipeline(ctx.spark, cfg, ctx.checkpoint, writer, mapper,
+                                   max_records_per_batch=max_records_per_batch,
+                                   on_error="raise" if fail_batch is not None else "auto")
+            died = _wait(query, handle, ingestor, deadline, on_tick)
             if died is None:
                 break
             if restarts >= max_restarts:
@@ -93,16 +164,25 @@ def _run(ctx: ScenarioContext, source: ScriptedSource, faults: list[RecordFault]
     finally:
         ingestor.stop()
         handle.stop()
-    return finish(ctx, [ctx.layer()], CollectingSink(ctx.out_dir), source), restarts
+    emitted = source if check else []
+    return finish(ctx, [ctx.layer()], CollectingSink(ctx.out_dir), emitted), restarts
 
 
-def _wait(query: Any, handle: Any, ingestor: Any, deadline: float) -> BaseException | None:
-    """Until drained (then let the last batch commit) or dead; the query is stopped either way."""
+def _wait(query: Any, handle: Any, ingestor: Any, deadline: float,
+          on_tick: Callable[[Any], None] | None = None) -> BaseException | None:
+    """Until drained (then let the last batch commit) or dead; the query is stopped either way.
+    ``on_tick(ingestor)`` runs on every poll (a fault that kills the server, say)."""
     died: BaseException | None = None
     try:
         while time.monotonic() < deadline and died is None:
             died = query.exception()
-            st = handle.stats()
+            if on_tick is not None:
+                on_tick(ingestor)
+            try:
+                st = handle.stats()
+            except (FTLayerError, redis.RedisError):  # a Redis outage: the query waits it out too
+                time.sleep(0.25)
+                continue
             if died is None and ingestor.done and st["pending"] == 0 and st["failed_waiting"] == 0:
                 query.processAllAvailable()
                 break
@@ -149,14 +229,29 @@ def poison(ctx: ScenarioContext, records: int, count: int = 1) -> Report:
 
 
 def batch_fails(ctx: ScenarioContext, records: int, batch: int = 2) -> Report:
-    """The ``foreachBatch`` write of batch ``batch`` dies (``on_error="raise"``): its records are
-    failed and replayed, the query dies and is restarted on its checkpoint."""
-    ctx.config = ctx.config.replace(timeout_s=30.0)
+    """The ``foreachBatch`` write of batch ``batch`` dies once, with no retry (``sink_retry_budget_s = 0``,
+    ``on_error="raise"``): the batch does not commit, the query dies and is restarted on its
+    checkpoint, and Spark re-runs the batch on its still-pending records."""
+    ctx.config = ctx.config.replace(timeout_s=30.0, sink_retry_budget_s=0.0)
     source = ScriptedSource(paced(records, max(records // 12, 1), 0.05, warm=ctx.layer()))
     report, restarts = _run(ctx, source, [], fail_batch=batch, max_records_per_batch=max(records // 6, 1))
     report.expect(f"batch {batch} failed", ctx.faults.marks("batch-fails") >= 1)
     report.expect(f"the query died and was restarted ({restarts})", restarts >= 1)
     return report
+
+
+def _variants() -> dict[str, Callable[..., Report]]:
+    from runtime.chaos import df_sinks, procs, webhook
+
+    return {
+        "kill-driver": functools.partial(procs.kill_driver, pipeline="dataframe"),
+        "kill-redis": functools.partial(procs.kill_redis, pipeline="dataframe"),
+        "long-outage": functools.partial(procs.long_outage, pipeline="dataframe"),
+        "webhook-driver-kill": functools.partial(webhook.webhook_driver_kill, pipeline="dataframe"),
+        "slow-sink": df_sinks.slow_sink,
+        "sink-outage": df_sinks.sink_outage,
+        "aggregate": df_sinks.aggregate,
+    }
 
 
 SCENARIOS: dict[str, Callable[..., Report]] = {
@@ -165,3 +260,13 @@ SCENARIOS: dict[str, Callable[..., Report]] = {
     "poison": poison,
     "batch-fails": batch_fails,
 }
+
+
+def scenario(name: str) -> Callable[..., Report] | None:
+    """The DataFrame variant of scenario ``name``, or None if it has none."""
+    return SCENARIOS.get(name) or _variants().get(name)
+
+
+def names() -> list[str]:
+    """Every scenario with a DataFrame variant."""
+    return sorted({*SCENARIOS, *_variants()})

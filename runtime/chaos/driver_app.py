@@ -1,5 +1,8 @@
 """The driver program that the kill-driver scenario SIGKILLs: ``python -m runtime.chaos.driver_app``.
 
+With ``--pipeline dataframe`` it runs the chaos DataFrame pipeline instead
+(:func:`runtime.chaos.dataframe.serve`), with the same phases.
+
 Phase 1 ingests ``--records`` chaos records (ids 0..N-1, in steps of 100) and processes them
 slowly (``--sleep-ms`` per record), so the harness can kill it mid-run. Phase 2 is the
 restarted driver: the same chaos topology, namespace and checkpoint (``<workdir>/checkpoint``),
@@ -48,15 +51,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--records", type=int, default=1500)
     p.add_argument("--timeout-s", type=float, default=8.0, help="the topology's record timeout")
     p.add_argument("--sleep-ms", type=float, default=5.0, help="processing time per record")
+    p.add_argument("--pipeline", choices=("topology", "dataframe"), default="topology")
     args = p.parse_args(argv)
     cfg = FTConfig(redis_url=args.redis_url, namespace=args.namespace, timeout_s=args.timeout_s, num_buckets=3)
     workdir = Path(args.workdir)
     # phase 1: persist calls of 100 records (stream entries small enough for 400-record batches)
     layer = FTLayer(cfg, TOPOLOGY, SOURCE)
     source = ScriptedSource(paced(args.records, 100, 0.02, warm=layer) if args.phase == 1 else [EOF])
-    topo = build(cfg, source, ChaosMap([], sleep_s=args.sleep_ms / 1000), CollectingSink(workdir / "out"), keyed=False)
     spark = local_session("ftlayer-chaos-driver")
     warm_python_workers(spark)
+    if args.pipeline == "dataframe":
+        from runtime.chaos.dataframe import serve
+
+        ok, stats = serve(spark, cfg, source, workdir, sleep_s=args.sleep_ms / 1000,
+                          drain_s=300 if args.phase == 2 else 600)
+        print("drained" if ok else "not drained", stats, flush=True)
+        return 0 if ok else 1
+    topo = build(cfg, source, ChaosMap([], sleep_s=args.sleep_ms / 1000), CollectingSink(workdir / "out"), keyed=False)
     query = topo.start(spark, checkpoint_location=str(workdir / "checkpoint"), trigger_interval_s=TRIGGER_S,
                        max_records_per_batch=400)
     print("started", flush=True)

@@ -19,6 +19,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from ftlayer.config import SINGLE_SERVER_DURABILITY
 from ftlayer.frames import SemiDeserializedSerializer
@@ -29,7 +31,6 @@ from runtime.chaos.faults import ChaosMap, Sampler
 from runtime.chaos.scenarios import paced
 from runtime.checker import Report
 from runtime.testing import CollectingSink, ScriptedSource
-from runtime.topology import FTQuery
 from serialization.payload import unpack_payload
 
 WINDOW_S = 2.0  # everysec: up to ~1 s of acknowledged persists, ~2 s under fsync stalls
@@ -42,20 +43,23 @@ def pending_ids(layer: FTLayer) -> list[int]:
             for _sid, frame in layer.iter_pending()]
 
 
-def _driver(ctx: ScenarioContext, phase: int, records: int) -> subprocess.Popen[str]:
+def _driver(ctx: ScenarioContext, phase: int, records: int, pipeline: str) -> subprocess.Popen[str]:
     cfg = ctx.config
     return subprocess.Popen(
         [sys.executable, "-m", "runtime.chaos.driver_app", "--phase", str(phase), "--redis-url", cfg.redis_url,
-         "--namespace", cfg.namespace, "--workdir", str(ctx.workdir), "--records", str(records)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+         "--namespace", cfg.namespace, "--workdir", str(ctx.workdir), "--records", str(records),
+         "--pipeline", pipeline],
+        stdout=subprocess.PIPE, stderr=(ctx.workdir / f"driver{phase}.log").open("w"), text=True,
+        start_new_session=True,
     )
 
 
-def kill_driver(ctx: ScenarioContext, records: int, kill_timeout_s: float = 240.0) -> Report:
+def kill_driver(ctx: ScenarioContext, records: int, kill_timeout_s: float = 240.0,
+                pipeline: str = "topology") -> Report:
     """SIGKILL the driver (and its Spark JVM) while records are pending; a restarted driver (same
-    topology, namespace and checkpoint, a source with nothing new) finishes everything."""
+    pipeline, namespace and checkpoint, a source with nothing new) finishes everything."""
     layer = ctx.layer()
-    first = _driver(ctx, 1, records)
+    first = _driver(ctx, 1, records, pipeline)
     ctx.say("phase 1 driver started")
     at_kill: dict[str, int] = {}
     try:
@@ -80,7 +84,7 @@ def kill_driver(ctx: ScenarioContext, records: int, kill_timeout_s: float = 240.
     ctx.faults.record("kill-driver", pending)
     ctx.notes.append(f"driver killed with {at_kill['pending']} pending, {at_kill['acked']} acked")
     ctx.say(f"driver killed ({at_kill['pending']} pending); starting phase 2")
-    second = _driver(ctx, 2, records)
+    second = _driver(ctx, 2, records, pipeline)
     out, _ = second.communicate(timeout=600)
     ctx.say(f"phase 2 driver exited {second.returncode}")
     ctx.notes.append(f"restarted driver: exit {second.returncode}: {out.strip().splitlines()[-1:] or ''}")
@@ -90,8 +94,8 @@ def kill_driver(ctx: ScenarioContext, records: int, kill_timeout_s: float = 240.
     return report
 
 
-def kill_redis(ctx: ScenarioContext, records: int, durability: str = "everysec", down_s: float = 3.0,
-               server: EmbeddedServer | None = None) -> Report:
+def kill_redis(ctx: ScenarioContext, records: int, durability: str = "everysec", down_s: float = 3.0, *,
+               server: EmbeddedServer | None = None, pipeline: str = "topology") -> Report:
     """SIGKILL the Redis server mid-run (half the records ingested) and restart it from its AOF
     after ``down_s``; assert what ``durability`` promises (see the module notes) and that the
     query lived through the outage."""
@@ -103,14 +107,14 @@ def kill_redis(ctx: ScenarioContext, records: int, durability: str = "everysec",
         fsync = "always" if durability == "waitaof" else "everysec"
         server = EmbeddedServer(data_dir=ctx.workdir / "redis", appendfsync=fsync).start()
     try:
-        return _kill_redis(ctx, records, durability, down_s, server)
+        return _kill_redis(ctx, records, durability, down_s, server=server, pipeline=pipeline)
     finally:
         if own:
             server.stop()
 
 
-def long_outage(ctx: ScenarioContext, records: int, down_s: float = 60.0,
-                server: EmbeddedServer | None = None) -> Report:
+def long_outage(ctx: ScenarioContext, records: int, down_s: float = 60.0, *,
+                server: EmbeddedServer | None = None, pipeline: str = "topology") -> Report:
     """The Redis server is down for ``down_s`` (60 s) in the middle of the stream: SIGKILLed and
     restarted from its AOF (``appendfsync always``, ``waitaof``: a kill loses nothing persisted).
     Nothing the source produced may be lost and the query must not die."""
@@ -121,30 +125,29 @@ def long_outage(ctx: ScenarioContext, records: int, down_s: float = 60.0,
         msg = f"chaos long-outage: down_s={down_s} must stay below outage_budget_s={ctx.config.outage_budget_s}"
         raise ChaosError(msg)
     try:
-        return _kill_redis(ctx, records, "waitaof", down_s, server)
+        return _kill_redis(ctx, records, "waitaof", down_s, server=server, pipeline=pipeline)
     finally:
         if own:
             server.stop()
 
 
-def _kill_redis(ctx: ScenarioContext, records: int, durability: str, down_s: float,
-                server: EmbeddedServer) -> Report:
+def _kill_redis(ctx: ScenarioContext, records: int, durability: str, down_s: float, *,
+                server: EmbeddedServer, pipeline: str = "topology") -> Report:
     ctx.config = ctx.config.replace(redis_url=server.url, durability=durability, timeout_s=20.0)
     step = max(records // 60, 1)
     source = ScriptedSource(paced(records, step, 0.1, warm=ctx.layer()))  # ingest spans ~8 s
-    queries: list[FTQuery] = []
+    ingestors: list[Any] = []
 
     def acknowledged() -> int:  # records whose persist returned, over every query incarnation
-        return sum(ing.ingested for q in queries for ing in q.ingestors)
+        return sum(ing.ingested for ing in ingestors)
 
     sampler = Sampler(acknowledged).start()
     kill: dict[str, float] = {}
 
-    def tick(query: FTQuery) -> None:
+    def tick(running: Sequence[Any]) -> None:
         # runs on the thread that started the server: its parent-death signal (PR_SET_PDEATHSIG)
         # is tied to that thread, so a restart from a short-lived thread would be SIGTERMed
-        if not queries or queries[-1] is not query:
-            queries.append(query)
+        ingestors.extend(ing for ing in running if ing not in ingestors)
         if "t" in kill or (acknowledged() < records // 2 and not source.ended):
             return
         kill["acked"] = acknowledged()
@@ -155,13 +158,17 @@ def _kill_redis(ctx: ScenarioContext, records: int, durability: str, down_s: flo
         kill["back"] = time.monotonic()
 
     sink = CollectingSink(ctx.out_dir)
-    mapper = ChaosMap([])
     try:
-        restarts = run_query(ctx, lambda: build(ctx.config, source, mapper, sink, keyed=False),
-                             on_tick=tick, max_records_per_batch=500)
+        if pipeline == "dataframe":
+            from runtime.chaos.dataframe import _run
+
+            report, restarts = _run(ctx, source, [], on_tick=lambda ing: tick([ing]))
+        else:
+            restarts = run_query(ctx, lambda: build(ctx.config, source, ChaosMap([]), sink, keyed=False),
+                                 on_tick=lambda q: tick(q.ingestors), max_records_per_batch=500)
+            report = finish(ctx, [ctx.layer()], sink, source)
     finally:
         sampler.stop()
-    report = finish(ctx, [ctx.layer()], sink, source)
     if "t" not in kill:
         report.expect("the Redis server was killed", False)
         return report

@@ -52,6 +52,14 @@ class Scenario:
     needs_spark: bool = True
 
 
+def _dataframe_only(name: str) -> Callable[..., Report]:
+    def run(ctx: ScenarioContext, records: int, **_params: Any) -> Report:
+        msg = f"chaos scenario {name!r} runs on the DataFrame pipeline only: add --pipeline dataframe"
+        raise ChaosError(msg)
+
+    return run
+
+
 SCENARIOS: dict[str, Scenario] = {
     "fail-rate": Scenario(chaos_scenarios.fail_rate, 3000, "FailRecord in a user function at a rate"),
     "kill-worker": Scenario(chaos_scenarios.kill_worker, 2000, "a Python worker killed mid-partition"),
@@ -73,6 +81,11 @@ SCENARIOS: dict[str, Scenario] = {
     "duplicate-flushes": Scenario(chaos_scenarios.duplicate_flushes, 2000, "every flush sent twice"),
     "delayed-acks": Scenario(chaos_scenarios.delayed_acks, 2000, "acks delayed past the timeout"),
     "poison": Scenario(chaos_scenarios.poison, 2000, "a record that always fails"),
+    "slow-sink": Scenario(_dataframe_only("slow-sink"), 1200, "DataFrame path: one batch writes for 3 timeouts"),
+    "sink-outage": Scenario(_dataframe_only("sink-outage"), 1200, "DataFrame path: the sink refuses every write "
+                            "for 5 timeouts"),
+    "aggregate": Scenario(_dataframe_only("aggregate"), 2000, "DataFrame path: a stateful groupBy().count() "
+                          "through a killed worker and a batch that fails before its commit log entry"),
     "mixed": Scenario(chaos_scenarios.mixed, 3000, "fail-rate + kill-worker + drop-connections + poison "
                                                    "+ duplicate-flushes"),
     "soak": Scenario(chaos_scenarios.soak, 1_000_000, "the mixed faults for a long run (not for CI)"),
@@ -105,12 +118,12 @@ def run_scenario(
     if pipeline == "dataframe":
         from runtime.chaos import dataframe as chaos_dataframe
 
-        df_run = chaos_dataframe.SCENARIOS.get(name)
+        df_run = chaos_dataframe.scenario(name)
         if df_run is None:
             msg = (f"chaos scenario {name!r} has no DataFrame variant; --pipeline dataframe runs "
-                   f"{', '.join(sorted(chaos_dataframe.SCENARIOS))}")
+                   f"{', '.join(chaos_dataframe.names())}")
             raise ChaosError(msg)
-        scenario = Scenario(df_run, scenario.records, scenario.summary)
+        scenario = Scenario(df_run, scenario.records, scenario.summary, scenario.needs_spark)
     elif pipeline != "topology":
         msg = f"chaos pipeline {pipeline!r}: expected 'topology' or 'dataframe'"
         raise ChaosError(msg)

@@ -132,10 +132,12 @@ def duplicate_flushes(ctx: ScenarioContext, records: int) -> Report:
     return report
 
 
-def delayed_acks(ctx: ScenarioContext, records: int, delayed: int = 3, timeout_s: float = 5.0) -> Report:
-    """The sink sleeps past the timeout before writing the last ``delayed`` records: they time
-    out and are replayed; their late acks are ignored (late_deltas)."""
-    cfg = ctx.config = ctx.config.replace(timeout_s=timeout_s, num_buckets=3)
+def delayed_acks(ctx: ScenarioContext, records: int, delayed: int = 3, timeout_s: float = 5.0,
+                 max_batch_s: float = 2.0) -> Report:
+    """The sink hangs (past ``max_batch_s``, so its batch no longer holds its records) and then
+    past the timeout before writing the last ``delayed`` records: they time out and are
+    replayed; their late acks are ignored (late_deltas)."""
+    cfg = ctx.config = ctx.config.replace(timeout_s=timeout_s, num_buckets=3, max_batch_s=max_batch_s)
     layer = ctx.layer()
     ids = range(records - delayed, records)
     # the delayed records come alone, once everything before them was acked, so that the stall
@@ -143,9 +145,10 @@ def delayed_acks(ctx: ScenarioContext, records: int, delayed: int = 3, timeout_s
     source = ScriptedSource([*warm_up(layer), Emit(records - delayed - 1),
                              Pause(120, until=lambda: layer.stats()["acked"] >= records - delayed),
                              Emit(delayed), EOF])
-    # past the latest expiry (T * (1 + 1/(n-1))) plus the service's replay latency, but short
-    # enough that the replays, which wait for the stalled batch, do not time out themselves
-    sleep_s = cfg.timeout_s * (1 + 1 / (cfg.num_buckets - 1)) + 1.5
+    # past the hold's bound and then the latest expiry (T * (1 + 1/(n-1))) plus the service's
+    # replay latency, but short enough that the replays, which wait for the stalled batch, do
+    # not time out themselves
+    sleep_s = cfg.max_batch_s + cfg.timeout_s * (1 + 1 / (cfg.num_buckets - 1)) + 1.5
     sink = DelayingSink(ctx.out_dir, ctx.faults, ids, sleep_s)
     report, _ = _run(ctx, source, [], sink=sink, max_records_per_batch=None)
     s = report.stats

@@ -1,6 +1,7 @@
 """The webhook-driver-kill chaos scenario: a driver fed by HTTP is SIGKILLed under load and restarted.
 
-The driver program (``python -m runtime.chaos.webhook``) runs the chaos topology with a
+The driver program (``python -m runtime.chaos.webhook``; ``--pipeline dataframe``: the chaos
+DataFrame pipeline, fed by ``ftlayer.ingest``) runs the chaos topology with a
 :class:`~runtime.driver.webhook.WebhookSource` on a fixed port, until the harness creates
 ``<workdir>/end``; then it ends the source, drains, and exits 0 (1 if it did not drain).
 
@@ -37,18 +38,18 @@ from runtime.testing import CollectingSink, default_value
 END_FILE = "end"
 
 
-def _driver(ctx: ScenarioContext, port: int, log_name: str) -> subprocess.Popen[str]:
+def _driver(ctx: ScenarioContext, port: int, log_name: str, pipeline: str) -> subprocess.Popen[str]:
     cfg = ctx.config
     log = (ctx.workdir / log_name).open("w")
     return subprocess.Popen(
         [sys.executable, "-m", "runtime.chaos.webhook", "--redis-url", cfg.redis_url, "--namespace", cfg.namespace,
-         "--workdir", str(ctx.workdir), "--port", str(port)],
+         "--workdir", str(ctx.workdir), "--port", str(port), "--pipeline", pipeline],
         stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
     )
 
 
-def webhook_driver_kill(ctx: ScenarioContext, records: int, threads: int = 6, pace_s: float = 0.03,
-                        kill_timeout_s: float = 240.0) -> Report:
+def webhook_driver_kill(ctx: ScenarioContext, records: int, threads: int = 6, pace_s: float = 0.03, *,
+                        kill_timeout_s: float = 240.0, pipeline: str = "topology") -> Report:
     """SIGKILL a webhook-fed driver under load, restart it on the same port; 0 confirmed records lost."""
     from runtime.chaos.procs import pending_ids
 
@@ -56,7 +57,7 @@ def webhook_driver_kill(ctx: ScenarioContext, records: int, threads: int = 6, pa
     layer = ctx.layer()
     client = RetryingClient(f"http://127.0.0.1:{port}/", [default_value(i) for i in range(records)],
                             threads=threads, pace_s=pace_s)
-    first = _driver(ctx, port, "driver1.log")
+    first = _driver(ctx, port, "driver1.log", pipeline)
     ctx.say(f"phase 1 driver started, webhook on port {port}")
     client.start()
     try:
@@ -82,7 +83,7 @@ def webhook_driver_kill(ctx: ScenarioContext, records: int, threads: int = 6, pa
     ctx.notes.append(f"driver killed with {confirmed_at_kill} records confirmed, {at_kill['pending']} pending, "
                      f"{at_kill['acked']} acked")
     ctx.say(f"driver killed ({confirmed_at_kill} confirmed, {at_kill['pending']} pending); starting phase 2")
-    second = _driver(ctx, port, "driver2.log")
+    second = _driver(ctx, port, "driver2.log", pipeline)
     try:
         all_confirmed = client.join(600)
     finally:
@@ -115,12 +116,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--timeout-s", type=float, default=8.0, help="the topology's record timeout")
     p.add_argument("--sleep-ms", type=float, default=5.0, help="processing time per record")
+    p.add_argument("--pipeline", choices=("topology", "dataframe"), default="topology")
     args = p.parse_args(argv)
     cfg = FTConfig(redis_url=args.redis_url, namespace=args.namespace, timeout_s=args.timeout_s, num_buckets=3)
     workdir = Path(args.workdir)
     spark = local_session("ftlayer-chaos-webhook")
     warm_python_workers(spark)
     hooks = WebhookSource(port=args.port, reply_timeout_s=30.0)
+    if args.pipeline == "dataframe":
+        from runtime.chaos.dataframe import serve
+
+        def until_end() -> None:
+            while not (workdir / END_FILE).exists():
+                time.sleep(0.1)
+            hooks.end()
+
+        ok, stats = serve(spark, cfg, hooks, workdir, sleep_s=args.sleep_ms / 1000, before_drain=until_end)
+        print("drained" if ok else "not drained", stats, flush=True)
+        return 0 if ok else 1
     topo = build(cfg, hooks, ChaosMap([], sleep_s=args.sleep_ms / 1000), CollectingSink(workdir / "out"), keyed=False)
     query = topo.start(spark, checkpoint_location=str(workdir / "checkpoint"), trigger_interval_s=TRIGGER_S,
                        max_records_per_batch=400)

@@ -91,8 +91,9 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
               "JVMs (needed by kill-executor)", metavar="MASTER"),
     EnvOption("chaos", "--pipeline", "FTLAYER_CHAOS_PIPELINE", "str", "topology",
               "the pipeline under the faults: the Topology API, or a DataFrame pipeline (read_stream, "
-              "ftlayer.udf, foreachBatch(acking)); dataframe runs fail-rate, kill-worker, poison and "
-              "batch-fails", choices=("topology", "dataframe")),
+              "ftlayer.udf, foreachBatch(acking)); dataframe runs fail-rate, kill-worker, poison, "
+              "batch-fails, kill-driver, kill-redis, long-outage, webhook-driver-kill, slow-sink, sink-outage "
+              "and aggregate", choices=("topology", "dataframe")),
     EnvOption("chaos", "--strict", "FTLAYER_CHAOS_STRICT", "flag", None,
               "also fail on replays no injected fault explains"),
     EnvOption("chaos", "--keep", "FTLAYER_CHAOS_KEEP", "flag", None,

@@ -30,6 +30,12 @@ Contract:
   recorded them, see :mod:`ftlayer.ingest_state`; null if never recorded).
 - The INGEST column shows ``ERROR: <error>`` for an ingest thread that
   stopped on an error (its source raised): such a source is never drained.
+- The SINK column shows the sink breaker while it is open (``OPEN for 12s, 5 failed
+  writes, replays paused (...)``: an acking point retries a failed write, see
+  :mod:`ftlayer.breaker`), else the micro-batches running now that read the source and
+  for how long (their holds, :mod:`ftlayer.holds`). In ``--json``: ``sink_breaker``
+  (``query``, ``since_ms``, ``failures``, ``error``, ``until_ms``; null when closed) and
+  ``running_batches`` (``tag``, ``running_s``, ``held_until_ms`` each).
 - The Redis URL is shown with its password masked.
 """
 
@@ -100,6 +106,15 @@ def to_json(config: FTConfig, prev: Snapshot | None, cur: Snapshot) -> dict[str,
                 "ingest": None if s.ingest is None else {
                     "state": s.ingest.state, "detail": s.ingest.detail, "since_ms": s.ingest.since_ms,
                 },
+                "sink_breaker": None if not s.breaker_open(cur.time_ms) or s.breaker is None else {
+                    "query": s.breaker.query, "since_ms": s.breaker.since_ms, "failures": s.breaker.failures,
+                    "error": s.breaker.error, "until_ms": s.breaker.until_ms,
+                },
+                "running_batches": [
+                    {"tag": h.tag, "running_s": round((cur.time_ms - h.started_ms) / 1000, 3),
+                     "held_until_ms": h.deadline_ms}
+                    for h in s.running_batches(cur.time_ms)
+                ],
             }
             for s in cur.sources
         ],
@@ -121,6 +136,19 @@ def _ingest(s: SourceStatus) -> str:
     return s.ingest.state if not s.ingest.detail else f"{s.ingest.state} ({s.ingest.detail[:80]})"
 
 
+def _sink(s: SourceStatus, now_ms: int) -> str:
+    """The SINK column: the sink breaker while a write fails, else the batches running now."""
+    if s.breaker is not None and s.breaker_open(now_ms):
+        b = s.breaker
+        return (f"OPEN for {format_duration((now_ms - b.since_ms) / 1000)}, {b.failures} failed writes, "
+                f"replays paused ({b.error[:60]})")
+    running = s.running_batches(now_ms)
+    if not running:
+        return "-"
+    longest = max(now_ms - h.started_ms for h in running) / 1000
+    return f"{len(running)} batch{'es' if len(running) > 1 else ''} running ({format_duration(longest)})"
+
+
 def _rate(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
@@ -139,16 +167,16 @@ def render_human(config: FTConfig, prev: Snapshot | None, cur: Snapshot) -> str:
         )
     state = render_table(
         ["SOURCE", "PENDING", "OLDEST PENDING", "FAILED WAITING", "IN DLQ", "BUCKET GEN", "CHANNELS", "FT SERVICE",
-         "INGEST"],
+         "INGEST", "SINK"],
         [
             [
                 s.name, str(s.pending), format_duration(s.oldest_pending_age_s), str(s.failed_waiting),
                 str(s.dead_letters), str(s.bucket_gen), "-" if s.num_channels is None else str(s.num_channels),
-                _service(s), _ingest(s),
+                _service(s), _ingest(s), _sink(s, cur.time_ms),
             ]
             for s in cur.sources
         ],
-        align="lrrrrrrll",
+        align="lrrrrrrlll",
     )
     r = rates(prev, cur)
     rows: list[list[str]] = []

@@ -40,6 +40,7 @@ from ftlayer.batch_acks import batch_tags
 from ftlayer.config import FTConfig
 from ftlayer.connection import client_for
 from ftlayer.errors import ConfigError
+from ftlayer.keys import query_batch_key
 from ftlayer.layer import FTLayer
 from runtime.dataframe.plan import is_stateful
 from runtime.dataframe.sink_retry import SinkRetry
@@ -71,12 +72,15 @@ def settle_batch(config: FTConfig, query_id: str, batch_id: int, mode: Literal["
     """
     client = client_for(config.redis_url, config.connect_timeout_s)
     total = 0
-    for name, tag in batch_tags(client, config.namespace, query_id, batch_id):
+    tags = batch_tags(client, config.namespace, query_id, batch_id)
+    for name, tag in tags:
         topology, _, source = name.partition("/")
         layer = FTLayer(config, topology, source, outage_budget_s=config.outage_budget_s)
         total += layer.settle_batch(tag, mode, reason)
         if mode == "ack":
             layer.end_hold(tag)
+    if mode == "ack":  # the batch is done: its index goes too (no leak after a drain)
+        client.delete(query_batch_key(config.namespace, query_id, batch_id))
     return total
 
 

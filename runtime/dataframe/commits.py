@@ -10,7 +10,9 @@ finite trigger, after which Spark plans nothing more. Settling is idempotent, so
 It also tells the acking writer whether the query keeps state (``stateOperators`` of the
 progress, :func:`runtime.dataframe.plan.remember_stateful`), and when a query terminates it ends
 the holds of the batch it was running, if any (that batch did not commit: its records time out
-and replay as usual, or are read again when the query is restarted on its checkpoint).
+and replay as usual, or are read again when the query is restarted on its checkpoint), and
+drops that flag. Only queries whose progress shows an FT source's offsets (channel streams) cost
+any Redis call: the others (FT-off queries, other sources) are recognised from the event alone.
 
 One listener per SparkSession (:func:`attach`), serving every ftlayer namespace opened in the
 process (:meth:`CommitListener.watch`). Errors are logged, never raised into Spark's listener bus.
@@ -27,9 +29,11 @@ from pyspark.sql.streaming.listener import QueryProgressEvent, QueryStartedEvent
 from ftlayer.batch_acks import batch_tags
 from ftlayer.config import FTConfig
 from ftlayer.connection import client_for
+from ftlayer.keys import query_batch_key
 from ftlayer.layer import FTLayer
 from runtime.dataframe.acking import settle_batch
-from runtime.dataframe.plan import find_query, logical_guess, remember_stateful
+from runtime.dataframe.observe import reads_ftlayer
+from runtime.dataframe.plan import WRITER_MARK, forget_stateful, remember_stateful
 from runtime.driver.json_listener import JsonEventListener
 
 __all__ = ["CommitListener", "attach"]
@@ -46,8 +50,8 @@ class CommitListener(JsonEventListener):
         self.configs: dict[tuple[str, str], FTConfig] = {}
         self._last: dict[str, int] = {}  # query id -> last batch reported committed (-1: started)
         self._flagged: set[str] = set()
+        self._ours: set[str] = set()  # queries seen reading an FT source
         self.settled = 0
-        self.spark: Any = None
         self._lock = threading.Lock()
 
     def watch(self, config: FTConfig) -> None:
@@ -64,35 +68,30 @@ class CommitListener(JsonEventListener):
         total = 0
         for cfg in self._watched():
             try:
+                client = client_for(cfg.redis_url, cfg.connect_timeout_s)
+                writer = bool(client.sismember(query_batch_key(cfg.namespace, query_id, batch_id), WRITER_MARK))
                 total += settle_batch(cfg, query_id, batch_id, "ack")
-                if stateful is not None and query_id not in self._flagged:
-                    remember_stateful(cfg, query_id, stateful)
+                if stateful is not None and writer and query_id not in self._flagged:
+                    remember_stateful(cfg, query_id, stateful)  # for the acking writer's commit
+                    self._flagged.add(query_id)
             except Exception as exc:  # the FT source settles it at its next latestOffset, or it replays
                 log.warning("could not ack batch %d of query %s in %s: %s", batch_id, query_id, cfg.namespace, exc)
-        if stateful is not None:
-            self._flagged.add(query_id)
         with self._lock:
             self.settled += total
         return total
 
     def onQueryStarted(self, event: QueryStartedEvent) -> None:
-        query_id = str(event.id)
         with self._lock:
-            self._last.setdefault(query_id, -1)
-        # before its first progress report, the acking writer goes by the plan's operators
-        guess = logical_guess(find_query(self.spark, query_id)) if self.spark is not None else None
-        if guess is not None:
-            for cfg in self._watched():
-                try:
-                    remember_stateful(cfg, query_id, guess)
-                except Exception as exc:
-                    log.debug("could not note whether query %s keeps state: %s", query_id, exc)
+            self._last.setdefault(str(event.id), -1)
 
     def onQueryProgress(self, event: QueryProgressEvent) -> None:
         progress = event.progress
+        if not reads_ftlayer(progress):
+            return  # not a query over an FT source: no Redis traffic for it
         query_id, batch_id = str(progress.id), int(progress.batchId)
         with self._lock:
             self._last[query_id] = max(batch_id, self._last.get(query_id, -1))
+            self._ours.add(query_id)
         self.committed(query_id, batch_id, bool(progress.stateOperators))
 
     def onQueryIdle(self, event: Any) -> None:
@@ -102,16 +101,22 @@ class CommitListener(JsonEventListener):
         query_id = str(event.id)
         with self._lock:
             last = self._last.pop(query_id, None)
-        if last is None:
-            return  # not seen starting: its holds lapse on their own
+            ours = query_id in self._ours
+            self._ours.discard(query_id)
+        if last is None or not ours:
+            return  # not an ftlayer query seen at work: anything it left lapses on its own
+        flagged = query_id in self._flagged
         for cfg in self._watched():
             try:
                 client = client_for(cfg.redis_url, cfg.connect_timeout_s)
                 for name, tag in batch_tags(client, cfg.namespace, query_id, last + 1):
                     topology, _, source = name.partition("/")
                     FTLayer(cfg, topology, source).end_hold(tag)
+                if flagged:
+                    forget_stateful(cfg, query_id)
             except Exception as exc:
                 log.warning("could not end the holds of query %s: %s (they lapse on their own)", query_id, exc)
+        self._flagged.discard(query_id)
 
 
 def attach(spark: Any, config: FTConfig) -> CommitListener:
@@ -120,7 +125,6 @@ def attach(spark: Any, config: FTConfig) -> CommitListener:
         listener: CommitListener | None = getattr(spark, _ATTR, None)
         if listener is None:
             listener = CommitListener()
-            listener.spark = spark
             spark.streams.addListener(listener)
             setattr(spark, _ATTR, listener)
     listener.watch(config)

@@ -26,8 +26,8 @@ from ftlayer.config import FTConfig
 from ftlayer.connection import client_for
 
 __all__ = [
-    "STATEFUL_NODES", "find_query", "is_stateful", "logical_guess", "plan_is_stateful", "recall_stateful",
-    "remember_stateful",
+    "STATEFUL_NODES", "WRITER_MARK", "find_query", "forget_stateful", "is_stateful", "mark_writer",
+    "plan_is_stateful", "recall_stateful", "remember_stateful",
 ]
 
 log = logging.getLogger(__name__)
@@ -39,23 +39,6 @@ STATEFUL_NODES = re.compile(
 )
 _cache: dict[str, bool] = {}
 _lock = threading.Lock()
-
-
-#: Logical operators that may keep state in a streaming plan (a stream-static join is counted too:
-#: a guess made before the first batch must err on the safe side).
-STATEFUL_LOGICAL = re.compile(r"Aggregate|Deduplicate|GroupsWithState|TransformWithState|Join|Limit|SessionWindow")
-
-
-def logical_guess(query: Any) -> bool | None:
-    """Before the first batch: True if the query's analyzed logical plan has an operator that may
-    keep state, False if it has none, None if the plan cannot be read (classic PySpark only)."""
-    jsq = getattr(query, "_jsq", None)
-    if jsq is None:
-        return None
-    try:
-        return STATEFUL_LOGICAL.search(str(jsq.streamingQuery().logicalPlan().toString())) is not None
-    except Exception:
-        return None
 
 
 def plan_is_stateful(plan_text: str) -> bool:
@@ -132,6 +115,27 @@ def remember_stateful(config: FTConfig, query_id: str, stateful: bool) -> None:
     """Tell the acking writer's ``commit`` (another process) whether the query keeps state."""
     client = client_for(config.redis_url, config.connect_timeout_s)
     client.set(_flag_key(config.namespace, query_id), "1" if stateful else "0", ex=FLAG_TTL_S)
+
+
+WRITER_MARK = "@writer"  # in a batch's index (dfq:<q>:<b>): the query writes with the acking writer
+
+
+def mark_writer(config: FTConfig, query_id: str, batch_id: int) -> None:
+    """The acking writer's ``commit`` notes that ``query_id`` writes with it, so the commit listener
+    tells it whether the query keeps state (queries that do not use it get no such key)."""
+    from ftlayer.keys import query_batch_key
+
+    client = client_for(config.redis_url, config.connect_timeout_s)
+    key = query_batch_key(config.namespace, query_id, batch_id)
+    pipe = client.pipeline(transaction=False)
+    pipe.sadd(key, WRITER_MARK)
+    pipe.expire(key, FLAG_TTL_S)
+    pipe.execute()
+
+
+def forget_stateful(config: FTConfig, query_id: str) -> None:
+    """The query ended: drop what :func:`remember_stateful` stored (no key left behind)."""
+    client_for(config.redis_url, config.connect_timeout_s).delete(_flag_key(config.namespace, query_id))
 
 
 def recall_stateful(config: FTConfig, query_id: str) -> bool | None:

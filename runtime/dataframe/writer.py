@@ -57,7 +57,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCom
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError, FTLayerError, SinkWriteError
 from runtime.dataframe.acking import batch_sources, settle_batch
-from runtime.dataframe.plan import recall_stateful
+from runtime.dataframe.plan import mark_writer, recall_stateful
 from runtime.dataframe.rowfn import MAX_REASON_CHARS
 from runtime.dataframe.sink_retry import SinkRetry, close_breakers
 from runtime.dataframe.sources import config_or_last
@@ -158,6 +158,11 @@ class _Writer:
             log.error("ftlayer sink: batch %d carries no streaming query id; its records time out and replay",
                       batchId)
             return
+        if self.stateful is None:
+            try:  # so the commit listener says whether the query keeps state
+                mark_writer(self.config, query_id, batchId)
+            except Exception as exc:  # without it a failed write is handled as for a stateful plan
+                log.warning("ftlayer sink: could not note batch %d of query %s: %s", batchId, query_id, exc)
         failures = [r for r in results if r.error]
         if not failures:
             close_breakers(self.config, batch_sources(self.config, query_id, batchId))

@@ -38,7 +38,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -78,9 +78,11 @@ class FTProgressListener(JsonEventListener):
         *,
         query_name: str | None = None,
         logger: logging.Logger | None = None,
+        accept: Callable[[Any], bool] | None = None,
     ) -> None:
         self.stores = [s.store if isinstance(s, FTLayer) else s for s in stores]
         self.query_name = query_name
+        self.accept = accept  # progress events it reports on (None: all of its query name's)
         self.log = logger or logging.getLogger(LOGGER_NAME)
         self.batches_logged = 0
         self._query_ids: set[str] = set()  # ids of the queries this listener reports on
@@ -188,6 +190,8 @@ class FTProgressListener(JsonEventListener):
         progress = event.progress
         if self.closed or not self._mine(progress.name, progress.id):
             return
+        if self.accept is not None and not self.accept(progress):
+            return
         try:
             line, spark, ft, error = self.progress_line(progress)
         except Exception:  # never raise into Spark's listener bus
@@ -220,9 +224,10 @@ def attach(
     *,
     query_name: str | None = None,
     logger: logging.Logger | None = None,
+    accept: Callable[[Any], bool] | None = None,
 ) -> FTProgressListener:
     """Register an :class:`FTProgressListener` for ``stores`` on ``spark``'s streams and return it."""
-    listener = FTProgressListener(stores, query_name=query_name, logger=logger)
+    listener = FTProgressListener(stores, query_name=query_name, logger=logger, accept=accept)
     spark.streams.addListener(listener)
     return listener
 

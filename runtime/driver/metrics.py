@@ -22,14 +22,17 @@ Contract:
   label ``kind`` = ``explicit`` | ``timeout``), ``ftlayer_records_replayed_total``,
   ``ftlayer_records_dead_lettered_total``, ``ftlayer_records_requeued_total``,
   ``ftlayer_late_deltas_total``, ``ftlayer_duplicate_flushes_total``,
-  ``ftlayer_records_refiled_unread_total``. They come
+  ``ftlayer_records_refiled_unread_total``, ``ftlayer_records_refiled_held_total``. They come
   from the source's ``stats`` hash and restart from 0 only if its keys are
   deleted. Gauges: ``ftlayer_pending_records``,
   ``ftlayer_failed_waiting_records``, ``ftlayer_dead_letters``,
   ``ftlayer_bucket_generation``, ``ftlayer_oldest_pending_age_seconds``
   (0 when nothing is pending, NaN when pending records' bucket start is
   unknown; an upper bound accurate to one rotation interval),
-  ``ftlayer_service_alive`` (1 while an FT service holds the rotator lease)
+  ``ftlayer_service_alive`` (1 while an FT service holds the rotator lease),
+  ``ftlayer_sink_breaker_open`` (1 while an acking point retries a failed write and the
+  source's replays are paused), ``ftlayer_running_batches`` (micro-batches holding the
+  source's records now)
   and ``ftlayer_redis_up`` (0 when the source could not be read at this
   scrape; its other series are then absent). Histogram:
   ``ftlayer_complete_latency_seconds`` (see :class:`CompleteLatencyTracker`).
@@ -45,6 +48,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 
@@ -73,6 +77,8 @@ COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("ftlayer_duplicate_flushes", "duplicate_flushes", "Flushes skipped because their token was already applied."),
     ("ftlayer_records_refiled_unread", "refiled_unread",
      "Timeouts of records no task had read yet (a stall): re-filed, not failed, no replay spent."),
+    ("ftlayer_records_refiled_held", "refiled_held",
+     "Timeouts of records a running micro-batch had read (its hold): postponed, not failed."),
 )
 FAILED_COUNTER = "ftlayer_records_failed"
 LATENCY_METRIC = "ftlayer_complete_latency_seconds"
@@ -208,6 +214,9 @@ class FTCollector:
             "0 when nothing is pending, NaN when unknown.",
         )
         alive = gauge("ftlayer_service_alive", "1 while an FT service holds the source's rotator lease, else 0.")
+        breaker = gauge("ftlayer_sink_breaker_open",
+                        "1 while the source's sink breaker is open (a write is failing; replays paused), else 0.")
+        running = gauge("ftlayer_running_batches", "Micro-batches running now that read the source (live holds).")
         up = gauge("ftlayer_redis_up", "1 if the source's figures were read from Redis at this scrape, else 0.")
         for store, s in self._samples():
             labels = list(_labels(store))
@@ -225,8 +234,11 @@ class FTCollector:
             oldest = s.oldest_pending_age_s
             age.add_metric(labels, oldest if oldest is not None else (0.0 if s.pending == 0 else math.nan))
             alive.add_metric(labels, 1.0 if s.service_alive else 0.0)
+            now_ms = int(time.time() * 1000)
+            breaker.add_metric(labels, 1.0 if s.breaker_open(now_ms) else 0.0)
+            running.add_metric(labels, float(len(s.running_batches(now_ms))))
         yield from counters.values()
-        yield from (failed, pending, waiting, dead, gen, age, alive, up)
+        yield from (failed, pending, waiting, dead, gen, age, alive, breaker, running, up)
 
 
 class _Endpoint:
@@ -332,6 +344,6 @@ def metric_names() -> list[str]:
     names += [
         "ftlayer_pending_records", "ftlayer_failed_waiting_records", "ftlayer_dead_letters",
         "ftlayer_bucket_generation", "ftlayer_oldest_pending_age_seconds", "ftlayer_service_alive",
-        "ftlayer_redis_up", LATENCY_METRIC,
+        "ftlayer_sink_breaker_open", "ftlayer_running_batches", "ftlayer_redis_up", LATENCY_METRIC,
     ]
     return names

@@ -9,8 +9,9 @@ of :data:`runtime.spark.arrow_codec.SOURCE_SCHEMA_DDL`::
 Offsets, partitions, commit
 ===========================
 
-- An offset is ``{"ch0": "<stream id>", "ch1": ..., }``: one Redis stream id
-  per channel (``"0-0"`` = nothing read yet). ``initialOffset`` puts every
+- An offset is ``{"ch0": "<position>", "ch1": ..., }``: one position per
+  channel stream, a Redis stream id (``"0-0"`` = nothing read yet) or a
+  position inside an entry, down to one record (``runtime.spark.ft_offsets``). ``initialOffset`` puts every
   channel at ``"0-0"``. ``latestOffset`` reads every channel's last generated
   id in one pipelined round trip; it never moves a channel backwards.
 - ``partitions(start, end)`` returns exactly ``num_channels`` partitions, always,
@@ -40,10 +41,12 @@ Offsets, partitions, commit
 Admission control (where pyspark has it, see :mod:`runtime.spark.admission`; pyspark 4.0
 calls ``latestOffset()`` with no arguments and gets the tails, uncapped): with option ``max_records_per_batch`` the
 default read limit is ``ReadMaxRows(n)``. ``latestOffset`` then takes whole
-stream entries from each channel until that channel's share (``ceil(n /
-num_channels)`` records, counting every record id filed in an entry, completed
-ones included) is reached, at least one entry per channel with data, so the cap
-is approximate. Spark's ``ReadAllAvailable`` (e.g. ``Trigger.Once``) always wins
+stream entries from each channel stream while they fit in its share (``ceil(n /
+streams)`` records, counting every record filed in an entry, completed ones
+included), and ends the batch inside the entry where the share is reached (a
+position after that entry's first records), so a batch holds at most ``n``
+records however large one persist call was; a channel stream's trim then keeps
+that entry until it has been read whole. Spark's ``ReadAllAvailable`` (e.g. ``Trigger.Once``) always wins
 over the option. ``Trigger.AvailableNow`` is supported natively: the tails at
 start become the target and batches honour the read limit until they reach it.
 
@@ -86,6 +89,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
 
 from ftlayer.batch_acks import batch_tag
+from ftlayer.chunks import CHUNK_KEY_BYTES, STATE_HEADER
 from ftlayer.config import FTConfig, parse_bool
 from ftlayer.connection import resolved
 from ftlayer.errors import ConfigError, FrameError
@@ -101,6 +105,9 @@ from runtime.spark.arrow_codec import (
     split_bad_frames,
 )
 from runtime.spark.batch_holds import HOLD_SET_MARGIN_S, BatchHolds
+from runtime.spark.ft_offsets import START_ID, Position, compare_ids, parse_id
+from runtime.spark.ft_offsets import max_id as _max_id
+from runtime.spark.ft_offsets import min_id as _min_id
 from runtime.spark.worker_heap import freeze_worker_heap
 
 if TYPE_CHECKING:
@@ -123,7 +130,6 @@ __all__ = [
 ]
 
 FORMAT = "ftlayer"
-START_ID = "0-0"  # "nothing read yet": no real stream entry has id 0-0
 DEFAULT_READ_PAGE_ENTRIES = 8  # first page of a read; later pages adapt (see read())
 MAX_READ_PAGE_ENTRIES = 4096
 READ_TARGET_RECORDS = 10_000  # records per server-side read call that paging aims at
@@ -144,30 +150,6 @@ def channel_key(channel: int, shard: int = 0, num_shards: int = 1) -> str:
     """The offset key of a channel stream: ``"ch<c>"``, or ``"ch<c>s<shard>"`` for a source with
     several shards (each shard has its own stream per channel)."""
     return f"ch{channel}" if num_shards == 1 else f"ch{channel}s{shard}"
-
-
-def parse_id(stream_id: str) -> tuple[int, int]:
-    """A Redis stream id ``"<ms>-<seq>"`` as a comparable pair; ConfigError if malformed."""
-    ms, sep, seq = stream_id.partition("-")
-    try:
-        return int(ms), int(seq) if sep else 0
-    except ValueError as exc:
-        msg = f"invalid stream id {stream_id!r} in an FT source offset: expected '<ms>-<seq>'"
-        raise ConfigError(msg) from exc
-
-
-def compare_ids(a: str, b: str) -> int:
-    """-1, 0 or 1 as stream id ``a`` sorts before, equal to or after ``b``."""
-    pa, pb = parse_id(a), parse_id(b)
-    return (pa > pb) - (pa < pb)
-
-
-def _max_id(a: str, b: str) -> str:
-    return a if compare_ids(a, b) >= 0 else b
-
-
-def _min_id(a: str, b: str) -> str:
-    return a if compare_ids(a, b) <= 0 else b
 
 
 def _text(raw: Any) -> str:
@@ -348,12 +330,14 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         return out
 
     def _queue_trims(self, pipe: Any, upto: Mapping[str, str]) -> None:
-        """Queue on ``pipe`` an exact ``XTRIM MINID`` of every channel stream to just after ``upto``."""
+        """Queue on ``pipe`` an exact ``XTRIM MINID`` of every channel stream to just after ``upto``
+        (to just before its entry when ``upto`` ends inside an entry: the rest is still to read)."""
         for c, k, key in self.streams:
             last = upto[key]
             if last != START_ID:
                 ms, seq = parse_id(last)
-                pipe.xtrim(self._stream_name(c, k), minid=f"{ms}-{seq + 1}", approximate=False)
+                minid = f"{ms}-{seq + 1}" if "@" not in last else f"{ms}-{seq}"
+                pipe.xtrim(self._stream_name(c, k), minid=minid, approximate=False)
 
     def _check_offset(self, offset: Mapping[str, Any], what: str) -> None:
         expected = {key for _, _, key in self.streams}
@@ -418,7 +402,9 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         return dict(self._last_tails) if self._last_tails is not None else self.tails()
 
     def _capped(self, start: Offset, end: Offset, max_rows: int) -> Offset:
-        """Per channel stream, whole entries of ``(start, end]`` up to ``ceil(max_rows / streams)`` records."""
+        """Per channel stream, the records of ``(start, end]`` up to ``ceil(max_rows / streams)``: whole
+        entries while they fit, then a position inside the entry where the share is reached
+        (``runtime.spark.ft_offsets``), so one large persist call no longer makes one large batch."""
         streams = self.streams
         share = max(1, math.ceil(max_rows / len(streams)))
         page = min(share, 1024)  # every entry holds at least one record
@@ -427,6 +413,16 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         pos = {k: start[k] for k in capped}
         counted = dict.fromkeys(capped, 0)
         open_ = [(c, s, k) for c, s, k in streams if compare_ids(end[k], start[k]) > 0]
+        for c, s, k in list(open_):  # a start inside an entry: the rest of that entry first
+            first = Position.parse(start[k])
+            if first.chunk is None:
+                continue
+            cut, got = self._cut_entry(c, s, first.entry, share, first)
+            if cut is not None:
+                capped[k] = cut
+                open_.remove((c, s, k))
+            else:
+                counted[k], pos[k] = got, first.entry
         while open_:
             pipe = layer.client.pipeline(transaction=False)
             for c, s, k in open_:
@@ -436,11 +432,19 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
             for (c, s, k), entries in zip(open_, pipe.execute(), strict=True):
                 done = len(entries) < page
                 for entry_id, fields in entries:
+                    n = int(fields.get(b"n", b"0"))
+                    if counted[k] + n > share:  # the share ends inside this entry
+                        cut, _ = self._cut_entry(c, s, _text(entry_id), share - counted[k])
+                        if cut is not None:
+                            capped[k], done = cut, True
+                            break
                     pos[k] = _text(entry_id)
-                    counted[k] += int(fields.get(b"n", b"0"))
+                    counted[k] += n
                     if counted[k] >= share:
                         done = True
                         break
+                if capped[k] != end[k]:
+                    continue
                 if done or compare_ids(pos[k], end[k]) >= 0:
                     # trimmed ranges may yield fewer ids; an untouched stream keeps its start
                     capped[k] = pos[k] if counted[k] >= share else end[k]
@@ -448,6 +452,32 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
                     still_open.append((c, s, k))
             open_ = still_open
         return capped
+
+    def _cut_entry(self, c: int, shard: int, entry: str, need: int,
+                   after: Position | None = None) -> tuple[str | None, int]:
+        """The position inside stream entry ``entry`` after its first ``need`` records (those after
+        ``after``, if it points into this entry), or ``(None, records there)`` if it has no more."""
+        stream = self._stream_name(c, shard)
+        found: Any = self.layer.client.xrange(stream, entry, entry, count=1)
+        blob: bytes = found[0][1].get(b"c", b"") if found else b""
+        keys = [blob[i : i + CHUNK_KEY_BYTES] for i in range(0, len(blob) - CHUNK_KEY_BYTES + 1, CHUNK_KEY_BYTES)]
+        store = self.layer.shards[shard].store
+        states: list[Any] = store.client.hmget(store.keys.chunks, keys) if keys else []
+        begun = after is None
+        total = 0
+        for key, state in zip(keys, states, strict=True):
+            first = 0
+            if not begun:
+                if after is None or key != after.chunk:
+                    continue
+                begun, first = True, after.index + 1
+            n = STATE_HEADER.unpack_from(state)[3] if state else 0  # a chunk gone has nothing to read
+            take = max(0, n - first)
+            if total + take >= need and take > 0:
+                index = first + (need - total) - 1
+                return str(Position(entry, key, index)) if index < n - 1 or key != keys[-1] else entry, need
+            total += take
+        return None, total
 
     def partitions(self, start: Offset, end: Offset) -> Sequence[ChannelPartition]:
         """One partition per channel, partition ``i`` = channel ``i`` (empty ranges included), reading
@@ -516,10 +546,23 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         layer = self.layer
         page = self.opts.read_page_entries
         hold_ttl_ms = int((self.opts.max_batch_s + HOLD_SET_MARGIN_S) * 1000)
+        # positions inside an entry (runtime.spark.ft_offsets): the server begins and ends at their
+        # chunks, and the reader keeps only the records of those chunks inside the range
+        first, last = Position.parse(after), Position.parse(until)
+        cuts: dict[bytes, tuple[int, int]] = {}
+        if first.chunk is not None:
+            cuts[first.chunk] = (first.index, 1 << 16)
+        if last.chunk is not None:
+            lo = cuts.get(last.chunk, (-1, 0))[0]
+            cuts[last.chunk] = (lo, last.index)
+        start_chunk = first.chunk or b""
+        after = first.entry
         skip = 0  # chunks of entry `after` already read: a read call is bounded and may stop inside an entry
         while True:
-            batch = layer.read_channel(c, shard=shard, after="-" if after == START_ID else after, until=until,
-                                       max_entries=page, skip=skip, hold=tag, hold_ttl_ms=hold_ttl_ms)
+            batch = layer.read_channel(c, shard=shard, after="-" if after == START_ID else after, until=last.entry,
+                                       max_entries=page, skip=skip, hold=tag, hold_ttl_ms=hold_ttl_ms,
+                                       start_chunk=start_chunk, end_chunk=last.chunk or b"", cuts=cuts)
+            start_chunk = b""  # the start bound is the first call's only
             blob, starts, lengths, sids = batch.spans()
             if sids:
                 yield from self._arrow(blob, starts, lengths, sids)

@@ -146,8 +146,6 @@ def test_bad_ids_are_refused_whole_with_shards(sharded: FTLayer) -> None:
     assert len(sharded.ack(good).acked) == 100  # the refused acks were not applied: these complete
 
 
-@pytest.mark.xfail(strict=True, reason="FTLayer.xor splits by shard before checking the ids: the shards before "
-                   "the one holding an out-of-range int id apply their acks, then that shard refuses")
 def test_an_out_of_range_id_in_a_later_shard_is_refused_whole(sharded: FTLayer) -> None:
     good = dict(_ingest(sharded, 100))
     bad = 2**63 + ((N - 1) << 56)  # not a signed 64-bit id; its top byte routes it to the last shard

@@ -70,3 +70,47 @@ def test_bad_session_conf_is_refused_naming_the_key(
     session_key("spark.ftlayer.timout_s", "61")
     with pytest.raises(ConfigError, match=r"spark\.ftlayer\.timout_s"):
         _started(spark, FTConfig(redis_url=redis_server_url, namespace=namespace), tmp_path)
+
+
+def test_the_dataframe_path_takes_spark_conf_when_given_no_config(
+    spark: Any, session_key: Any, redis_server_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The DataFrame tour with no config argument on a session built with spark.ftlayer.namespace:
+    every key lands under that namespace (it used to land under the default ``ftlayer``)."""
+    import time
+    import uuid
+
+    import redis
+
+    import ftlayer
+    from runtime.dataframe import sources
+
+    ns, topo = "dfconf" + uuid.uuid4().hex[:8], "dfconf" + uuid.uuid4().hex[:6]
+    monkeypatch.chdir(tmp_path)  # no ftlayer.toml here
+    monkeypatch.setenv("FTLAYER_REDIS_URL", redis_server_url)  # the environment names the server only
+    monkeypatch.setenv("FTLAYER_TIMEOUT_S", "7")  # env < Spark conf
+    session_key("spark.ftlayer.namespace", ns)
+    session_key("spark.ftlayer.timeout_s", "41")
+    rows: list[int] = []
+    ftlayer.ingest(topo, "events", ({"i": i} for i in range(40)))
+    df = ftlayer.read_stream(spark, topo, "events", schema="i long")
+    query = (df.writeStream.foreachBatch(ftlayer.acking(lambda d, _b: rows.extend(r["i"] for r in d.collect())))
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="300 milliseconds").start())
+    handle = sources.source(topo, "events")
+    client = redis.Redis.from_url(redis_server_url)
+    try:
+        deadline = time.monotonic() + 120
+        while handle.stats()["acked"] < 40:
+            assert time.monotonic() < deadline, handle.stats()
+            assert query.exception() is None, query.exception()
+            time.sleep(0.2)
+        assert handle.config.namespace == ns and handle.config.timeout_s == 41.0
+        assert sorted(rows) == list(range(40))
+        keys = [k.decode() for k in client.scan_iter(match=f"*{topo}*", count=1000)]
+        assert keys and all(k.startswith(f"{ns}:") for k in keys), keys
+    finally:
+        query.stop()
+        handle.stop()
+        for key in client.scan_iter(match=f"{ns}:*", count=1000):
+            client.delete(key)
+

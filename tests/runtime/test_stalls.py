@@ -3,8 +3,10 @@
 The sink blocks in the first micro-batch for many timeouts (far longer than
 ``max_replays x timeout_s``) while ingest keeps persisting. Records that no
 task has read are re-filed at each timeout, not failed; records of the blocked
-batch time out once and are replayed once. When the sink resumes, every record
-is delivered and none is dead-lettered.
+batch are held by it (timeouts follow progress) while it is within
+``max_batch_s``, and time out once and are replayed once when the stall
+outlasts that bound. When the sink resumes, every record is delivered and none
+is dead-lettered.
 """
 
 from __future__ import annotations
@@ -37,11 +39,13 @@ class BlockingSink(CallableSink):
         self.out.write(values, ctx)
 
 
+@pytest.mark.parametrize("max_batch_s", [600.0, 2.0], ids=["held", "hold-lapsed"])
 def test_a_stall_longer_than_the_replay_budget_dead_letters_nothing(
-    spark: Any, ft_config: FTConfig, tmp_path: Path
+    spark: Any, ft_config: FTConfig, tmp_path: Path, max_batch_s: float,
 ) -> None:
     n = 400
-    cfg = ft_config.replace(timeout_s=3.0, num_buckets=3, max_replays=2, flush_batch_size=50)
+    cfg = ft_config.replace(timeout_s=3.0, num_buckets=3, max_replays=2, flush_batch_size=50,
+                            max_batch_s=max_batch_s)
     gate = tmp_path / "stalled"
     gate.touch()
     out = JsonLinesSink(tmp_path / "out")
@@ -82,7 +86,12 @@ def test_a_stall_longer_than_the_replay_budget_dead_letters_nothing(
     assert final["dead_lettered"] == 0 and final["dead_letters"] == 0
     assert final["pending"] == 0 and final["failed_waiting"] == 0
     assert final["refiled_unread"] > 0  # records nobody had read outlasted the timeouts unharmed
-    # only the records the blocked batch held (about max_records_per_batch) timed out, each once:
-    # their replays were not read during the stall; the blocked batch's own acks came late
-    assert 0 < final["failed_timeout"] == final["replayed"] < n // 2
+    if max_batch_s > 60:
+        # the blocked batch held its records (about max_records_per_batch): none timed out
+        assert final["failed_timeout"] == final["replayed"] == 0, final
+        assert final["refiled_held"] > 0, final
+    else:
+        # past max_batch_s only the records the blocked batch read (about max_records_per_batch)
+        # timed out, each once: their replays were not read during the stall
+        assert 0 < final["failed_timeout"] == final["replayed"] < n // 2
     assert layer.leftovers() == []

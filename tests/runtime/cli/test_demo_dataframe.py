@@ -1,4 +1,6 @@
-"""``scripts/demo dataframe``: the demo as a DataFrame pipeline, run as a user runs it."""
+"""``scripts/demo dataframe``: the demo as a DataFrame pipeline, run as a user runs it: a stateful
+windowed count through a killed worker, a poison record, transient row failures, a slow batch and
+a batch that fails before Spark's commit; the report checks every (window, user) count."""
 
 from __future__ import annotations
 
@@ -10,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 def test_dataframe_demo_reports_nothing_lost_and_nothing_left(tmp_path: Path) -> None:
     env = {**os.environ, "FTLAYER_NAMESPACE": "demodftest", "FTLAYER_EMBEDDED_DATA_DIR": str(tmp_path)}
     env.pop("FTLAYER_REDIS_URL", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "runtime.cli.demo", "dataframe", "--records", "3000", "--fail-every", "25"],
+        [sys.executable, "-m", "runtime.cli.demo", "dataframe", "--records", "3000", "--fail-every", "25",
+         "--timeout-s", "8"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, env=env, check=False,
     )
     out = proc.stdout
@@ -30,6 +33,10 @@ def test_dataframe_demo_reports_nothing_lost_and_nothing_left(tmp_path: Path) ->
     replays = int(re.search(r"^replays\s+(\d+)", out, re.M).group(1))  # type: ignore[union-attr]
     assert 3 < replays <= 3000 // 25 + 3
     assert re.search(r"^leftover state\s+none", out, re.M)
+    assert re.search(r"^counts checked\s+(\d+) of \1 right\s+\(every count equals", out, re.M), out[-3000:]
+    assert re.search(r"^failed before commit\s+batch 2, re-run by Spark after a restart", out, re.M)
+    held = re.search(r"^held by a slow batch\s+(\d+) timeouts postponed", out, re.M)
+    assert held is not None and int(held.group(1)) > 0
     lines = out.splitlines()
     start = lines.index("== ftlayer demo report (DataFrame pipeline) ==")
     noisy = [line for line in lines[:start] if re.search(r"Traceback|^\s+at ", line)]

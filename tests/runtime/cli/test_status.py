@@ -214,3 +214,27 @@ def test_password_never_printed(capsys: Any) -> None:
         assert secret not in out + err
     finally:
         server.stop()
+
+
+def test_status_shows_the_sink_breaker_and_the_running_batches(
+    ft_config: FTConfig, redis_client: redis.Redis, capsys: Any,
+) -> None:
+    from ftlayer.breaker import SinkBreaker
+
+    layer = FTLayer(ft_config, "topo", "sinky", num_channels=2).open()
+    now_ms = int(time.time() * 1000)
+    layer.start_hold("batch7", now_ms + 60_000, now_ms - 5_000)
+    code, out, _ = _status(capsys, ft_config.redis_url, ft_config.namespace)
+    assert code == 0 and "SINK" in out and "1 batch running (5." in out
+    SinkBreaker(layer.client, layer.keys).open("q-1", "ConnectionError: sink unreachable", now_ms, 30.0)
+    code, out, _ = _status(capsys, ft_config.redis_url, ft_config.namespace)
+    assert code == 0 and "OPEN for" in out and "replays paused" in out and "sink unreachable" in out
+    code, out, _ = _status(capsys, ft_config.redis_url, ft_config.namespace, "--json")
+    (src,) = json.loads(out)["sources"]
+    assert src["sink_breaker"]["query"] == "q-1" and src["sink_breaker"]["failures"] == 1
+    assert [b["tag"] for b in src["running_batches"]] == ["batch7"] and src["running_batches"][0]["running_s"] >= 5
+    SinkBreaker(layer.client, layer.keys).close()
+    layer.end_hold("batch7")
+    code, out, _ = _status(capsys, ft_config.redis_url, ft_config.namespace, "--json")
+    (src,) = json.loads(out)["sources"]
+    assert src["sink_breaker"] is None and src["running_batches"] == []

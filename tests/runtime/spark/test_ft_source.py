@@ -243,7 +243,7 @@ def test_latest_offset_caps_and_respects_read_all_available(layer: FTLayer, ft_c
         if end == offset:
             break
         rows = [r for p in reader.partitions(offset, end) for r in read_partition(reader, p)]
-        assert 0 < len(rows) <= 100 + 2 * 20
+        assert 0 < len(rows) <= 100  # records, not entries: a batch may end inside an entry
         seen.extend(r["sid"] for r in rows)
         offset, batches = end, batches + 1
     assert offset == everything
@@ -254,6 +254,44 @@ def test_latest_offset_caps_and_respects_read_all_available(layer: FTLayer, ft_c
     reader.prepareForTriggerAvailableNow()
     persist(layer, 10, start=1000)
     assert reader.latestOffset(offset, ReadAllAvailable()) == offset
+
+
+@pytest.mark.parametrize("one_chunk_per_record", [False, True])
+def test_max_records_per_batch_cuts_inside_one_large_persist_call(
+    layer: FTLayer, ft_config: FTConfig, one_chunk_per_record: bool,
+) -> None:
+    """Asked for 50 records a batch, with 200 records persisted in one call (one stream entry per
+    channel, of one chunk of ~100 records as ingest files them, or of ~100 one-record chunks):
+    every batch reads at most 50, each record once, and a re-run of a batch reads the same ones."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from serialization.payload import pack_payload
+
+    if one_chunk_per_record:
+        persist(layer, 200, chunk=200)
+    else:
+        channels = [pmod(key_hash(f"k{i}"), CHANNELS) for i in range(200)]
+        layer.persist_chunks(layer.new_chunks([pack_payload({"i": i}) for i in range(200)],
+                                              [key_hash(f"k{i}") for i in range(200)], channels))
+    assert channel_lengths(layer) == [1, 1]  # one entry per channel: the old cap read all 200 at once
+    reader = reader_for(ft_config, max_records_per_batch="50")
+    everything = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    offset, seen, batches = reader.initialOffset(), [], 0
+    while True:
+        end = reader.latestOffset(offset, reader.getDefaultReadLimit())
+        if end == offset:
+            break
+        parts = reader.partitions(offset, end)
+        rows = [r for p in parts for r in read_partition(reader, p)]
+        assert 0 < len(rows) <= 50, (offset, end, len(rows))
+        assert [r for p in parts for r in read_partition(reader, p)] == rows  # a re-run reads the same
+        seen.extend(r["sid"] for r in rows)
+        reader.commit(end)
+        offset, batches = end, batches + 1
+    assert offset == everything
+    assert len(seen) == len(set(seen)) == 200 and batches >= 4
+    assert channel_lengths(layer) == [0, 0]  # each entry trimmed once read whole
+    assert layer.pending_count() == 200
 
 
 def test_empty_channels_still_get_their_partition(layer: FTLayer, ft_config: FTConfig) -> None:
