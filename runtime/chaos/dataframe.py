@@ -247,7 +247,8 @@ def _variants() -> dict[str, Callable[..., Report]]:
         "kill-driver": functools.partial(procs.kill_driver, pipeline="dataframe"),
         "kill-redis": functools.partial(procs.kill_redis, pipeline="dataframe"),
         "long-outage": functools.partial(procs.long_outage, pipeline="dataframe"),
-        "webhook-driver-kill": functools.partial(webhook.webhook_driver_kill, pipeline="dataframe"),
+        # acks come at Spark's commit: a slower client, so the kill lands while records are in flight
+        "webhook-driver-kill": functools.partial(webhook.webhook_driver_kill, pipeline="dataframe", pace_s=0.1),
         "slow-sink": df_sinks.slow_sink,
         "sink-outage": df_sinks.sink_outage,
         "aggregate": df_sinks.aggregate,

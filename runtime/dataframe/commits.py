@@ -36,7 +36,7 @@ from runtime.dataframe.observe import reads_ftlayer
 from runtime.dataframe.plan import WRITER_MARK, forget_stateful, remember_stateful
 from runtime.driver.json_listener import JsonEventListener
 
-__all__ = ["CommitListener", "attach"]
+__all__ = ["CommitListener", "attach", "listener_of"]
 
 log = logging.getLogger(__name__)
 _ATTR = "_ftlayer_commit_listener"
@@ -48,6 +48,7 @@ class CommitListener(JsonEventListener):
 
     def __init__(self) -> None:
         self.configs: dict[tuple[str, str], FTConfig] = {}
+        self._users: dict[tuple[str, str], int] = {}
         self._last: dict[str, int] = {}  # query id -> last batch reported committed (-1: started)
         self._flagged: set[str] = set()
         self._ours: set[str] = set()  # queries seen reading an FT source
@@ -55,9 +56,22 @@ class CommitListener(JsonEventListener):
         self._lock = threading.Lock()
 
     def watch(self, config: FTConfig) -> None:
-        """Also settle batches of sources in ``config``'s server and namespace."""
+        """Also settle batches of sources in ``config``'s server and namespace (one more user of it)."""
+        key = (config.redis_url, config.namespace)
         with self._lock:
-            self.configs[(config.redis_url, config.namespace)] = config
+            self.configs[key] = config
+            self._users[key] = self._users.get(key, 0) + 1
+
+    def unwatch(self, config: FTConfig) -> None:
+        """One user of ``config`` (a source handle) stopped; the last one stops the watching."""
+        key = (config.redis_url, config.namespace)
+        with self._lock:
+            left = self._users.get(key, 0) - 1
+            if left > 0:
+                self._users[key] = left
+            else:
+                self._users.pop(key, None)
+                self.configs.pop(key, None)
 
     def _watched(self) -> list[FTConfig]:
         with self._lock:
@@ -129,3 +143,9 @@ def attach(spark: Any, config: FTConfig) -> CommitListener:
             setattr(spark, _ATTR, listener)
     listener.watch(config)
     return listener
+
+
+def listener_of(spark: Any) -> CommitListener | None:
+    """The session's commit listener, if one was attached."""
+    found: CommitListener | None = getattr(spark, _ATTR, None)
+    return found

@@ -108,6 +108,7 @@ class SourceHandle:
         self.service: FTService | None = None
         self.ingestors: list[Ingestor] = []
         self.exporter: MetricsExporter | None = None
+        self._observed: Any = None  # the session whose listeners watch this source
 
     def ingest(self, records: Any, *, key: KeySelector | None = None, partitioning: str | None = None) -> Ingestor:
         """Start persisting ``records`` (any ingest source) in a driver thread; returns the Ingestor."""
@@ -135,8 +136,10 @@ class SourceHandle:
         from runtime.dataframe import commits
         from runtime.dataframe.observe import progress_listener
 
-        commits.attach(spark, self.config)
-        progress_listener(spark).add(self.layer)
+        if self._observed is None:
+            commits.attach(spark, self.config)
+            progress_listener(spark).add(self.layer)
+            self._observed = spark
         if self.exporter is None:
             self.exporter = MetricsExporter([self.layer], self.config).start()
 
@@ -152,6 +155,15 @@ class SourceHandle:
         if self.exporter is not None:
             self.exporter.stop()
             self.exporter = None
+        if self._observed is not None:  # the session's listeners stop asking this server
+            from runtime.dataframe import commits
+            from runtime.dataframe.observe import progress_listener
+
+            listener = commits.listener_of(self._observed)
+            if listener is not None:
+                listener.unwatch(self.config)
+            progress_listener(self._observed).remove(self.layer)
+            self._observed = None
 
 
 def open_waiting(layer: FTLayer, config: FTConfig) -> FTLayer:
@@ -175,12 +187,14 @@ def open_waiting(layer: FTLayer, config: FTConfig) -> FTLayer:
 
 
 def active_session() -> Any:
-    """The active SparkSession of this thread, or None (or None without pyspark)."""
+    """The active SparkSession of this thread, else the process's default one (the one
+    ``SparkSession.builder.getOrCreate()`` returns; Spark keeps "active" per thread); None if
+    there is none, or no pyspark."""
     try:
         from pyspark.sql import SparkSession
     except ImportError:
         return None
-    return SparkSession.getActiveSession()
+    return SparkSession.getActiveSession() or getattr(SparkSession, "_instantiatedSession", None)
 
 
 def session_config(config: FTConfig | None, spark: Any = None) -> FTConfig:

@@ -95,6 +95,12 @@ class FTProgressListener(JsonEventListener):
         """Ignore every event from now on (Spark delivers events asynchronously, even after removal)."""
         self.closed = True
 
+    def remove(self, source: FTLayer | SourceStore) -> None:
+        """Stop reporting the figures of ``source`` (its handle stopped)."""
+        store = source.store if isinstance(source, FTLayer) else source
+        self.stores = [s for s in self.stores
+                       if s.keys.prefix != store.keys.prefix or s.config.redis_url != store.config.redis_url]
+
     def add(self, source: FTLayer | SourceStore) -> None:
         """Also report the figures of ``source`` (a DataFrame query may read sources opened later)."""
         store = source.store if isinstance(source, FTLayer) else source
@@ -211,7 +217,9 @@ class FTProgressListener(JsonEventListener):
             if self.closed or (self.query_name is not None and str(event.id) not in self._query_ids):
                 return
             if event.exception:
-                self.log.warning("query %s terminated with an exception: %s", event.id, event.exception)
+                first = str(event.exception).strip().splitlines()[0][:300] if str(event.exception).strip() else "?"
+                self.log.warning("query %s terminated with an exception: %s", event.id, first)
+                self.log.debug("query %s: the whole exception: %s", event.id, event.exception)
             else:
                 self.log.debug("query %s terminated", event.id)
         finally:

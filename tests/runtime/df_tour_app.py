@@ -5,7 +5,7 @@ No redis_url, no state_dir, no config argument: the embedded server's AOF lives 
 ``./.ftlayer/clicks/redis/`` and the query checkpoints to ``./ck`` (the tour names its checkpoint).
 The source stands for a socket: it cannot rewind, and a re-run continues after the last record it
 handed out (``./produced`` holds that count), so a re-run can only deliver what ftlayer persisted
-before a kill. It emits 20 records at once, then 10 records/s up to ``--records``; the sink appends
+before a kill. It emits 20 records at once, then 2.5 records/s up to ``--records``; the sink appends
 one JSON-lines file per batch to ``./out``. It prints the counters as JSON on its last line.
 """
 
@@ -34,7 +34,7 @@ def clicks(n: int) -> Iterator[dict[str, Any]]:
         tmp.replace(PRODUCED)  # handed out: a socket would not send it again
         yield {"i": i, "user": f"user-{i % 7}", "page": f"/page/{i % 13}"}
         if i >= 20:
-            time.sleep(0.1)
+            time.sleep(0.4)
 
 
 def main() -> int:

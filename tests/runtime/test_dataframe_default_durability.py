@@ -26,7 +26,7 @@ from ftlayer.layer import FTLayer
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
-RECORDS = 60
+RECORDS = 80
 
 
 def _tour(cwd: Path, log: str) -> subprocess.Popen[str]:
@@ -58,7 +58,7 @@ def test_kill_9_the_dataframe_tour_mid_stream_and_rerun_with_defaults_loses_noth
                 except redis.ConnectionError:
                     at_kill = {}
                 produced = int((tmp_path / "produced").read_text())
-                if len(_delivered(tmp_path / "out")) >= 20 and at_kill.get("pending", 0) > 0 and produced < RECORDS:
+                if len(_delivered(tmp_path / "out")) >= 10 and at_kill.get("pending", 0) > 0 and produced < RECORDS:
                     break
             time.sleep(0.1)
         else:

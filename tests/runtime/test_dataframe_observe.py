@@ -45,7 +45,7 @@ def test_a_dataframe_query_logs_its_progress_and_serves_metrics(
     finally:
         query.stop()
         handle.stop()
-    labels = f'namespace="{cfg.namespace}",topology="{name}",source="events"'
+    labels = f'namespace="{cfg.namespace}",source="events",topology="{name}"'
     assert f"ftlayer_records_acked_total{{{labels}}} 300.0" in text, text
     assert f"ftlayer_sink_breaker_open{{{labels}}} 0.0" in text
     assert f"ftlayer_running_batches{{{labels}}}" in text
