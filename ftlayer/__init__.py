@@ -35,6 +35,7 @@ _LAZY: dict[str, str] = {
     "ForeachBatchSink": "runtime.sinks",
     "SinkContext": "runtime.sinks",
     "local_session": "runtime.spark.session",
+    "reset_timeout": "runtime.spark.current_record",
     # the DataFrame path (readStream ... writeStream with record-level fault tolerance)
     "read_stream": "runtime.dataframe",
     "ingest": "runtime.dataframe",
@@ -68,6 +69,7 @@ __all__ = [
     "local_session",
     "map_in_pandas",
     "read_stream",
+    "reset_timeout",
     "source",
     "stop_all",
     "udf",

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import redis
 
-from ftlayer.acker_table import FlushResult, check_pairs, checked_fails
+from ftlayer.acker_table import FlushResult, check_id, check_pairs, checked_fails
 from ftlayer.batch_acks import BatchAcks
 from ftlayer.chunk_encoding import encode_source_chunks
 from ftlayer.chunks import PackedChunk, shard_of, sid_at
@@ -44,7 +44,7 @@ from ftlayer.replayer import ReplayResult, ReplayRouter
 from ftlayer.rotating_map import ExpiredCallback, RotateResult
 from ftlayer.server_settings import check_server_settings
 from ftlayer.shard import Shard, by_shard, shard_ids, split_by_shard
-from ftlayer.store import Clock
+from ftlayer.store import Clock, pack_ids
 
 __all__ = ["FTLayer"]
 
@@ -293,6 +293,17 @@ class FTLayer:
     def settle_batch(self, tag: str, mode: Literal["ack", "fail"], reason: str = "") -> int:
         """DataFrame path: ack (or fail) every still-pending record the batch ``tag`` emitted."""
         return sum(BatchAcks(shard.store).settle(tag, mode, reason) for shard in self.shards)
+
+    def reset_timeout(self, source_record_ids: Sequence[int]) -> int:
+        """Restart the timeouts of records still being processed (Storm's ``resetTimeout``): each
+        still-pending one fails no earlier than ``timeout_s`` from now unless acked first
+        (``TOUCH``, per chunk). Idempotent; returns the chunks re-filed."""
+        ids = [check_id(sid, f"reset_timeout of {self.keys.topology}/{self.keys.source}") for sid in source_record_ids]
+        total = 0
+        for k, group in by_shard(ids, lambda s: s, self.num_shards).items():
+            store = self.shards[k].store
+            total += int(store.run("TOUCH", store.state_keys, [store.keys.prefix, pack_ids(group)]))
+        return total
 
     # --- holds (ftlayer.holds) -------------------------------------------------------
     def start_hold(self, tag: str, deadline_ms: int, started_ms: int) -> None:

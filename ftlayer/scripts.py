@@ -677,6 +677,42 @@ return out
 """
 )
 
+TOUCH = (
+    r"""
+-- touch: restart the timeouts of records a slow operator is still processing (Storm's resetTimeout).
+-- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt
+-- ARGV: prefix, source record ids (n x 8 bytes)
+-- Returns: the chunks re-filed. Timeouts are per chunk: each still-pending chunk the ids fall in
+-- moves to the current bucket with its flags cleared, so none of its records fails before
+-- timeout_s from now unless it is acked or failed first. An id no longer pending is skipped, and
+-- a chunk already in the current bucket stays: touching is idempotent.
+"""
+    + _STATE
+    + r"""
+local cur = tonumber(redis.call('GET', K_GEN) or '0')
+local seen, moved, blob = {}, {}, ARGV[2]
+for p = 1, #blob - 7, 8 do
+  local key = string.sub(blob, p, p + KEY_BYTES - 1)
+  if not seen[key] then
+    seen[key] = true
+    local c = chunk_load(key)
+    if c and c.gen ~= cur then
+      bucket_done(c.gen)
+      c.gen, c.flags, c.dirty = cur, 0, true
+      chunk_save(c)
+      moved[#moved + 1] = key
+    end
+  end
+end
+if #moved > 0 then
+  redis.call('RPUSH', K_BKT, struct.pack('>I4', cur) .. table.concat(moved))
+  redis.call('HINCRBY', K_BCNT, cur, #moved)
+end
+settle_counts()
+return #moved
+"""
+)
+
 HOLD = r"""
 -- hold: start, renew or end the hold of a running micro-batch (timeouts follow progress).
 -- KEYS: holds, hld:<tag>
@@ -826,7 +862,7 @@ return {settled, redis.call('LLEN', KEYS[12])}
 #: Every script the store may run; each gets the shebang and :data:`~ftlayer.lua_lib.LAYOUT` in front.
 SCRIPT_NAMES = (
     "PERSIST", "FLUSH", "ROTATE", "EXPIRE", "REPLAY", "READ_CHANNEL", "LEASE", "RELEASE", "TRIM_DONE", "REQUEUE",
-    "DEAD_LETTER", "RESCALE", "BATCH_SETTLE", "PENDING", "MIGRATE", "META_CAS", "HOLD",
+    "DEAD_LETTER", "RESCALE", "BATCH_SETTLE", "PENDING", "MIGRATE", "META_CAS", "HOLD", "TOUCH",
 )
 #: First line of every script: a ``#!lua`` shebang makes the server hold a script to the
 #: keys it declares (a cluster refuses any other key; Redis >= 7.0 or Valkey needed).

@@ -53,6 +53,7 @@ from ftlayer.errors import FailRecord
 from ftlayer.flush_tokens import FlushToken
 from ftlayer.id_arrays import child_ids, xor_by_group
 from ftlayer.layer import FTLayer
+from runtime.spark.current_record import CURRENT
 from runtime.spark.row_batch import CARRIER, Row, RowBatch
 from runtime.spark.xor_handler import DUPLICATE_FLUSH_ENV, DUPLICATE_FLUSH_PROPERTY, XorHandler, duplicate_flushes
 
@@ -143,6 +144,7 @@ class FTHandler:
         self.xors = XorHandler()
         self.failed = 0
         self.dropped: dict[int, int] = {}  # FT off only: records dropped by FailRecord, per source index
+        self.layers: Callable[[], dict[int, FTLayer]] | None = None  # set by the stage: reset_timeout
 
     def process_batch(self, batch: RowBatch, chain: Chain) -> RowBatch:
         """Run ``chain`` on each input of ``batch``; the outputs with child ids and the deltas they carry.
@@ -158,18 +160,24 @@ class FTHandler:
         outputs: list[Any] = []
         counts: list[int] = []
         count, extend = counts.append, outputs.extend
-        for i, value in enumerate(batch.values):
-            if value is CARRIER:
-                count(_CARRIED)
-                continue
-            try:
-                out = chain(value)
-            except Exception as exc:  # any user error fails the record, not the query
-                self.fail(int(batch.src[i]), int(batch.sid[i]), exc)
-                count(_FAILED)
-                continue
-            count(len(out))
-            extend(out)
+        current = CURRENT  # which record the user's function runs on (ftlayer.reset_timeout)
+        current.begin(batch, True, self.layers)
+        try:
+            for i, value in enumerate(batch.values):
+                if value is CARRIER:
+                    count(_CARRIED)
+                    continue
+                current.index = i
+                try:
+                    out = chain(value)
+                except Exception as exc:  # any user error fails the record, not the query
+                    self.fail(int(batch.src[i]), int(batch.sid[i]), exc)
+                    count(_FAILED)
+                    continue
+                count(len(out))
+                extend(out)
+        finally:
+            current.end()
         return self.anchors.anchor(batch, counts, outputs)
 
     def process(self, rows: Iterable[Row], chain: Chain) -> Iterator[Row]:
@@ -252,17 +260,22 @@ class NonFTHandler(FTHandler):
         outputs: list[Any] = []
         counts: list[int] = []
         count, extend = counts.append, outputs.extend
-        for i, value in enumerate(batch.values):
-            try:
-                out = chain(value)
-            except FailRecord:  # FT off: nothing can replay it; the record is dropped and counted
-                self.failed += 1
-                src = int(batch.src[i])
-                self.dropped[src] = self.dropped.get(src, 0) + 1
-                count(0)
-                continue
-            count(len(out))
-            extend(out)
+        CURRENT.begin(batch, False, None)  # reset_timeout() is a no-op with FT off
+        CURRENT.index = 0
+        try:
+            for i, value in enumerate(batch.values):
+                try:
+                    out = chain(value)
+                except FailRecord:  # FT off: nothing can replay it; the record is dropped and counted
+                    self.failed += 1
+                    src = int(batch.src[i])
+                    self.dropped[src] = self.dropped.get(src, 0) + 1
+                    count(0)
+                    continue
+                count(len(out))
+                extend(out)
+        finally:
+            CURRENT.end()
         if len(outputs) == len(batch) and (not counts or min(counts) == 1):
             return RowBatch(batch.src, batch.sid, batch.cid, batch.origin, outputs, np.zeros(len(batch), np.int64))
         out_rows = batch.take(np.repeat(np.arange(len(batch)), counts), outputs)

@@ -54,6 +54,7 @@ class SinkStage:
         attempt = tc.attemptNumber() if tc else 0
         handler = handler_for(self.env.config.ft_on, self.stage_id)
         layers = self.env.layers() if handler.ft_on else {}
+        handler.layers = lambda: layers  # ftlayer.reset_timeout() in the fused operators
         every = self.env.config.sink_ack_every_records if handler.ft_on else 0
         chain = make_chain(self.ops) if self.ops else None
         written = unacked_rows = 0

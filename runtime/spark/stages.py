@@ -30,6 +30,7 @@ too (plain functions and lambdas are, through cloudpickle).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -125,6 +126,7 @@ class Stage:
         env = self.env
         freeze_worker_heap(env.config.freeze_worker_heap)
         handler = handler_for(env.config.ft_on, self.stage_id)
+        handler.layers = functools.cache(env.layers)  # ftlayer.reset_timeout() in the operators
         chain = encoding_chain(make_chain(self.ops), self.key)
         n = env.num_channels
         for rb in batches:
@@ -156,6 +158,7 @@ class StatefulStage:
         env = self.env
         freeze_worker_heap(env.config.freeze_worker_heap)
         handler = handler_for(env.config.ft_on, self.stage_id)
+        handler.layers = functools.cache(env.layers)  # ftlayer.reset_timeout() in fn
         store = KeyedStateStore(env.config, env.topology, self.state_name)
         key, fn = self.key, self.fn
 

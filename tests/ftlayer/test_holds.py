@@ -174,3 +174,22 @@ def test_holds_of_a_sharded_source_are_kept_in_every_shard(make_layer: Callable[
     for _ in range(layer.config.num_buckets):
         failed += layer.on_timeout().expired
     assert sorted(failed) == sorted(sids)
+
+
+def test_reset_timeout_restarts_the_timeout_of_a_records_chunk(held_layer: FTLayer, clock: FakeClock) -> None:
+    """Storm's resetTimeout: the touched record's chunk fails num_buckets rotations after the touch,
+    not after its persist; the others on time. Idempotent; records no longer pending are skipped."""
+    layer = held_layer
+    slow, *others = [_persist(layer, 1)[0] for _ in range(5)]  # one chunk each
+    _read(layer, 0)
+    _read(layer, 1)
+    for _ in range(layer.config.num_buckets - 1):
+        layer.on_timeout()
+    assert layer.reset_timeout([slow]) == 1
+    assert layer.reset_timeout([slow]) == 0  # already in the current bucket
+    assert layer.reset_timeout([others[0] ^ (1 << 40)]) == 0  # no such chunk: nothing to do
+    assert set(layer.on_timeout().expired) == set(others)  # the others fail on time
+    for _ in range(layer.config.num_buckets - 2):
+        assert layer.on_timeout().expired == []
+    assert layer.on_timeout().expired == [slow]  # its own num_buckets-th rotation after the touch
+    assert layer.reset_timeout([slow]) == 0  # failed: no longer pending
