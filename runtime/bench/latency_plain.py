@@ -139,6 +139,13 @@ def plain_latency(
         progress = list(query.recentProgress)
     finally:
         query.stop()
+        # a task that was ending when the query stopped may still report: wait until the reports stop
+        seen, quiet_since = -1, time.monotonic()
+        while time.monotonic() - quiet_since < 1.0:
+            n = int(client.llen(key))
+            if n != seen:
+                seen, quiet_since = n, time.monotonic()
+            time.sleep(0.1)
     first: dict[int, tuple[float, float]] = {}
     chunks: list[bytes] = client.lrange(key, 0, -1)  # type: ignore[assignment]
     for chunk in chunks:

@@ -36,7 +36,7 @@ from runtime.dataframe.observe import reads_ftlayer
 from runtime.dataframe.plan import WRITER_MARK, forget_stateful, remember_stateful
 from runtime.driver.json_listener import JsonEventListener
 
-__all__ = ["CommitListener", "attach", "listener_of"]
+__all__ = ["CommitListener", "attach", "detach_if_idle", "listener_of"]
 
 log = logging.getLogger(__name__)
 _ATTR = "_ftlayer_commit_listener"
@@ -149,3 +149,13 @@ def listener_of(spark: Any) -> CommitListener | None:
     """The session's commit listener, if one was attached."""
     found: CommitListener | None = getattr(spark, _ATTR, None)
     return found
+
+
+def detach_if_idle(spark: Any) -> None:
+    """Unregister the session's commit listener once it watches no namespace (every handle stopped)."""
+    with _lock:
+        listener: CommitListener | None = getattr(spark, _ATTR, None)
+        if listener is None or listener.configs:
+            return
+        setattr(spark, _ATTR, None)
+    spark.streams.removeListener(listener)

@@ -17,7 +17,7 @@ from typing import Any
 
 from runtime.driver.listener import FTProgressListener, attach
 
-__all__ = ["progress_listener", "reads_ftlayer"]
+__all__ = ["detach_if_idle", "progress_listener", "reads_ftlayer"]
 
 _FT_OFFSET_KEY = re.compile(r"^ch\d+(s\d+)?$")
 
@@ -47,3 +47,15 @@ def progress_listener(spark: Any) -> FTProgressListener:
             listener = attach(spark, [], query_name=None, accept=reads_ftlayer)
             setattr(spark, _ATTR, listener)
         return listener
+
+
+def detach_if_idle(spark: Any) -> None:
+    """Unregister the session's progress listener once it reports on no source."""
+    from runtime.driver.listener import detach
+
+    with _lock:
+        listener: FTProgressListener | None = getattr(spark, _ATTR, None)
+        if listener is None or listener.stores:
+            return
+        setattr(spark, _ATTR, None)
+    detach(spark, listener)

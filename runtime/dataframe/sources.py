@@ -156,13 +156,18 @@ class SourceHandle:
             self.exporter.stop()
             self.exporter = None
         if self._observed is not None:  # the session's listeners stop asking this server
-            from runtime.dataframe import commits
+            from runtime.dataframe import commits, observe
             from runtime.dataframe.observe import progress_listener
 
             listener = commits.listener_of(self._observed)
             if listener is not None:
                 listener.unwatch(self.config)
             progress_listener(self._observed).remove(self.layer)
+            try:  # the session's listeners go with the last open source
+                commits.detach_if_idle(self._observed)
+                observe.detach_if_idle(self._observed)
+            except Exception as exc:  # a stopped session: nothing left to detach from
+                log.debug("could not detach the DataFrame listeners: %s", exc)
             self._observed = None
 
 
