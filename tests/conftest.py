@@ -33,6 +33,12 @@ import redis
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
 from ftlayer.server import EmbeddedServer
 
+# Every JVM the suite starts (the session below, driver apps, the demo) reads the tests' Spark conf
+# (tests/spark-conf/spark-defaults.conf says what and why). A SPARK_CONF_DIR set by the caller wins.
+os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).parent / "spark-conf"))
+
+pytest_plugins = ["tests.cpu_log"]
+
 NOT_MARKED_SPARK = "is not marked spark, so it may not start a JVM: mark it @pytest.mark.spark (tests/conftest.py)"
 
 
@@ -41,6 +47,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("spark") is not None and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
+    # Under pytest-xdist the long tests go out first, so no worker starts a minute-long chaos test
+    # while the others have nothing left to do. Stable, so every worker sees the same order.
+    items.sort(key=lambda item: (item.get_closest_marker("spark") is None, item.get_closest_marker("slow") is None))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -97,7 +97,13 @@ def run(records: int, fail_every: int, timeout_s: float, spark: Any = None) -> i
         rows.write.mode("append").parquet(str(out))
         if not slow["done"] and (marks / "kill").exists():  # once, a little into the run: a slow sink
             slow["done"] = True
-            time.sleep(1.6 * timeout_s)  # past every read record's timeout: T .. 1.5 T after its persist
+            # past its records' timeout (T .. 1.5 T after their persist; one T more for a record read
+            # only after its first timeout, as on a loaded machine), and on until the hold has
+            # postponed at least one of them, at most 4 T in all
+            held, deadline = handle.stats()["refiled_held"], time.monotonic() + 4 * timeout_s
+            time.sleep(1.6 * timeout_s)
+            while handle.stats()["refiled_held"] == held and time.monotonic() < deadline:
+                time.sleep(0.2)
 
     def start() -> Any:
         return (counts.writeStream.outputMode("update").foreachBatch(ftlayer.acking(write, config=cfg))

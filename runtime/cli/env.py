@@ -133,6 +133,7 @@ OTHER_ENV_VARS: tuple[tuple[str, str], ...] = (
     ("FTLAYER_BENCH", "ftlayer bench: the benchmarks to run when none is named, comma-separated"),
     ("FTLAYER_CHAOS_DUPLICATE_FLUSH", "chaos: send every flush twice (in the process that flushes)"),
     ("FTLAYER_TEST_REDIS_URL", "tests: use this server instead of an embedded one"),
+    ("FTLAYER_TEST_WORKERS", "scripts/test: pytest-xdist workers (default 3; 0 runs the tests in one process)"),
     ("FTLAYER_VENV", "scripts/*: the virtualenv to create or reuse"),
 )
 

@@ -404,7 +404,7 @@ def test_deeply_nested_tuple_ext_fails_cleanly(depth: int) -> None:
         unpack_payload(data)
 
 
-@pytest.mark.parametrize("data", ["text", 5, None, 1.5, [1], object()], ids=repr)
+@pytest.mark.parametrize("data", ["text", 5, None, 1.5, [1], object()], ids=lambda v: type(v).__name__)
 def test_non_bytes_input_raises_serialization_error(data: Any) -> None:
     with pytest.raises(SerializationError, match=type(data).__name__):
         unpack_payload(data)

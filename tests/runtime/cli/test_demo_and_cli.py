@@ -47,9 +47,14 @@ def test_demo_reports_nothing_lost_and_nothing_left(tmp_path) -> None:  # type: 
     assert "ERROR" in spark_log.read_text()  # the killed worker's task failure, with its stack trace
 
 
+_WITH_CTRL_C = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                "runpy.run_module('runtime.cli.main', run_name='__main__')")
+
+
 def test_ftlayer_redis_runs_in_the_foreground_until_ctrl_c(tmp_path) -> None:  # type: ignore[no-untyped-def]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runtime.cli.main", "redis", "--data-dir", str(tmp_path)],
+        # as from a terminal: a pytest-xdist worker ignores SIGINT, and a child inherits that
+        [sys.executable, "-c", _WITH_CTRL_C, "redis", "--data-dir", str(tmp_path)],
         stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -60,4 +65,9 @@ def test_ftlayer_redis_runs_in_the_foreground_until_ctrl_c(tmp_path) -> None:  #
         assert (tmp_path / "valkey.log").exists()
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(20) == 0
+        try:
+            code = proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # no server left behind for the rest of the suite
+            raise
+    assert code == 0

@@ -36,7 +36,7 @@ def test_dataframe_demo_reports_nothing_lost_and_nothing_left(tmp_path: Path) ->
     assert re.search(r"^counts checked\s+(\d+) of \1 right\s+\(every count equals", out, re.M), out[-3000:]
     assert re.search(r"^failed before commit\s+batch 2, re-run by Spark after a restart", out, re.M)
     held = re.search(r"^held by a slow batch\s+(\d+) timeouts postponed", out, re.M)
-    assert held is not None and int(held.group(1)) > 0
+    assert held is not None and int(held.group(1)) > 0, out[-4000:]
     lines = out.splitlines()
     start = lines.index("== ftlayer demo report (DataFrame pipeline) ==")
     noisy = [line for line in lines[:start] if re.search(r"Traceback|^\s+at ", line)]
