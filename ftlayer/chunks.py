@@ -254,7 +254,7 @@ def pack_chunks(frames: Iterable[bytes]) -> list[PackedChunk]:
         if index >= CHUNK_MAX_RECORDS:
             msg = (
                 f"source record id {sid}: its index in its chunk (low {INDEX_BITS} bits, {index}) must be "
-                f"below {CHUNK_MAX_RECORDS}; draw ids with ftlayer.ids.new_record_id or FTLayer.make_record"
+                f"below {CHUNK_MAX_RECORDS}; draw ids with ftlayer.ids.new_record_id or serialization.make_record"
             )
             raise InvalidIdError(msg)
         key = ((sid & _MASK64) >> INDEX_BITS).to_bytes(CHUNK_KEY_BYTES, "big")

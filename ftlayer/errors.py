@@ -91,15 +91,26 @@ class AckerError(FTLayerError):
 
 
 class ChunkIdInUseError(AckerError):
-    """A persist named a chunk id that a pending chunk of the source already uses; nothing was written.
+    """A persist named a chunk id that a pending chunk of the source already uses.
 
     ftlayer's own writers draw new ids and persist again; a caller that chose the ids itself gets
     this error. ``chunk`` is the chunk's 6-byte field name (``ftlayer.chunks``).
+
+    A persist is split into calls (per shard, and per ``flush_batch_size`` records), each atomic:
+    a refused call wrote nothing, the others were applied. ``refused`` holds the source record ids
+    of the refused calls and ``filed`` those of the applied ones (``new`` of them filed now, the
+    rest already pending: a repeat). Retry only ``refused``, under new ids; retrying ``filed``
+    under new ids would file those records twice. For a replay or a requeue (one call) both are
+    empty and nothing was written.
     """
 
-    def __init__(self, msg: str, chunk: bytes = b"") -> None:
+    def __init__(self, msg: str, chunk: bytes = b"", *, filed: tuple[int, ...] = (),
+                 refused: tuple[int, ...] = (), new: int = 0) -> None:
         super().__init__(msg)
         self.chunk = chunk
+        self.filed = filed
+        self.refused = refused
+        self.new = new
 
 
 class InvalidArgumentError(FTLayerError, TypeError, ValueError):

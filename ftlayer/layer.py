@@ -34,7 +34,7 @@ from ftlayer.dead_letters import (
     unqualify,
 )
 from ftlayer.delta_arrays import DeltaArrays
-from ftlayer.errors import ConfigError, InvalidIdError
+from ftlayer.errors import ChunkIdInUseError, ConfigError, InvalidIdError
 from ftlayer.flush_tokens import FlushToken
 from ftlayer.frames import SemiDeserializedRecord
 from ftlayer.holds import Hold, Holds
@@ -44,7 +44,7 @@ from ftlayer.replayer import ReplayResult, ReplayRouter
 from ftlayer.rotating_map import ExpiredCallback, RotateResult
 from ftlayer.server_settings import check_server_settings
 from ftlayer.shard import Shard, by_shard, shard_ids, split_by_shard
-from ftlayer.store import Clock, pack_ids
+from ftlayer.store import Clock, pack_ids, persist_refused_error
 
 __all__ = ["FTLayer"]
 
@@ -125,11 +125,28 @@ class FTLayer:
 
     # --- the record life cycle -------------------------------------------------
     def persist(self, records: Sequence[SemiDeserializedRecord]) -> int:
-        """Persist source records (atomic per call, durable per mode); returns new count."""
+        """Persist source records (atomic per call, durable per mode); returns new count.
+
+        A record whose chunk id pending records of other ids already use refuses its call
+        (:class:`ChunkIdInUseError`); every shard is still tried, and the one error raised says
+        which records were filed (``filed``, ``new``) and which were not (``refused``).
+        """
         if self.num_shards == 1:
             return self.persistence.persist(records)
         groups = by_shard(records, lambda r: r.record_id.source_record_id, self.num_shards)
-        return sum(self.shards[k].persistence.persist(group) for k, group in groups.items())
+        new, first = 0, None
+        filed: list[int] = []
+        refused: list[int] = []
+        for k, group in groups.items():
+            try:
+                new += self.shards[k].persistence.persist(group)
+                filed += [r.record_id.source_record_id for r in group]
+            except ChunkIdInUseError as exc:
+                first = first or exc
+                new, filed, refused = new + exc.new, filed + list(exc.filed), refused + list(exc.refused)
+        if first is not None:
+            raise persist_refused_error(self.store.keys, first.chunk, filed=filed, refused=refused, new=new)
+        return new
 
     def xor(
         self,

@@ -50,7 +50,7 @@ from ftlayer.script_bounds import (
     SCRIPT_MAX_BYTES,
     TRIM_MAX_RECORDS,
 )
-from ftlayer.store import SourceStore, in_use_error
+from ftlayer.store import SourceStore, persist_refused_error
 
 _SERIALIZER = SemiDeserializedSerializer()
 log = logging.getLogger(__name__)
@@ -231,7 +231,7 @@ class PersistenceLayer:
             if not isinstance(rec, SemiDeserializedRecord):
                 msg = (
                     f"persist on source {self.store.keys.prefix!r}: record {i} is a {type(rec).__name__}, "
-                    "expected a SemiDeserializedRecord (see FTLayer.make_record); nothing was persisted"
+                    "expected a SemiDeserializedRecord (see serialization.make_record); nothing was persisted"
                 )
                 raise InvalidArgumentError(msg)
             if rec.channel is None or rec.channel == NO_CHANNEL or not 0 <= rec.channel < self.num_channels:
@@ -259,7 +259,8 @@ class PersistenceLayer:
         (ids ftlayer drew itself) the chunks of such a call get fresh ids (``chunks`` is
         updated in place, so a caller that retries after a lost reply sends the chunks as
         they were last sent) and only that call is sent again. Without it,
-        :class:`ChunkIdInUseError` names the chunk; the other calls were applied.
+        :class:`ChunkIdInUseError` names the chunk, and its ``filed`` and ``refused`` say which
+        records the applied calls and the refused ones held.
         """
         size = min(self.store.config.flush_batch_size, CALL_MAX_RECORDS)
         channels = self.store.channel_keys(self.num_channels)
@@ -284,12 +285,17 @@ class PersistenceLayer:
             if not refused:
                 return total
             if not rekey:
-                raise in_use_error(self.store.keys, refused[0][1], "persist")
+                break
             for g, _ in refused:
                 start, end = groups[g]
                 chunks[start:end] = [rekey_chunk(c, self.store.keys.num_shards) for c in chunks[start:end]]
             todo = [g for g, _ in refused]
-        raise in_use_error(self.store.keys, refused[0][1], "persist")
+        # the other calls were applied: say exactly which records, so that a retry files none twice
+        no = {g for g, _ in refused}
+        sids = [s for g in range(len(groups)) if g in no for c in chunks[groups[g][0] : groups[g][1]] for s in c.sids]
+        filed = [s for g in range(len(groups)) if g not in no for c in chunks[groups[g][0] : groups[g][1]]
+                 for s in c.sids]
+        raise persist_refused_error(self.store.keys, refused[0][1], filed=filed, refused=sids, new=total)
 
     def read_channel(
         self,

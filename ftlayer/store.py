@@ -313,6 +313,19 @@ def in_use_error(keys: SourceKeys, chunk: bytes, what: str) -> ChunkIdInUseError
     return ChunkIdInUseError(msg, chunk)
 
 
+def persist_refused_error(
+    keys: SourceKeys, chunk: bytes, filed: Sequence[int], refused: Sequence[int], new: int,
+) -> ChunkIdInUseError:
+    """The error for a persist some of whose calls were refused: it says exactly what was filed."""
+    msg = (
+        f"persist on source {keys.prefix!r}: chunk id {chunk.hex()} is in use by pending records "
+        f"(ids are drawn at random: draw new ones); {len(refused)} record(s) were refused and nothing "
+        f"of them was written; the other {len(filed)} were filed ({new} new, the rest already "
+        "pending): retry only the refused ones (ChunkIdInUseError.refused) under new ids"
+    )
+    return ChunkIdInUseError(msg, chunk, filed=tuple(filed), refused=tuple(refused), new=new)
+
+
 def owner_record(client: redis.Redis, namespace: str) -> dict[str, Any] | None:
     """The namespace's owner record if ftlayer wrote it (``by == "ftlayer"``), else None.
 

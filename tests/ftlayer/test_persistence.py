@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from ftlayer.errors import ChannelCountMismatchError, FrameError
-from ftlayer.frames import SemiDeserializedSerializer
+from ftlayer.errors import ChannelCountMismatchError, ChunkIdInUseError, FrameError, InvalidArgumentError
+from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
+from ftlayer.ids import RecordId
 from ftlayer.layer import FTLayer
+from serialization.payload import unpack_payload
 from serialization.serializers import make_record
 
 
@@ -102,3 +106,51 @@ def test_an_overlapping_batch_is_not_taken_for_a_retry(layer: FTLayer) -> None:
     assert layer.persist(recs[:10]) == 10
     assert layer.persist(recs) == 10  # the same first record, but another call: the new ten are filed
     assert layer.pending_count() == 20
+
+
+def _clashing(layer: FTLayer, pending: SemiDeserializedRecord) -> SemiDeserializedRecord:
+    """Another record under the id of a pending one (its current id differs): its call is refused."""
+    other = make_record(layer, "other", channel=0)
+    rid = RecordId(pending.record_id.source_record_id, pending.record_id.current_record_id ^ 1)
+    return dataclasses.replace(other, record_id=rid)
+
+
+@pytest.mark.parametrize("shards", [1, 4])
+def test_a_persist_refused_in_part_says_exactly_what_was_filed_and_a_retry_files_nothing_twice(
+    make_layer: Callable[..., FTLayer], shards: int,
+) -> None:
+    """Issue 27 item 7: the calls of a persist are atomic one by one, not together. The error must
+    name what the applied calls filed, so a caller retries only the refused records."""
+    layer = make_layer(flush_batch_size=2, num_shards=shards)  # 2 records a call: many calls
+    first = make_record(layer, "first", channel=0)
+    assert layer.persist([first]) == 1
+    batch = [make_record(layer, f"v{i}", channel=i % 4) for i in range(12)]
+    batch.insert(5, _clashing(layer, first))
+    with pytest.raises(ChunkIdInUseError) as info:
+        layer.persist(batch)
+    err = info.value
+    clash_sid = first.record_id.source_record_id
+    assert clash_sid in err.refused
+    assert sorted([*err.filed, *err.refused]) == sorted(r.record_id.source_record_id for r in batch)
+    assert set(err.filed).isdisjoint(err.refused)
+    assert err.filed and err.new == len(err.filed)  # the other calls were applied, and the error says so
+    assert layer.pending_count() == 1 + err.new
+    assert "retry only the refused ones" in str(err) and "nothing was written" not in str(err)
+    # the caller's retry: the refused records other than the clash, under new ids
+    again = [make_record(layer, unpack_payload(r.payload), channel=r.channel)
+             for r in batch if r.record_id.source_record_id in set(err.refused) and r is not batch[5]]
+    assert layer.persist(again) == len(again)
+    assert layer.pending_count() == 1 + 12  # every record of the batch once: nothing filed twice
+    payloads = sorted(str(unpack_payload(f.payload)) for c in range(4) for f in _frames(layer, c))
+    assert payloads == sorted(["first", *(f"v{i}" for i in range(12))])
+
+
+def _frames(layer: FTLayer, channel: int) -> list[Any]:
+    ser = SemiDeserializedSerializer()
+    shards = layer.shards if layer.num_shards > 1 else [layer]
+    return [ser.decode(f) for s in shards for b in s.persistence.iter_channel(channel) for f in b.frames]
+
+
+def test_a_record_that_is_not_one_points_at_make_record(layer: FTLayer) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"see serialization\.make_record"):
+        layer.persist(["not a record"])  # type: ignore[list-item]
