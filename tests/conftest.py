@@ -20,8 +20,10 @@ this process during it.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +52,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Under pytest-xdist the long tests go out first, so no worker starts a minute-long chaos test
     # while the others have nothing left to do. Stable, so every worker sees the same order.
     items.sort(key=lambda item: (item.get_closest_marker("spark") is None, item.get_closest_marker("slow") is None))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Under pytest-xdist a test marked ``alone`` runs while no other worker runs a test.
+
+    Those tests time a server (a bounded script must not block it for 100 ms); two other workers'
+    JVMs on 2 cores would time the machine instead. A readers-writer lock over all workers of the
+    run: every test holds the lock shared, an ``alone`` test exclusively; the gate, held by an
+    ``alone`` test while it waits, lets no new test start meanwhile, so it is not starved.
+    """
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        return (yield)
+    base = Path(tempfile.gettempdir()) / f"ftlayer-tests-{run}"
+    alone = item.get_closest_marker("alone") is not None
+    with open(f"{base}.gate", "a") as gate, open(f"{base}.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            return (yield)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

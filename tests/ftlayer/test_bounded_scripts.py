@@ -70,6 +70,7 @@ def quiet_server() -> Iterator[EmbeddedServer]:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # timed: see tests/conftest.py
 def test_200k_records_timing_out_at_once_never_block_the_server(
     ft_config: FTConfig, clock: FakeClock, quiet_server: EmbeddedServer
 ) -> None:
@@ -161,6 +162,7 @@ def test_channel_reads_are_chunked_by_bytes(layer: FTLayer) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # timed: see tests/conftest.py
 def test_trim_done_is_bounded_and_still_trims_everything(
     layer: FTLayer, redis_client: redis.Redis
 ) -> None:
@@ -180,6 +182,7 @@ def test_trim_done_is_bounded_and_still_trims_everything(
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # timed: see tests/conftest.py
 def test_persist_is_split_into_bounded_calls(layer: FTLayer, redis_client: redis.Redis) -> None:
     recs = [make_record(layer, i) for i in range(BIG // 4)]  # one persist() of 50k: many calls
     times = ScriptTimes(redis_client).start()

@@ -5,7 +5,8 @@ No redis_url, no state_dir, no config argument: the embedded server's AOF lives 
 ``./.ftlayer/clicks/redis/`` and the query checkpoints to ``./ck`` (the tour names its checkpoint).
 The source stands for a socket: it cannot rewind, and a re-run continues after the last record it
 handed out (``./produced`` holds that count), so a re-run can only deliver what ftlayer persisted
-before a kill. It emits 20 records at once, then 2.5 records/s up to ``--records``; the sink appends
+before a kill. It emits 20 records at once, then, once the sink has written a batch, 2.5 records/s
+up to ``--records``; the sink appends
 one JSON-lines file per batch to ``./out``. It prints the counters as JSON on its last line.
 """
 
@@ -34,6 +35,11 @@ def clicks(n: int) -> Iterator[dict[str, Any]]:
         tmp.replace(PRODUCED)  # handed out: a socket would not send it again
         yield {"i": i, "user": f"user-{i % 7}", "page": f"/page/{i % 13}"}
         if i >= 20:
+            # a client that sends on only once the pipeline answers: on a loaded machine Spark may
+            # take longer to start than the whole paced stream, and the kill must land mid-stream
+            ready = time.monotonic() + 300
+            while not any(Path("out").glob("*.jsonl")) and time.monotonic() < ready:
+                time.sleep(0.1)
             time.sleep(0.4)
 
 

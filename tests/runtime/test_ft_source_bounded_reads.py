@@ -15,6 +15,7 @@ from tests.runtime.spark.test_ft_source import CHANNELS, SRC, TOPO, read_partiti
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # timed: see tests/conftest.py
 def test_reader_reads_200k_records_in_big_entries_in_bounded_calls(
     ft_config: FTConfig, redis_client: redis.Redis
 ) -> None:
