@@ -7,7 +7,7 @@ The source stands for a socket: it cannot rewind, and a re-run continues after t
 handed out (``./produced`` holds that count), so a re-run can only deliver what ftlayer persisted
 before a kill. It emits 20 records at once, then, once the sink has written a batch, 2.5 records/s
 up to ``--records``; the sink appends
-one JSON-lines file per batch to ``./out``. It prints the counters as JSON on its last line.
+one JSON-lines file per batch to ``./out``, and waits while ``./hold`` exists. It prints the counters as JSON on its last line.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import ftlayer
 from ftlayer import local_session
 
 PRODUCED = Path("produced")
+HOLD = Path("hold")
 
 
 def clicks(n: int) -> Iterator[dict[str, Any]]:
@@ -56,6 +57,8 @@ def main() -> int:
     def write(df: Any, batch_id: int) -> None:
         rows = [r.asDict() for r in df.collect()]
         time.sleep(0.5)  # a slow sink: records are in flight when the driver is killed
+        while HOLD.exists():  # the test holds the sink so that the kill finds records not yet delivered
+            time.sleep(0.05)
         (out / f"{batch_id}-{uuid.uuid4().hex}.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
 
     query = (events.select("i", "user").writeStream.foreachBatch(ftlayer.acking(write))
