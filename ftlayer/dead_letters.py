@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from ftlayer.chunks import MAX_DRAWS, assign_sids, pack_record_chunks
 from ftlayer.errors import FrameError, FTLayerError
 from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
-from ftlayer.ids import RecordId, new_ids
+from ftlayer.ids import RecordId
 from ftlayer.keyhash import NO_KEY_HASH, pmod
 from ftlayer.script_bounds import CALL_MAX_RECORDS
 from ftlayer.store import SourceStore, in_use_error
@@ -191,11 +191,11 @@ def _requeue_chunk(store: SourceStore, ids: list[str], num_channels: int) -> Req
 
 def _requeue_input(todo: list[tuple[bytes, SemiDeserializedRecord, int]], shard: int = 0,
                    num_shards: int = 1) -> tuple[bytes, bytes]:
-    """New chunks for the requeued records (fresh ids in the dlq's shard, replay count 0, origin
-    kept) and, aligned with their records, the dead letters' entry ids."""
+    """New chunks for the requeued records (fresh source record ids in the dlq's shard, replay
+    count 0, origin and root current id kept) and, aligned with their records, the dead letters' entry ids."""
     channels = [ch for _, _, ch in todo]
     sids = assign_sids(channels, shard=shard, num_shards=num_shards)
-    cids = new_ids(len(todo))
+    cids = [rec.record_id.current_record_id for _, rec, _ in todo]  # kept: lineage ids stay (ftlayer.lineage)
     frames = [
         _SERIALIZER.encode(SemiDeserializedRecord(
             rec.source_id, RecordId(sid, cid), rec.key_hash, rec.origin_id, 0, rec.payload, ch,

@@ -4,8 +4,9 @@ Both kinds of failure (explicit ``FailRecord`` and timeout) leave the record in
 the source's ``failed`` set with a due time (the replay backoff). For each due
 record, :meth:`Replayer.replay_due`:
 
-- keeps its payload, key hash and origin id, gives it a new RecordId (so late
-  acks or XORs for the old id do nothing), increments its replay count, and
+- keeps its payload, key hash, origin id and root current id (so each output of its
+  tree keeps its lineage id, ``ftlayer.lineage``), gives it a new source record id
+  (so late acks or XORs for the old attempt do nothing), increments its replay count, and
   re-persists it on the channel its replay partitioner picks, which for
   key-based routing is the channel of the original;
 - or, once its replay count has reached ``max_replays`` (at once if it was
@@ -29,7 +30,7 @@ from ftlayer.acker_table import NO_REPLAY_FLAG
 from ftlayer.chunks import MAX_DRAWS, assign_sids, pack_record_chunks
 from ftlayer.errors import FrameError, PartitioningError
 from ftlayer.frames import FAILED_PREFIX, SemiDeserializedRecord, SemiDeserializedSerializer
-from ftlayer.ids import RecordId, new_ids
+from ftlayer.ids import RecordId
 from ftlayer.keyhash import pmod
 from ftlayer.script_bounds import CALL_MAX_BYTES, CALL_MAX_RECORDS
 from ftlayer.store import SourceStore, in_use_error
@@ -44,13 +45,17 @@ assert _FAILED_HEADER.size == FAILED_PREFIX
 
 def _replay_chunks(replays: list[tuple[int, SemiDeserializedRecord, int]], shard: int = 0,
                    num_shards: int = 1) -> tuple[bytes, bytes]:
-    """The REPLAY input for ``replays``: new chunks (fresh ids in the shard of the failures,
-    grouped per channel) and, aligned with their records, the old ids."""
+    """The REPLAY input for ``replays``: new chunks (fresh source record ids in the shard of the
+    failures, each record's root current id kept, grouped per channel) and, aligned with their
+    records, the old ids."""
     if not replays:
         return b"", b""
     channels = [ch for _, _, ch in replays]
     sids = assign_sids(channels, shard=shard, num_shards=num_shards)
-    cids = new_ids(len(replays))
+    # the root current id is kept: every id derived below it (child_id is pure) is then the same on
+    # every attempt, which is what makes an output's lineage id stable (ftlayer.lineage). The new
+    # source record id alone names the new tree, so late acks of the old attempt still do nothing.
+    cids = [rec.record_id.current_record_id for _, rec, _ in replays]
     frames = [
         _SERIALIZER.encode(rec.replayed(RecordId(sid, cid), ch))
         for (_, rec, ch), sid, cid in zip(replays, sids, cids, strict=True)

@@ -36,13 +36,20 @@ __all__ = ["CallableSink", "ExecutorSink", "ForeachBatchSink", "JsonLinesSink", 
 @dataclass(frozen=True)
 class SinkContext:
     """Where a write happens: micro-batch id, Spark partition, task attempt, and per value
-    its origin id and source record id (they differ exactly when the record is a replay)."""
+    its origin id, source record id (they differ exactly when the record is a replay) and
+    lineage id.
+
+    ``lineages[i]`` is the lineage id of ``values[i]`` (``ftlayer.lineage``): the same on every
+    replay, task retry and restart, different for every other output. An effectively-once
+    sink writes each value under it with a unique constraint (``runtime.idempotent``).
+    """
 
     batch_id: str
     partition: int
     attempt: int
     origins: list[int] = field(default_factory=list)
     sids: list[int] = field(default_factory=list)
+    lineages: list[str] = field(default_factory=list)
 
 
 class ExecutorSink:
@@ -84,9 +91,11 @@ class JsonLinesSink(ExecutorSink):
         final = Path(self.directory, name)
         tmp = Path(self.directory, "." + name + ".tmp")
         with tmp.open("w", encoding="utf-8") as fh:
-            for origin, sid, value in zip(ctx.origins, ctx.sids, values, strict=True):
+            lineages = ctx.lineages or [""] * len(values)
+            for origin, sid, lineage, value in zip(ctx.origins, ctx.sids, lineages, values, strict=True):
                 line = (
-                    {"origin": origin, "replay": sid != origin, "partition": ctx.partition, "value": value}
+                    {"origin": origin, "replay": sid != origin, "lineage": lineage, "partition": ctx.partition,
+                     "value": value}
                     if self.with_meta
                     else value
                 )

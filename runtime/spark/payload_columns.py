@@ -13,7 +13,8 @@ Contract of :func:`decode_batch` (used by the typed FT source's ``read()``):
 - timestamps may be given as ``datetime``, epoch seconds (int or float) or ISO
   8601 strings; dates as ``date`` or ISO strings. Naive datetimes are UTC.
 - the metadata column :data:`METADATA_COLUMN` (if the schema has it) is
-  ``struct<sid, origin, replay, key_hash, source>`` of the record.
+  ``struct<sid, origin, replay, key_hash, source, lineage>`` of the record; ``lineage``
+  is the record's lineage id (``ftlayer.lineage``: the same on every replay).
 
 Cost: one ``pa.array`` per column per page; only a page with a bad value is
 re-checked row by row.
@@ -37,12 +38,13 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from ftlayer.lineage import LINEAGE_CHARS, lineage_hex
 from serialization.payload import unpack_payload
 
 __all__ = ["METADATA_COLUMN", "METADATA_DDL", "decode_batch", "metadata_type", "user_fields"]
 
 METADATA_COLUMN = "_ftlayer"
-METADATA_DDL = "sid long, origin long, replay int, key_hash long, source string"
+METADATA_DDL = "sid long, origin long, replay int, key_hash long, source string, lineage string"
 
 
 def metadata_type() -> StructType:
@@ -51,12 +53,25 @@ def metadata_type() -> StructType:
     return StructType([
         StructField("sid", LongType()), StructField("origin", LongType()), StructField("replay", IntegerType()),
         StructField("key_hash", LongType()), StructField("source", StringType()),
+        StructField("lineage", StringType()),
     ])
 
 
 def user_fields(schema: StructType) -> StructType:
     """``schema`` without the metadata column."""
     return StructType([f for f in schema.fields if f.name != METADATA_COLUMN])
+
+
+def lineage_column(raw: Any) -> Any:
+    """The lineage ids (``ftlayer.lineage``) of a raw FT source page as an Arrow string column,
+    built from one hex buffer (no per-row Python)."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = raw.num_rows
+    data = lineage_hex(raw.column("origin").to_numpy(), raw.column("cid").to_numpy())
+    offsets = np.arange(0, LINEAGE_CHARS * (n + 1), LINEAGE_CHARS, dtype=np.int32)
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data))
 
 
 def _to_datetime(v: Any) -> Any:
@@ -148,7 +163,7 @@ def decode_batch(raw: Any, schema: StructType, source: str) -> tuple[Any, list[i
         if f.name == METADATA_COLUMN:
             meta = pa.StructArray.from_arrays(
                 [raw.column("sid"), raw.column("origin"), raw.column("replay"), raw.column("key_hash"),
-                 pa.array([source] * raw.num_rows, type=pa.string())],
+                 pa.array([source] * raw.num_rows, type=pa.string()), lineage_column(raw)],
                 fields=list(arrow_schema.field(METADATA_COLUMN).type),
             )
             out_cols.append(meta.take(idx))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftlayer.flush_tokens import NO_QUERY, QUERY_ID_PROPERTY, FlushToken, batch_key
+from ftlayer.lineage import lineage_ids
 from runtime.graph import Op
 from runtime.sinks import ExecutorSink, ForeachBatchSink, SinkContext
 from runtime.spark.handlers import CARRIER, FTHandler, handler_for
@@ -68,7 +69,8 @@ class SinkStage:
             if every and attempt > 0 and len(batch):  # a retry: what an earlier attempt completed stays written
                 batch = handler.still_pending(layers, batch)
             sids = batch.sid.tolist()
-            ctx = SinkContext(str(batch_id), partition, attempt, batch.origin.tolist(), sids)
+            ctx = SinkContext(str(batch_id), partition, attempt, batch.origin.tolist(), sids,
+                              lineage_ids(batch.origin, batch.cid))
             try:
                 self.sink.write(batch.values, ctx)
             except Exception as exc:  # a failed write fails its records; they are replayed

@@ -29,6 +29,8 @@ def test_explicit_fail_replays_same_bytes_and_key_hash_under_new_id(layer: FTLay
     new = replays[0]
     assert new.payload == rec.payload and new.key_hash == rec.key_hash == key_hash("ann")
     assert new.record_id.source_record_id != sid and new.replay_count == 1 and new.channel == ch
+    # the root current id is kept: each output of the replay's tree has its first attempt's lineage id
+    assert new.record_id.current_record_id == rec.record_id.current_record_id
     assert layer.acker.value(new.record_id.source_record_id) == new.record_id.current_record_id
     # a late ack for the old id does nothing; the replay is still pending
     late = layer.ack({sid: rec.record_id.current_record_id})

@@ -248,16 +248,26 @@ def test_a_write_that_fails_past_its_retries_replays_the_batch_of_a_stateless_pl
     r = run(1000, sink_retry_budget_s=0.0)  # no retry: the first failure gives up
     marks = tmp_path / "marks"
     rows: list[Any] = []
+    failed_attempt: list[Any] = []
 
     def write(df: DataFrame, batch_id: int) -> None:
         got = [x.asDict() for x in df.collect()]
         if got and once(marks, "fail-write"):
+            failed_attempt.extend(got)  # what a sink that wrote before it failed would hold
             msg = f"sink down for batch {batch_id}"
             raise OSError(msg)
         rows.extend(got)
 
-    r.start(r.df.select("i", "_ftlayer.replay"), write)  # on_error="auto": stateless, so "replay"
+    # on_error="auto": stateless, so "replay"
+    r.start(r.df.select("i", "_ftlayer.replay", "_ftlayer.sid", "_ftlayer.lineage"), write)
     stats = r.finish()
     assert stats["failed_explicit"] > 0 and stats["replayed"] == stats["failed_explicit"]
     assert {row["i"] for row in rows} == set(range(1000))
     assert any(row["replay"] == 1 for row in rows)
+    # lineage ids (issue 27): a replay comes under a new sid with its first attempt's lineage id
+    lineage_of = {row["i"]: row["lineage"] for row in rows}
+    assert len(set(lineage_of.values())) == 1000
+    assert failed_attempt and all(
+        lineage_of[row["i"]] == row["lineage"] and row["sid"] not in {x["sid"] for x in rows if x["i"] == row["i"]}
+        for row in failed_attempt
+    )
