@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CallableSink", "ExecutorSink", "ForeachBatchSink", "JsonLinesSink", "RedisHashSink", "SinkContext"]
+__all__ = [
+    "CallableSink", "ExecutorSink", "ForeachBatchSink", "JsonLinesSink", "RedisHashSink", "RedisUrlSink", "SinkContext",
+]
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,14 @@ class JsonLinesSink(ExecutorSink):
         return out
 
 
-class RedisHashSink(ExecutorSink):
+class RedisUrlSink(ExecutorSink):
+    """Base of sinks that write to Redis: ``url`` None means the topology's own server (the
+    compiler sets it before start, FT off too)."""
+
+    url: str | None = None
+
+
+class RedisHashSink(RedisUrlSink):
     """``HSET key_fn(v) field_fn(v) value_fn(v)`` for each record; ``url`` defaults to the FT server."""
 
     def __init__(

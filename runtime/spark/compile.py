@@ -38,7 +38,7 @@ from runtime.driver.observe import TopologyObservers
 from runtime.driver.token_janitor import TokenJanitor
 from runtime.graph import Graph, KeyByNode, Node, Op, OpNode, SinkNode, SourceNode, StateNode, UnionNode
 from runtime.query import FTProgress, FTQuery, Progress
-from runtime.sinks import ForeachBatchSink, RedisHashSink
+from runtime.sinks import ForeachBatchSink, RedisUrlSink
 from runtime.spark.conf import effective_config
 from runtime.spark.feed_source import feed_host
 from runtime.spark.fused_read import FusedStage
@@ -277,7 +277,7 @@ class Compiler:
     def _sink_df(self, sink_node: SinkNode) -> Any:
         """One executor sink's stage: write, then ack (with the last operators fused in front)."""
         sink = sink_node.sink
-        if isinstance(sink, RedisHashSink) and sink.url is None:
+        if isinstance(sink, RedisUrlSink) and sink.url is None:
             # the user's output server (FT off too)
             sink.url = self.config.redis_url or self._embedded_url()
         parent = sink_node.parents[0]
