@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ftlayer.errors import ConfigError
-from runtime.spark.payload_columns import METADATA_COLUMN
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -18,7 +17,9 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_KEY", "DEFAULT_LINEAGE", "keyed_rows"]
 
 DEFAULT_KEY = "lineage_id"
-DEFAULT_LINEAGE = f"{METADATA_COLUMN}.lineage"
+# runtime.spark.payload_columns.METADATA_COLUMN's lineage field; spelled out so that importing a
+# sink does not import pyspark (a Topology sink is built on the driver before Spark is needed)
+DEFAULT_LINEAGE = "_ftlayer.lineage"
 
 
 def keyed_rows(df: DataFrame, sink: str, *, key: str = DEFAULT_KEY, lineage: str = DEFAULT_LINEAGE,
@@ -31,6 +32,8 @@ def keyed_rows(df: DataFrame, sink: str, *, key: str = DEFAULT_KEY, lineage: str
     column is already called ``key``.
     """
     from pyspark.sql import functions as F
+
+    from runtime.spark.payload_columns import METADATA_COLUMN
 
     top = lineage.split(".", maxsplit=1)[0]
     if top not in df.columns:

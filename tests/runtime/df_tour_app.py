@@ -6,8 +6,8 @@ No redis_url, no state_dir, no config argument: the embedded server's AOF lives 
 The source stands for a socket: it cannot rewind, and a re-run continues after the last record it
 handed out (``./produced`` holds that count), so a re-run can only deliver what ftlayer persisted
 before a kill. It emits 20 records at once, then, once the sink has written a batch, 2.5 records/s
-up to ``--records``; the sink appends
-one JSON-lines file per batch to ``./out``, and waits while ``./hold`` exists. It prints the counters as JSON on its last line.
+up to ``--records``; the sink appends one JSON-lines file per batch to ``./out``, and waits while
+``./hold`` exists. It prints the counters as JSON on its last line.
 """
 
 from __future__ import annotations

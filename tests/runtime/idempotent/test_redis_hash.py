@@ -16,7 +16,6 @@ from runtime.idempotent.redis_hash import RedisOnceSink, redis_sink, write_once
 from runtime.sinks import SinkContext
 from runtime.testing import once
 from runtime.topology import Topology
-from tests.runtime.test_dataframe import Run
 from tests.runtime.test_topology_e2e import clicks, run_to_drain
 
 
@@ -71,32 +70,6 @@ def test_topology_replays_of_landed_writes_leave_each_output_once(
     assert query.layers[0].stats()["replayed"] > 0
     values = [json.loads(v) for v in redis_client.hvals(key)]  # type: ignore[union-attr]
     assert sorted((v["i"], v["part"]) for v in values) == [(i, p) for i in range(n) for p in range(2)]
-
-
-@pytest.mark.spark
-def test_dataframe_replays_of_a_landed_batch_leave_each_row_once(
-    spark: Any, ft_config: FTConfig, tmp_path: Path, redis_client: redis.Redis, namespace: str,
-) -> None:
-    n = 1000
-    key = f"{namespace}:df-out"
-    write = redis_sink(ft_config.redis_url or "", key)
-    offered: list[int] = []
-    marks = tmp_path / "marks"
-
-    def landed_then_failed(df: Any, batch_id: int) -> None:
-        write(df, batch_id)
-        rows = df.count()
-        offered.append(rows)
-        if rows and once(marks, "fail"):
-            msg = "the write landed, the reply was lost"
-            raise OSError(msg)
-
-    r = Run(spark, ft_config, tmp_path, n, sink_retry_budget_s=0.0)  # no in-place retry: replays
-    r.start(r.df.select("i", "user", "_ftlayer"), landed_then_failed)
-    stats = r.finish()
-    assert stats["replayed"] > 0 and sum(offered) > n  # the replays were written again
-    assert redis_client.hlen(key) == n
-    assert sorted(json.loads(v)["i"] for v in redis_client.hvals(key)) == list(range(n))  # type: ignore[union-attr]
 
 
 @pytest.mark.spark
