@@ -13,7 +13,11 @@
   reports, and nonzero ``pending`` or ``failed_waiting``. The no-leak promise is
   ``leaked == []``. Run the checker after the query was stopped (``FTQuery.stop``
   trims finished channel entries).
-- **duplicates**: ids delivered more than once; **replays**: lines with
+- **duplicates**: ids delivered more than once, split by cause: **lineage_duplicates**
+  counts lineage ids (a line's ``"lineage"``) written more than once, the repeats an
+  effectively-once sink drops (``runtime.idempotent``); **resent** counts ids delivered under
+  more than one origin id, records the source itself sent again (a webhook client that never
+  got its answer), which no sink can tell from new ones. **replays**: lines with
   ``"replay": true`` and the sources' ``replayed`` counter.
 - **explained or not**: each fault injector records the ids it touched in a
   :class:`~runtime.testing.FaultLog`; a replayed (or dead-lettered) id that no
@@ -61,6 +65,8 @@ class Report:
     lines: int  # sink lines in total (copies included)
     duplicates: int  # ids delivered more than once
     extra_copies: int  # lines beyond the first per id
+    lineage_duplicates: int  # lineage ids written more than once (an effectively-once sink drops them)
+    resent: int  # ids delivered under more than one origin id (sent again by the source)
     replay_lines: int  # lines with "replay": true
     replayed_ids: list[int]
     expected_replays: list[int]  # replayed ids some fault touched
@@ -102,7 +108,8 @@ class Report:
             f"  records in         {self.records_in} produced by the source, "
             f"{self.records_in - self.never_persisted} persisted by ingest",
             f"  delivered          {self.delivered} distinct ids in {self.lines} lines",
-            f"  duplicates         {self.duplicates} ids ({self.extra_copies} extra copies)",
+            f"  duplicates         {self.duplicates} ids ({self.extra_copies} extra copies); "
+            f"{self.lineage_duplicates} lineage ids written twice, {self.resent} ids re-sent by the source",
             f"  replays            {self.replay_lines} lines, {len(self.replayed_ids)} ids "
             f"(counter replayed={s.get('replayed', 0)}); expected {len(self.expected_replays)}, "
             f"unexplained {len(self.unexplained_replays)}{_sample(self.unexplained_replays)}",
@@ -203,12 +210,17 @@ def check(
     """
     layers = _layers_of(query_or_layers)
     counts: Counter[int] = Counter()
+    lineages: Counter[str] = Counter()
+    origins: dict[int, set[Any]] = {}
     replayed: set[int] = set()
     lines = replay_lines = 0
     for line in _lines_of(sink):
         rid = id_of(line["value"])
         counts[rid] += 1
         lines += 1
+        if line.get("lineage"):
+            lineages[line["lineage"]] += 1
+        origins.setdefault(rid, set()).add(line.get("origin"))
         if line.get("replay"):
             replay_lines += 1
             replayed.add(rid)
@@ -234,6 +246,8 @@ def check(
         lines=lines,
         duplicates=sum(1 for c in counts.values() if c > 1),
         extra_copies=sum(c - 1 for c in counts.values() if c > 1),
+        lineage_duplicates=sum(1 for c in lineages.values() if c > 1),
+        resent=sum(1 for o in origins.values() if len(o) > 1),
         replay_lines=replay_lines,
         replayed_ids=replayed_ids,
         expected_replays=[i for i in replayed_ids if i in touched],

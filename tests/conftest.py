@@ -179,3 +179,15 @@ def valkey_cluster() -> Iterator[Any]:
     cluster = EmbeddedCluster(primaries=3, replicas=1).start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Any]:
+    """One real PostgreSQL server per test session (``EmbeddedPostgres``), started when a test asks."""
+    from runtime.idempotent.pg_embedded import EmbeddedPostgres
+
+    # a temporary directory under /tmp, not tmp_path: under root the server runs as another user,
+    # who cannot enter pytest's 0700 base directory
+    server = EmbeddedPostgres().start()
+    yield server
+    server.stop()

@@ -20,15 +20,18 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError
 from ftlayer.layer import FTLayer
 from runtime.checker import Report, check
 from runtime.spark.xor_handler import DUPLICATE_FLUSH_PROPERTY
-from runtime.testing import FaultLog, ScriptedSource
+from runtime.testing import CollectingSink, FaultLog, ScriptedSource
 from runtime.topology import FTQuery, Topology
+
+if TYPE_CHECKING:
+    from runtime.chaos.targets import Target
 
 TOPOLOGY = "chaos"
 SOURCE = "events"
@@ -58,6 +61,7 @@ class ScenarioContext:
     workdir: Path
     strict: bool = False
     say: Callable[[str], None] = lambda _msg: None
+    target: Target | None = None  # where the pipeline writes (runtime.chaos.targets); None: lines in out_dir
     notes: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
 
@@ -73,10 +77,25 @@ class ScenarioContext:
     def checkpoint(self) -> Path:
         return self.workdir / "checkpoint"
 
+    def sink(self) -> Any:
+        """The Topology pipeline's sink: the target's (``--sink``), else lines in ``out_dir``."""
+        return self.eo_sink() or CollectingSink(self.out_dir)
+
+    def eo_sink(self) -> Any:
+        """The effectively-once target's Topology sink (``--sink postgres|delta|redis``), else None."""
+        if self.target is None or not self.target.effectively_once:
+            return None
+        return self.target.topology_sink()
+
     def layer(self, config: FTConfig | None = None) -> FTLayer:
         """A handle on the chaos source's FT state (for monitoring and the check)."""
         cfg = config or self.config
         return FTLayer(cfg, TOPOLOGY, SOURCE, num_channels=cfg.num_channels)
+
+
+def sink_args(ctx: ScenarioContext) -> list[str]:
+    """The ``--sink-spec`` arguments that give a scenario's driver program its target."""
+    return ["--sink-spec", ctx.target.spec()] if ctx.target is not None else []
 
 
 def new_workdir(name: str) -> Path:
@@ -173,7 +192,17 @@ def finish(ctx: ScenarioContext, layers: list[FTLayer], sink: Any, source: Scrip
     """Run the checker and attach the scenario's notes and elapsed time. ``source``: what the source
     produced (a ScriptedSource's emitted ids, or the ids themselves)."""
     emitted = source.emitted_ids if isinstance(source, ScriptedSource) else source
+    eo = ctx.target is not None and ctx.target.effectively_once
+    if eo:
+        assert ctx.target is not None
+        sink = ctx.target.lines()  # what the target holds, read back
     report = check(layers, sink, emitted, ctx.faults, strict=ctx.strict, scenario=ctx.name)
+    if eo:
+        assert ctx.target is not None
+        report.notes.append(f"sink: {ctx.target.kind} (effectively once, keyed by lineage id)")
+        report.expect(f"the {ctx.target.kind} sink holds no record twice, but what the source itself sent again "
+                      f"({report.duplicates} ids twice, {report.resent} re-sent by the source)",
+                      report.lineage_duplicates == 0 and report.duplicates == report.resent)
     report.notes.extend(ctx.notes)
     report.elapsed_s = time.monotonic() - ctx.started
     return report

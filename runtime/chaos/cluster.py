@@ -32,7 +32,7 @@ from runtime.chaos.base import ChaosError, ScenarioContext, build, finish, run_q
 from runtime.chaos.faults import ChaosMap, Sampler
 from runtime.chaos.scenarios import paced
 from runtime.checker import Report
-from runtime.testing import CollectingSink, ScriptedSource
+from runtime.testing import ScriptedSource
 from runtime.topology import FTQuery
 
 WINDOW_S = 2.0  # asynchronous replication: what the dead primary had not yet streamed
@@ -84,7 +84,7 @@ def _kill_primary(ctx: ScenarioContext, records: int, durability: str, cluster: 
         ctx.say(f"replica {result.new_primary_port} took over in {result.seconds:.1f} s; the killed node "
                 f"rejoined as its replica {kill['rejoined']:.1f} s after the hold")
 
-    sink = CollectingSink(ctx.out_dir)
+    sink = ctx.sink()
     try:
         restarts = run_query(ctx, lambda: build(ctx.config, source, ChaosMap([]), sink, keyed=True),
                              on_tick=tick, max_records_per_batch=500, max_restarts=5)

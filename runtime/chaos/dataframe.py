@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -39,6 +39,9 @@ from runtime.chaos.scenarios import paced
 from runtime.checker import Report
 from runtime.testing import CollectingSink, FaultLog, ScriptedSource
 
+if TYPE_CHECKING:
+    from runtime.chaos.targets import Target
+
 TRIGGER = "200 milliseconds"
 
 
@@ -49,17 +52,19 @@ class Lines:
     batch with rows on: the caller sets it, see :mod:`runtime.chaos.df_sinks`)."""
 
     def __init__(self, out: Path, faults: FaultLog, fail_batch: int | None = None, *, slow_s: float = 0.0,
-                 outage_s: float = 0.0) -> None:
+                 outage_s: float = 0.0, target: Target | None = None) -> None:
         self.out, self.faults, self.fail_batch = out, faults, fail_batch
         self.slow_s, self.outage_s = slow_s, outage_s
         self._outage_ends: float | None = None
+        # an effectively-once target (--sink): its foreachBatch sink writes instead of the lines
+        self._sink = target.df_writer() if target is not None and target.effectively_once else None
 
     def __call__(self, df: Any, batch_id: int) -> None:
         if self.fail_batch is not None and batch_id == self.fail_batch and df.count() > 0 \
                 and self.faults.once("batch-fails", f"b{batch_id}"):
             msg = f"chaos batch-fails: batch {batch_id} dies"
             raise OSError(msg)
-        rows = df.select("i", "user", "_ftlayer.origin", "_ftlayer.replay").collect()
+        rows = df.select("i", "user", "_ftlayer.origin", "_ftlayer.replay", "_ftlayer.lineage").collect()
         if rows and self.outage_s:
             if self._outage_ends is None:
                 self._outage_ends = time.monotonic() + self.outage_s
@@ -69,8 +74,14 @@ class Lines:
                 raise ConnectionError(msg)
         if rows and self.slow_s and self.faults.once("slow-sink", "first"):
             time.sleep(self.slow_s)
-        write_lines(self.out, [{"origin": r["origin"], "replay": r["replay"] > 0, "partition": -1,
-                                "value": {"i": r["i"], "user": r["user"]}} for r in rows])
+        if self._sink is not None:
+            from pyspark.sql import functions as F
+
+            meta = [F.col("_ftlayer.origin").alias("origin"), (F.col("_ftlayer.replay") > 0).alias("replay")]
+            self._sink(df.select("i", "user", *meta, "_ftlayer"), batch_id)
+            return
+        write_lines(self.out, [{"origin": r["origin"], "replay": r["replay"] > 0, "lineage": r["lineage"],
+                                "partition": -1, "value": {"i": r["i"], "user": r["user"]}} for r in rows])
 
 
 def write_lines(out: Path, lines: list[dict[str, Any]]) -> None:
@@ -101,7 +112,8 @@ def start_pipeline(spark: Any, cfg: FTConfig, checkpoint: Path, write: Callable[
 
 
 def serve(spark: Any, cfg: FTConfig, source: Any, workdir: Path, *, sleep_s: float = 0.0,
-          drain_s: float = 300.0, before_drain: Callable[[], None] | None = None) -> tuple[bool, dict[str, int]]:
+          drain_s: float = 300.0, before_drain: Callable[[], None] | None = None,
+          target: Target | None = None) -> tuple[bool, dict[str, int]]:
     """The chaos DataFrame pipeline as a driver program runs it (``python -m runtime.chaos.driver_app
     --pipeline dataframe``, the webhook driver): ingest ``source``, run the query on
     ``<workdir>/checkpoint``; ``before_drain`` blocks until the source should end (the webhook);
@@ -110,7 +122,8 @@ def serve(spark: Any, cfg: FTConfig, source: Any, workdir: Path, *, sleep_s: flo
 
     handle = sources.source(TOPOLOGY, SOURCE, config=cfg, num_channels=cfg.num_channels)
     ingestor = handle.ingest(source, key=lambda v: v["user"])
-    query = start_pipeline(spark, cfg, workdir / "checkpoint", Lines(workdir / "out", FaultLog(workdir / "faults")),
+    query = start_pipeline(spark, cfg, workdir / "checkpoint",
+                           Lines(workdir / "out", FaultLog(workdir / "faults"), target=target),
                            ChaosMap([], sleep_s=sleep_s), max_records_per_batch=400)
     print("started", flush=True)
     if before_drain is not None:
@@ -146,7 +159,7 @@ def _run(ctx: ScenarioContext, source: Any, faults: list[RecordFault], *,
     deadline = time.monotonic() + timeout_s
     try:
         while True:
-            writer = write or Lines(ctx.out_dir, ctx.faults, fail_batch)
+            writer = write or Lines(ctx.out_dir, ctx.faults, fail_batch, target=ctx.target)
             query = start_pipeline(ctx.spark, cfg, ctx.checkpoint, writer, mapper,
                                    max_records_per_batch=max_records_per_batch,
                                    on_error="raise" if fail_batch is not None else "auto")

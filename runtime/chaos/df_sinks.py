@@ -33,7 +33,7 @@ def slow_sink(ctx: ScenarioContext, records: int, timeout_s: float = 4.0) -> Rep
     """The first batch with rows writes for 3 x ``timeout_s``: 0 timeouts, 0 replays (it held them)."""
     ctx.config = ctx.config.replace(timeout_s=timeout_s, num_buckets=3)
     source = ScriptedSource(paced(records, max(records // 4, 1), 0.05, warm=ctx.layer()))
-    report, _ = _run(ctx, source, [], write=Lines(ctx.out_dir, ctx.faults, slow_s=3 * timeout_s))
+    report, _ = _run(ctx, source, [], write=Lines(ctx.out_dir, ctx.faults, slow_s=3 * timeout_s, target=ctx.target))
     st = report.stats
     report.expect("the slow write happened", ctx.faults.marks("slow-sink") == 1)
     report.expect(f"no record timed out ({st.get('failed_timeout', 0)}) or replayed ({st.get('replayed', 0)})",
@@ -47,7 +47,7 @@ def sink_outage(ctx: ScenarioContext, records: int, timeout_s: float = 4.0) -> R
     """The sink is down for 5 x ``timeout_s``: retried in place, breaker open; 0 failed, 0 dead letters."""
     ctx.config = ctx.config.replace(timeout_s=timeout_s, num_buckets=3)
     source = ScriptedSource(paced(records, max(records // 4, 1), 0.05, warm=ctx.layer()))
-    report, _ = _run(ctx, source, [], write=Lines(ctx.out_dir, ctx.faults, outage_s=5 * timeout_s))
+    report, _ = _run(ctx, source, [], write=Lines(ctx.out_dir, ctx.faults, outage_s=5 * timeout_s, target=ctx.target))
     st = report.stats
     refused = ctx.faults.affected().get("sink-outage", set())
     report.expect(f"the sink refused writes ({len(refused)} records met the outage)", len(refused) > 0)

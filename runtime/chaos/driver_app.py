@@ -24,8 +24,9 @@ from ftlayer.layer import FTLayer
 from runtime.chaos.base import SOURCE, TOPOLOGY, TRIGGER_S, build
 from runtime.chaos.faults import ChaosMap
 from runtime.chaos.scenarios import paced
+from runtime.chaos.targets import Target
 from runtime.spark.session import local_session
-from runtime.testing import EOF, CollectingSink, ScriptedSource
+from runtime.testing import EOF, ScriptedSource
 
 
 def _identity_batches(batches: Iterator[Any]) -> Iterator[Any]:
@@ -52,7 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=8.0, help="the topology's record timeout")
     p.add_argument("--sleep-ms", type=float, default=5.0, help="processing time per record")
     p.add_argument("--pipeline", choices=("topology", "dataframe"), default="topology")
+    p.add_argument("--sink-spec", default=None, help="the scenario's target (runtime.chaos.targets.Target.spec)")
     args = p.parse_args(argv)
+    target = Target.from_spec(args.sink_spec) if args.sink_spec else Target("lines", str(Path(args.workdir) / "out"))
     cfg = FTConfig(redis_url=args.redis_url, namespace=args.namespace, timeout_s=args.timeout_s, num_buckets=3)
     workdir = Path(args.workdir)
     # phase 1: persist calls of 100 records (stream entries small enough for 400-record batches)
@@ -64,10 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from runtime.chaos.dataframe import serve
 
         ok, stats = serve(spark, cfg, source, workdir, sleep_s=args.sleep_ms / 1000,
-                          drain_s=300 if args.phase == 2 else 600)
+                          drain_s=300 if args.phase == 2 else 600, target=target)
         print("drained" if ok else "not drained", stats, flush=True)
         return 0 if ok else 1
-    topo = build(cfg, source, ChaosMap([], sleep_s=args.sleep_ms / 1000), CollectingSink(workdir / "out"), keyed=False)
+    topo = build(cfg, source, ChaosMap([], sleep_s=args.sleep_ms / 1000), target.topology_sink(), keyed=False)
     query = topo.start(spark, checkpoint_location=str(workdir / "checkpoint"), trigger_interval_s=TRIGGER_S,
                        max_records_per_batch=400)
     print("started", flush=True)

@@ -34,7 +34,7 @@ import redis
 import xxhash
 
 from ftlayer.errors import FailRecord
-from runtime.sinks import SinkContext
+from runtime.sinks import ExecutorSink, SinkContext
 from runtime.testing import CollectingSink, FaultLog
 
 log = logging.getLogger(__name__)
@@ -136,9 +136,10 @@ class FailBatchSink(CollectingSink):
     A restarted query re-runs the batch; the marks are taken, so it succeeds then."""
 
     def __init__(self, directory: str | Path, faults: FaultLog, *, batch: int = 2,
-                 attempts: int = 4, name: str = "batch-fails") -> None:
+                 attempts: int = 4, name: str = "batch-fails", inner: ExecutorSink | None = None) -> None:
         super().__init__(directory)
         self.log, self.batch, self.attempts, self.name = faults, batch, attempts, name
+        self.inner = inner  # where the rows go (an effectively-once target), else the lines
 
     def write(self, values: list[Any], ctx: SinkContext) -> None:
         if ctx.batch_id == str(self.batch) and ctx.attempt < self.attempts and self.log.once(
@@ -147,7 +148,10 @@ class FailBatchSink(CollectingSink):
             self.log.record(self.name, [int(v["i"]) for v in values])
             msg = f"chaos {self.name}: batch {ctx.batch_id} partition {ctx.partition} attempt {ctx.attempt}"
             raise BatchKill(msg)
-        super().write(values, ctx)
+        if self.inner is not None:
+            self.inner.write(values, ctx)
+        else:
+            super().write(values, ctx)
 
 
 class DelayingSink(CollectingSink):
@@ -155,9 +159,10 @@ class DelayingSink(CollectingSink):
     (past the timeout) before writing and acking. Every id of that write is recorded."""
 
     def __init__(self, directory: str | Path, faults: FaultLog, ids: Iterable[int],
-                 sleep_s: float, *, name: str = "delayed-acks") -> None:
+                 sleep_s: float, *, name: str = "delayed-acks", inner: ExecutorSink | None = None) -> None:
         super().__init__(directory)
         self.log, self.ids, self.sleep_s, self.name = faults, frozenset(ids), sleep_s, name
+        self.inner = inner  # where the rows go (an effectively-once target), else the lines
 
     def write(self, values: list[Any], ctx: SinkContext) -> None:
         got = [int(v["i"]) for v in values]
@@ -165,7 +170,10 @@ class DelayingSink(CollectingSink):
         if fresh:
             self.log.record(self.name, got)
             time.sleep(self.sleep_s)
-        super().write(values, ctx)
+        if self.inner is not None:
+            self.inner.write(values, ctx)
+        else:
+            super().write(values, ctx)
 
 
 _T = TypeVar("_T", bound="_DriverThread")

@@ -26,7 +26,7 @@ from ftlayer.config import SINGLE_SERVER_DURABILITY
 from ftlayer.frames import SemiDeserializedSerializer
 from ftlayer.layer import FTLayer
 from ftlayer.server import EmbeddedServer
-from runtime.chaos.base import ChaosError, ScenarioContext, build, finish, run_query
+from runtime.chaos.base import ChaosError, ScenarioContext, build, finish, run_query, sink_args
 from runtime.chaos.faults import ChaosMap, Sampler
 from runtime.chaos.scenarios import paced
 from runtime.checker import Report
@@ -48,7 +48,7 @@ def _driver(ctx: ScenarioContext, phase: int, records: int, pipeline: str) -> su
     return subprocess.Popen(
         [sys.executable, "-m", "runtime.chaos.driver_app", "--phase", str(phase), "--redis-url", cfg.redis_url,
          "--namespace", cfg.namespace, "--workdir", str(ctx.workdir), "--records", str(records),
-         "--pipeline", pipeline],
+         "--pipeline", pipeline, *sink_args(ctx)],
         stdout=subprocess.PIPE, stderr=(ctx.workdir / f"driver{phase}.log").open("w"), text=True,
         start_new_session=True,
     )
@@ -157,7 +157,7 @@ def _kill_redis(ctx: ScenarioContext, records: int, durability: str, down_s: flo
         server.start()
         kill["back"] = time.monotonic()
 
-    sink = CollectingSink(ctx.out_dir)
+    sink = ctx.sink()
     try:
         if pipeline == "dataframe":
             from runtime.chaos.dataframe import _run

@@ -14,7 +14,9 @@ Contract of :func:`run_scenario`: ``config`` gives the Redis server and namespac
 timeouts are replaced by the scenario's); use a fresh namespace per run. ``records``
 defaults to the scenario's CI size. Extra keyword ``params`` go to the scenario (e.g.
 ``rate=0.1`` for fail-rate, ``durability="waitaof"`` for kill-redis); ``pipeline="dataframe"``
-runs a scenario's DataFrame variant (:mod:`runtime.chaos.dataframe`). It raises
+runs a scenario's DataFrame variant (:mod:`runtime.chaos.dataframe`); ``sink="postgres"`` (or
+``"delta"``, ``"redis"``; ``sink_url=`` for a server of yours) writes through that effectively-once
+sink and checks that it holds no record twice (:mod:`runtime.chaos.targets`). It raises
 :class:`~runtime.chaos.base.ChaosError` for an unknown scenario or parameter, or a query that
 keeps dying; otherwise it returns the report, whatever it found.
 """
@@ -36,10 +38,13 @@ from runtime.chaos import procs as chaos_procs
 from runtime.chaos import scenarios as chaos_scenarios
 from runtime.chaos import webhook as chaos_webhook
 from runtime.chaos.base import ChaosError, ScenarioContext, new_workdir
+from runtime.chaos.targets import SINKS, open_target
 from runtime.checker import Report
 
 # scenarios that start (and kill) a Redis server of their own
 OWN_SERVER = frozenset({"kill-redis", "long-outage", "kill-primary"})
+# scenarios whose output is not the chaos rows (the aggregate writes counts)
+NO_TARGET = frozenset({"aggregate"})
 
 
 @dataclass(frozen=True)
@@ -109,12 +114,20 @@ def run_scenario(
         raise ChaosError(msg)
     accepted = inspect.signature(scenario.run).parameters
     has_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
-    unknown = sorted(set(params) - set(accepted) - {"strict", "pipeline"}) if not has_kwargs else []
+    unknown = sorted(set(params) - set(accepted) - {"strict", "pipeline", "sink", "sink_url"}) if not has_kwargs else []
     if unknown:
         msg = f"chaos scenario {name!r} takes no parameter {unknown[0]!r}"
         raise ChaosError(msg)
     strict = bool(params.pop("strict", False))
     pipeline = str(params.pop("pipeline", "topology"))
+    sink = str(params.pop("sink", None) or "lines")
+    sink_url = params.pop("sink_url", None)
+    if sink not in SINKS:
+        msg = f"chaos sink {sink!r}: expected one of {', '.join(SINKS)}"
+        raise ChaosError(msg)
+    if sink != "lines" and name in NO_TARGET:
+        msg = f"chaos scenario {name!r} checks its own sink (--sink {sink} does not apply); use --sink lines"
+        raise ChaosError(msg)
     if pipeline == "dataframe":
         from runtime.chaos import dataframe as chaos_dataframe
 
@@ -130,7 +143,13 @@ def run_scenario(
     cfg = config if name in OWN_SERVER else resolved(config)
     path = Path(workdir) if workdir is not None else new_workdir(name)
     path.mkdir(parents=True, exist_ok=True)
-    ctx = ScenarioContext(name, spark, cfg, path, strict=strict, say=say or (lambda _m: None))
-    report = scenario.run(ctx, records or scenario.records, **params)
+    opened = open_target(sink, path, namespace=cfg.namespace,
+                         redis_url=cfg.redis_url or resolved(config).redis_url, sink_url=sink_url)
+    try:
+        ctx = ScenarioContext(name, spark, cfg, path, strict=strict, say=say or (lambda _m: None),
+                              target=opened.target)
+        report = scenario.run(ctx, records or scenario.records, **params)
+    finally:
+        opened.close()
     report.strict = ctx.strict
     return report

@@ -29,8 +29,9 @@ from pathlib import Path
 
 from ftlayer.config import FTConfig
 from ftlayer.server import free_port
-from runtime.chaos.base import TRIGGER_S, ChaosError, ScenarioContext, build, finish
+from runtime.chaos.base import TRIGGER_S, ChaosError, ScenarioContext, build, finish, sink_args
 from runtime.chaos.faults import ChaosMap
+from runtime.chaos.targets import Target
 from runtime.chaos.webhook_client import RetryingClient
 from runtime.checker import Report
 from runtime.testing import CollectingSink, default_value
@@ -43,7 +44,7 @@ def _driver(ctx: ScenarioContext, port: int, log_name: str, pipeline: str) -> su
     log = (ctx.workdir / log_name).open("w")
     return subprocess.Popen(
         [sys.executable, "-m", "runtime.chaos.webhook", "--redis-url", cfg.redis_url, "--namespace", cfg.namespace,
-         "--workdir", str(ctx.workdir), "--port", str(port), "--pipeline", pipeline],
+         "--workdir", str(ctx.workdir), "--port", str(port), "--pipeline", pipeline, *sink_args(ctx)],
         stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
     )
 
@@ -117,7 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=8.0, help="the topology's record timeout")
     p.add_argument("--sleep-ms", type=float, default=5.0, help="processing time per record")
     p.add_argument("--pipeline", choices=("topology", "dataframe"), default="topology")
+    p.add_argument("--sink-spec", default=None, help="the scenario's target (runtime.chaos.targets.Target.spec)")
     args = p.parse_args(argv)
+    target = Target.from_spec(args.sink_spec) if args.sink_spec else Target("lines", str(Path(args.workdir) / "out"))
     cfg = FTConfig(redis_url=args.redis_url, namespace=args.namespace, timeout_s=args.timeout_s, num_buckets=3)
     workdir = Path(args.workdir)
     spark = local_session("ftlayer-chaos-webhook")
@@ -131,10 +134,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 time.sleep(0.1)
             hooks.end()
 
-        ok, stats = serve(spark, cfg, hooks, workdir, sleep_s=args.sleep_ms / 1000, before_drain=until_end)
+        ok, stats = serve(spark, cfg, hooks, workdir, sleep_s=args.sleep_ms / 1000, before_drain=until_end,
+                          target=target)
         print("drained" if ok else "not drained", stats, flush=True)
         return 0 if ok else 1
-    topo = build(cfg, hooks, ChaosMap([], sleep_s=args.sleep_ms / 1000), CollectingSink(workdir / "out"), keyed=False)
+    topo = build(cfg, hooks, ChaosMap([], sleep_s=args.sleep_ms / 1000), target.topology_sink(), keyed=False)
     query = topo.start(spark, checkpoint_location=str(workdir / "checkpoint"), trigger_interval_s=TRIGGER_S,
                        max_records_per_batch=400)
     print("started", flush=True)

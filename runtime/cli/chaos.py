@@ -86,7 +86,7 @@ def _run_cli(args: argparse.Namespace, *, name: str, config: FTConfig, records: 
         workdir = new_workdir(name) if temp else Path(args.workdir) / "-".join([name, *params.values()])
         try:
             report = run_scenario(name, spark, config, records, workdir=workdir, strict=args.strict,
-                                  pipeline=args.pipeline,
+                                  pipeline=args.pipeline, sink=args.sink, sink_url=args.sink_url,
                                   say=lambda m: print(f"[chaos {name}] {m}", flush=True), **params)
         finally:
             if temp and not args.keep:

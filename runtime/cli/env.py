@@ -94,6 +94,14 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
               "ftlayer.udf, foreachBatch(acking)); dataframe runs fail-rate, kill-worker, poison, "
               "batch-fails, kill-driver, kill-redis, long-outage, webhook-driver-kill, slow-sink, sink-outage "
               "and aggregate", choices=("topology", "dataframe")),
+    EnvOption("chaos", "--sink", "FTLAYER_CHAOS_SINK", "str", "lines",
+              "where the pipeline writes: JSON lines (at-least-once: a replay shows as a duplicate), or an "
+              "effectively-once sink keyed by lineage id (postgres, delta, redis); the report then counts what "
+              "the target holds and expects no record twice", choices=("lines", "postgres", "delta", "redis")),
+    EnvOption("chaos", "--sink-url", "FTLAYER_CHAOS_SINK_URL", "str", None,
+              "the --sink's server: a postgresql:// conninfo (default: an embedded PostgreSQL started in the "
+              "work directory), a Delta table path (default <workdir>/delta) or a redis:// URL (default the "
+              "FT server)", metavar="URL"),
     EnvOption("chaos", "--strict", "FTLAYER_CHAOS_STRICT", "flag", None,
               "also fail on replays no injected fault explains"),
     EnvOption("chaos", "--keep", "FTLAYER_CHAOS_KEEP", "flag", None,

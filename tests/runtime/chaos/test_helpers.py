@@ -162,3 +162,19 @@ def test_checker_counts_what_the_source_produced_not_what_ingest_persisted(
     report = check(layer, sink, range(7), {})
     assert report.lost == [5, 6] and report.never_persisted == 2 and not report.ok
     assert "7 produced by the source, 5 persisted by ingest" in report.summary()
+
+
+def test_checker_tells_replayed_copies_from_records_the_source_sent_again(
+    scenario: tuple[FTLayer, CollectingSink, list[Any]],
+) -> None:
+    layer, _, _ = scenario
+    lines = [
+        {"origin": 10, "replay": False, "lineage": "a" * 32, "value": {"i": 0}},
+        {"origin": 10, "replay": True, "lineage": "a" * 32, "value": {"i": 0}},  # a replay: same lineage id
+        {"origin": 11, "replay": False, "lineage": "b" * 32, "value": {"i": 1}},
+        {"origin": 12, "replay": False, "lineage": "c" * 32, "value": {"i": 1}},  # sent again: a new origin
+        {"origin": 13, "replay": False, "lineage": "d" * 32, "value": {"i": 2}},
+    ]
+    report = check(layer, lines, range(3), {})
+    assert (report.duplicates, report.extra_copies, report.lineage_duplicates, report.resent) == (2, 2, 1, 1)
+    assert "1 lineage ids written twice, 1 ids re-sent by the source" in report.summary()

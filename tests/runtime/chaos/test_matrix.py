@@ -152,6 +152,8 @@ def test_delayed_acks(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
     assert delayed <= set(report.expected_replays)
     assert report.stats["late_deltas"] > 0
     assert report.duplicates >= 3  # the late write and the replay both reached the sink
+    # each under the same lineage id: what an effectively-once sink drops (test_effectively_once.py)
+    assert report.lineage_duplicates == report.duplicates and report.resent == 0
 
 
 def test_poison(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
