@@ -33,7 +33,11 @@ def slow_sink(ctx: ScenarioContext, records: int, timeout_s: float = 4.0) -> Rep
     """The first batch with rows writes for 3 x ``timeout_s``: 0 timeouts, 0 replays (it held them)."""
     ctx.config = ctx.config.replace(timeout_s=timeout_s, num_buckets=3)
     source = ScriptedSource(paced(records, max(records // 4, 1), 0.05, warm=ctx.layer()))
-    report, _ = _run(ctx, source, [], write=Lines(ctx.out_dir, ctx.faults, slow_s=3 * timeout_s, target=ctx.target))
+    # no cap on a batch's records: a capped batch ends inside a stream entry, and the unread rest of
+    # that entry counts as read once the batch's hold ended, so it can time out before the next batch
+    # holds it (a known gap, see docs/guarantees.md "Not promised"; this scenario is about the hold)
+    report, _ = _run(ctx, source, [], write=Lines(ctx.out_dir, ctx.faults, slow_s=3 * timeout_s, target=ctx.target),
+                     max_records_per_batch=None)
     st = report.stats
     report.expect("the slow write happened", ctx.faults.marks("slow-sink") == 1)
     report.expect(f"no record timed out ({st.get('failed_timeout', 0)}) or replayed ({st.get('replayed', 0)})",

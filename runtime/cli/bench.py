@@ -21,6 +21,9 @@ repeated) and reports medians with their spread:
 - ``cluster``: persist + ack throughput of 2 client processes on a 1-primary and a
   3-primary Valkey Cluster, alternating; ``cluster_scaling_ratio``
   (:mod:`runtime.bench.cluster`).
+- ``effectively-once``: the DataFrame pipeline into Postgres and into Delta, an at-least-once
+  writer vs the effectively-once sink of the same kind; ``effectively_once_vs_at_least_once_ratio``
+  (Postgres; ``..._delta`` for Delta) (:mod:`runtime.bench.effectively_once`).
 - ``masters``: FT-on end-to-end throughput on ``local[2]`` and on
   ``local-cluster[2,1,1024]`` (two executor JVMs), each run in its own process
   (:mod:`runtime.bench.masters`).
@@ -52,7 +55,8 @@ from ftlayer.errors import ConfigError
 from runtime.bench.acker import RESULTS, bench_acker, bench_memory, write_results
 from runtime.cli.env import add_env_options, resolve_env_defaults
 
-BENCHES = ("acker", "redis-cpu", "scaling", "replay", "retry", "latency", "e2e", "e2e-dataframe", "cluster", "masters")
+BENCHES = ("acker", "redis-cpu", "scaling", "replay", "retry", "latency", "e2e", "e2e-dataframe", "effectively-once",
+           "cluster", "masters")
 DESCRIPTION = (
     "Run the benchmarks, print a JSON summary and merge it into results.json. Each benchmark measures its "
     "variants side by side in one run (alternating, repeated) and reports medians with their spread: "
@@ -62,7 +66,9 @@ DESCRIPTION = (
     "retry on local[2,4] writes again and the sink duplicates it leaves, ftlayer vs plain Spark), latency "
     "(persist to ack at a fixed trigger), e2e (FT on vs FT off vs plain Structured Streaming, Topology and "
     "DataFrame pipelines; e2e-dataframe: the DataFrame pipeline alone), cluster (persist+ack throughput of "
-    "2 client processes on a 1-primary vs a 3-primary Valkey Cluster: cluster_scaling_ratio), masters "
+    "2 client processes on a 1-primary vs a 3-primary Valkey Cluster: cluster_scaling_ratio), effectively-once "
+    "(the DataFrame pipeline into Postgres and into Delta, an at-least-once writer vs ftlayer's effectively-once "
+    "sink: effectively_once_vs_at_least_once_ratio), masters "
     "(FT-on e2e throughput on local[2] vs local-cluster[2,1,1024], each in its own process)."
 )
 
@@ -106,7 +112,7 @@ def _selected(args: argparse.Namespace) -> list[str]:
 
 
 def _on_spark(url: str, selected: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    """latency and e2e share one local SparkSession."""
+    """latency, e2e and effectively-once share one local SparkSession."""
     from runtime.bench.e2e import bench_e2e
     from runtime.bench.latency import bench_latency
     from runtime.bench.latency_plain import plain_latency
@@ -150,6 +156,20 @@ def _on_spark(url: str, selected: list[str], args: argparse.Namespace) -> dict[s
                 f"{k} {v:,.0f}/s" for k, v in got.items())))
         summary["ft_on_vs_plain_ratio_dataframe"] = round(
             summary["e2e_dataframe"]["ft_on_vs_plain_ratio"]["median"], 3)
+    if "effectively-once" in selected:
+        from runtime.bench.effectively_once import bench_effectively_once
+
+        _say(f"effectively-once: {args.once_records:,} records, {args.once_repeats} alternating rounds of an "
+             "at-least-once writer and the effectively-once sink, into Postgres and into Delta")
+        once = bench_effectively_once(
+            spark, cfg, args.once_records, args.once_repeats, postgres_url=args.postgres_url,
+            on_round=lambda kind, r, got: _say(f"  {kind} round {r + 1}: " + ", ".join(
+                f"{k} {v:,.0f}/s" for k, v in got.items())))
+        summary["effectively_once"] = once
+        summary["effectively_once_vs_at_least_once_ratio"] = round(
+            once["postgres"]["effectively_once_vs_at_least_once_ratio"]["median"], 3)
+        summary["effectively_once_vs_at_least_once_ratio_delta"] = round(
+            once["delta"]["effectively_once_vs_at_least_once_ratio"]["median"], 3)
     return summary
 
 
@@ -221,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
             masters = bench_masters(url, args.masters_records, args.masters_repeats, progress=_say)
             summary["e2e_masters"] = masters
             summary["local_cluster_vs_local_ratio"] = round(masters["local_cluster_vs_local_ratio"]["median"], 3)
-        if {"latency", "e2e", "e2e-dataframe"} & set(selected):
+        if {"latency", "e2e", "e2e-dataframe", "effectively-once"} & set(selected):
             summary.update(_on_spark(url, selected, args))
     finally:
         if server is not None:

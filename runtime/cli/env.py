@@ -127,6 +127,13 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
     _bench("--e2e-dataframe-records", "E2E_DATAFRAME_RECORDS", "int", "300000",
            "e2e: small records per run of the DataFrame pipeline", lo=1),
     _bench("--e2e-repeats", "E2E_REPEATS", "int", "3", "e2e: alternating rounds per variant"),
+    _bench("--once-records", "ONCE_RECORDS", "int", "100000",
+           "effectively-once: records per run of the DataFrame pipeline into Postgres and into Delta", lo=1),
+    _bench("--once-repeats", "ONCE_REPEATS", "int", "3",
+           "effectively-once: alternating rounds of the at-least-once and the effectively-once writer", lo=1),
+    _bench("--postgres-url", "POSTGRES_URL", "str", None,
+           "effectively-once: the PostgreSQL to write to; default an embedded server from the machine's "
+           "initdb/postgres"),
     _bench("--cluster-records", "CLUSTER_RECORDS", "int", "200000",
            "cluster: records each of the 2 client processes persists and acks per round", lo=1),
     _bench("--cluster-repeats", "CLUSTER_REPEATS", "int", "3", "cluster: alternating rounds per cluster size", lo=1),
