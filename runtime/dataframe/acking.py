@@ -26,8 +26,8 @@
     query re-runs the batch on its still-pending records, so state counts each record once.
 
 Rows of a record that a row function failed in this batch can still reach ``fn`` (with null in
-that function's column): the record is replayed anyway, so a sink sees it again (at-least-once);
-filter on the column if needed.
+that function's column) when the function is used as a column: the record is replayed anyway, so a
+sink sees it again (at-least-once). ``ftlayer.udf(...).with_column(df, name, *cols)`` drops such rows.
 """
 
 from __future__ import annotations

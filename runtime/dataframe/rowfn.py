@@ -5,7 +5,10 @@
   where ``fn`` raises returns null and its source record fails at once (one
   flush call with the reason): it is replayed under a new id with backoff, then
   dead-lettered after ``max_replays``. The batch's acking point then skips it
-  (no longer pending). The task never fails because of ``fn``.
+  (no longer pending). The task never fails because of ``fn``. The null row
+  still flows on; ``FTUdf.with_column(df, name, *cols)`` drops it instead, which
+  is what an aggregate downstream needs (it counts the record once, when its
+  replay succeeds).
 - :func:`map_in_pandas` ``(df, fn, schema)`` runs ``fn(pandas.DataFrame) ->
   pandas.DataFrame`` on each Arrow batch of ``df`` (which must carry
   ``_ftlayer``). If ``fn`` raises, the batch is re-run one row at a time: rows
@@ -83,17 +86,54 @@ class FTUdf:
                 fail_record(cfg, source, sid, exc, where)
                 return None
 
+        def checked(sid: int, source: str, *args: Any) -> tuple[bool, Any]:
+            try:
+                return True, fn(*args)
+            except Exception as exc:
+                fail_record(cfg, source, sid, exc, where)
+                return False, None
+
         self.fn = fn
         # Spark infers a UDF's kind from its type hints when useArrow is not given; this wrapper's
         # hints are not for Spark (it warned "Cannot infer the eval type"): it is a plain row UDF.
         guarded.__annotations__ = {}
+        checked.__annotations__ = {}
         self._udf = F.udf(guarded, return_type)
+        # with_column's form: (ok, value), evaluated once per row (nondeterministic: Spark neither
+        # duplicates it into the filter nor reorders it), so a failing row fails its record once
+        self._checked = F.udf(checked, _ok_value_type(return_type)).asNondeterministic()
 
     def __call__(self, *cols: Column | str) -> Column:
         from pyspark.sql import functions as F
 
         meta = F.col(METADATA_COLUMN)
         return self._udf(meta.getField("sid"), meta.getField("source"), *cols)
+
+
+    def with_column(self, df: DataFrame, name: str, *cols: Column | str) -> DataFrame:
+        """``df`` with column ``name`` = ``fn(*cols)``, **without the rows where fn raised**.
+
+        A raising row fails its source record (replayed, then dead-lettered) and does not flow on:
+        a ``groupBy().count()`` downstream counts it only once its replay succeeds, where the
+        column form (``udf(...)(cols)``) lets it through with null. Use this form when anything
+        after the function aggregates or must not see a failed row.
+        """
+        from pyspark.sql import functions as F
+
+        meta = F.col(METADATA_COLUMN)
+        tmp = f"__ftlayer_{name}"
+        checked = df.withColumn(tmp, self._checked(meta.getField("sid"), meta.getField("source"), *cols))
+        return (checked.filter(F.col(tmp).getField("ok")).withColumn(name, F.col(tmp).getField("value"))
+                .drop(tmp))
+
+
+def _ok_value_type(return_type: DataType | str) -> DataType | str:
+    """``struct<ok boolean, value return_type>``, as a DDL string for a DDL ``return_type``."""
+    if isinstance(return_type, str):
+        return f"struct<ok: boolean, value: {return_type}>"
+    from pyspark.sql.types import BooleanType, StructField, StructType
+
+    return StructType([StructField("ok", BooleanType(), False), StructField("value", return_type)])
 
 
 def udf(fn: Callable[..., Any], return_type: DataType | str, *, config: FTConfig | None = None) -> FTUdf:
