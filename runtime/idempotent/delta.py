@@ -43,6 +43,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ftlayer.errors import FTLayerError
+from runtime.idempotent.extras import import_extra
 from runtime.idempotent.keyed import DEFAULT_KEY, DEFAULT_LINEAGE, keyed_rows
 from runtime.sinks import ExecutorSink, SinkContext
 
@@ -66,12 +67,7 @@ class DeltaConflictError(DeltaSinkError):
 
 def import_deltalake() -> ModuleType:
     """deltalake (delta-rs), or a clear error saying which extra to install."""
-    try:
-        import deltalake
-    except ImportError as exc:
-        msg = "the Delta sink needs the deltalake package (delta-rs): pip install 'ftlayer[delta]'"
-        raise DeltaSinkError(msg) from exc
-    return deltalake
+    return import_extra("deltalake", "the Delta sink needs the deltalake package (delta-rs)", "delta", DeltaSinkError)
 
 
 class DeltaWriter:

@@ -29,6 +29,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ftlayer.errors import FTLayerError
+from runtime.idempotent.extras import import_extra
 from runtime.idempotent.keyed import DEFAULT_KEY, DEFAULT_LINEAGE, keyed_rows
 from runtime.sinks import ExecutorSink, SinkContext
 
@@ -59,12 +60,7 @@ class UniqueKeyMissingError(PostgresSinkError):
 
 def import_psycopg() -> ModuleType:
     """psycopg 3, or a clear error saying which extra to install."""
-    try:
-        import psycopg
-    except ImportError as exc:
-        msg = "the Postgres sink needs psycopg 3: pip install 'ftlayer[postgres]'"
-        raise PostgresSinkError(msg) from exc
-    return psycopg
+    return import_extra("psycopg", "the Postgres sink needs psycopg 3", "postgres", PostgresSinkError)
 
 
 def _table_identifier(table: str) -> Any:

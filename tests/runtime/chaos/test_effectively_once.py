@@ -13,7 +13,6 @@ target holds. Where the lines sink shows a replay twice, the target holds each r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +20,16 @@ import pytest
 
 from ftlayer.config import FTConfig
 from runtime.chaos.base import ChaosError
+from runtime.chaos.driver_app import warm_python_workers
 from runtime.chaos.runner import run_scenario
 from runtime.checker import Report
 
 pytestmark = pytest.mark.spark
 
 
-def _identity(batches: Iterator[Any]) -> Iterator[Any]:
-    yield from batches
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _warm_python_workers(spark: Any) -> None:
-    spark.range(0, 64, numPartitions=2).mapInArrow(_identity, "id long").collect()
+    warm_python_workers(spark)
 
 
 def _once(report: Report, kind: str) -> None:

@@ -8,7 +8,6 @@ once per durability mode against a dedicated server (``appendfsync always`` for 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,20 +15,17 @@ import pytest
 
 from ftlayer.config import FTConfig
 from ftlayer.server import EmbeddedServer
+from runtime.chaos.driver_app import warm_python_workers
 from runtime.chaos.runner import run_scenario
 from runtime.checker import Report
 
 pytestmark = pytest.mark.spark
 
 
-def _identity(batches: Iterator[Any]) -> Iterator[Any]:
-    yield from batches
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _warm_python_workers(spark: Any) -> None:
     """Start Python workers once, so the first scenario's first batch is not minutes late."""
-    spark.range(0, 64, numPartitions=2).mapInArrow(_identity, "id long").collect()
+    warm_python_workers(spark)
 
 
 def _no_loss_no_leak(report: Report) -> None:
