@@ -240,6 +240,8 @@ class FTQuery:
         if self._stopped:
             return
         self._stopped = True
+        for ing in self.ingestors:  # all asked first: their stop graces run side by side
+            ing.request_stop()
         for ing in self.ingestors:
             ing.stop()
         self.query.stop()

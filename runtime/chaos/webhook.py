@@ -10,7 +10,8 @@ from several threads, retrying every non-2xx answer and every connection error. 
 of the records are confirmed (and some are acked, some pending), the driver and its Spark JVM
 are SIGKILLed: requests in flight fail, records ingest had taken and not persisted are never
 confirmed. A second driver with the same topology, namespace, checkpoint and port starts; the
-client keeps retrying until every record is confirmed. The checker's produced ids are the
+client keeps retrying until every record is confirmed (it holds at two thirds of the records
+until the kill point, so a slow first batch cannot let it finish first). The checker's produced ids are the
 client's confirmed ids: every one must reach the sink (records the dead driver had persisted
 time out under the new driver and are replayed; the ids pending at the kill are recorded as
 the fault's).
@@ -57,7 +58,7 @@ def webhook_driver_kill(ctx: ScenarioContext, records: int, threads: int = 6, pa
     port = free_port()
     layer = ctx.layer()
     client = RetryingClient(f"http://127.0.0.1:{port}/", [default_value(i) for i in range(records)],
-                            threads=threads, pace_s=pace_s)
+                            threads=threads, pace_s=pace_s, hold_at=2 * records // 3)
     first = _driver(ctx, port, "driver1.log", pipeline)
     ctx.say(f"phase 1 driver started, webhook on port {port}")
     client.start()
@@ -66,6 +67,13 @@ def webhook_driver_kill(ctx: ScenarioContext, records: int, threads: int = 6, pa
         while time.monotonic() < deadline:
             st = layer.stats()
             if len(client.confirmed) >= records // 3 and st["acked"] > 0 and st["pending"] > 0:
+                # The client holds at two thirds so a slow first batch cannot let it finish before
+                # the kill; let it go and kill once more requests are under way.
+                before = len(client.confirmed)
+                client.release()
+                settle = time.monotonic() + 5.0
+                while len(client.confirmed) < before + threads and time.monotonic() < settle:
+                    time.sleep(0.01)
                 break
             if first.poll() is not None:
                 msg = f"chaos webhook-driver-kill: phase 1 ended (exit {first.returncode}) before it could be killed"

@@ -41,7 +41,10 @@ class RetryingClient:
 
     Counters: ``confirmed`` (ids, in confirmation order), ``answers`` (status -> count, None =
     connection error), ``retries`` (attempts beyond the first). ``pace_s``: each thread's pause
-    after a confirmation (a steady producer rather than a flood).
+    after a confirmation (a steady producer rather than a flood). ``hold_at``: the threads take no
+    record beyond the first ``hold_at`` until :meth:`release` (a harness that must fault the
+    receiver before every record is in uses it, so a slow receiver cannot let the client finish
+    first).
     """
 
     def __init__(
@@ -53,6 +56,7 @@ class RetryingClient:
         id_of: Callable[[Any], int] = lambda v: int(v["i"]),
         backoff_s: float = 0.2,
         pace_s: float = 0.0,
+        hold_at: int | None = None,
     ) -> None:
         self.url = url
         self._todo = list(records)
@@ -67,14 +71,26 @@ class RetryingClient:
         self._lock = threading.Lock()
         self._workers: list[threading.Thread] = []
         self._stop = threading.Event()
+        self._hold_at = hold_at
+        self._released = threading.Event()
+        if hold_at is None:
+            self._released.set()
+
+    def release(self) -> None:
+        """Let the threads take the records beyond ``hold_at``."""
+        self._released.set()
 
     def _take(self) -> Any | None:
-        with self._lock:
-            if self._next >= len(self._todo):
-                return None
-            value = self._todo[self._next]
-            self._next += 1
-            return value
+        while True:
+            with self._lock:
+                held = self._hold_at is not None and self._next >= self._hold_at and not self._released.is_set()
+                if not held or self._stop.is_set():
+                    if self._next >= len(self._todo):
+                        return None
+                    value = self._todo[self._next]
+                    self._next += 1
+                    return value
+            self._released.wait(0.05)
 
     def _send(self, value: Any) -> None:
         attempt = 0
@@ -112,7 +128,8 @@ class RetryingClient:
         return all(not w.is_alive() for w in self._workers)
 
     def join(self, timeout_s: float) -> bool:
-        """Wait until every record is confirmed; False on timeout."""
+        """Wait until every record is confirmed; False on timeout. Releases a hold."""
+        self.release()
         deadline = time.monotonic() + timeout_s
         for w in self._workers:
             w.join(max(0.0, deadline - time.monotonic()))

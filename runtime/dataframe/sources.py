@@ -148,6 +148,8 @@ class SourceHandle:
 
     def stop(self) -> None:
         """Stop this handle's ingest threads, FT service and metrics exporter (Redis state stays)."""
+        for ingestor in self.ingestors:  # all asked first: their stop graces run side by side
+            ingestor.request_stop()
         for ingestor in self.ingestors:
             ingestor.stop()
         if self.service is not None:

@@ -52,7 +52,9 @@ retries with backoff, holding the batch, for as long as the outage lasts, so
 nothing read from the source is dropped while the process lives, unless
 ``stop()`` is called while Redis is unreachable: the batch held then (at most
 one batch, never reported as persisted nor acked) is
-abandoned, logged and counted in ``Ingestor.abandoned``. A record whose key selector
+abandoned, logged and counted in ``Ingestor.abandoned``, unless Redis answers (and, in the
+'replicated' modes, a replica confirms) within ``stop_grace_s`` (5 s) of ``stop()``: the batch
+in hand is retried that long first. A record whose key selector
 raises, or whose value cannot be serialized, is never persisted for
 processing: it is handed to the destination's ``reject`` (FT on: a dead letter
 with the reason, ``ftlayer dlq`` shows it; FT off: dropped, logged and counted)
@@ -97,6 +99,10 @@ MAX_REPR_CHARS = 4096
 RETRYABLE: tuple[type[BaseException], ...] = (FTLayerError, redis.RedisError)
 # waits between retries while paused: 25 ms doubling to 2 s (redis-py's backoff)
 PAUSE_BACKOFF = ExponentialBackoff(cap=2.0, base=0.0125)
+# how long a batch in hand when stop() comes is still retried: a failover or a restart that
+# ends within it loses nothing (a query restarted after its source's primary died stops the
+# ingest thread while the new primary's replica is still catching up)
+STOP_GRACE_S = 5.0
 
 
 def source_iterator(source: Any, stop: threading.Event) -> Iterator[Any]:
@@ -240,7 +246,9 @@ class Ingestor:
         self.pauses = 0  # how many times it started waiting for Redis to come back
         self.durability_retries = 0  # persists retried because no replica confirmed them (replicated modes)
         self._pause_kind: str | None = None
+        self.stop_grace_s = STOP_GRACE_S
         self._stop = threading.Event()
+        self._stopped_at: float | None = None  # monotonic time of stop(): its grace runs from here
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -323,31 +331,45 @@ class Ingestor:
         log.warning("record rejected by ingest of %s (%s)", self.destination.label, reason)
         self._retrying("dead-lettering a rejected record", lambda: self.destination.reject(value, reason))
 
+    def _given_up(self) -> bool:
+        """True once ``stop()`` came and its grace has run out (a retry loop then raises)."""
+        at = self._stopped_at
+        return self._stop.is_set() and (at is None or time.monotonic() - at >= self.stop_grace_s)
+
+    def _backoff(self, failures: int) -> None:
+        delay = PAUSE_BACKOFF.compute(failures)
+        if self._stop.is_set():  # within the grace: wait, but not past it
+            at = self._stopped_at if self._stopped_at is not None else time.monotonic()
+            time.sleep(max(0.0, min(delay, at + self.stop_grace_s - time.monotonic())))
+        else:
+            self._stop.wait(delay)
+
     def _retrying(self, what: str, call: Callable[[], None]) -> None:
         """``call()`` until it succeeds: a Redis error pauses ingest and is retried with backoff
-        for as long as it lasts; only ``stop()`` ends the wait (the error is then raised)."""
+        for as long as it lasts; only ``stop()`` ends the wait, once its grace has run out (the
+        error is then raised)."""
         failures = 0
         while True:
             try:
                 call()
             except DurabilityError as exc:  # the write reached the server, its wait is unconfirmed
-                if not getattr(self.destination, "retry_durability", False) or self._stop.is_set():
+                if not getattr(self.destination, "retry_durability", False) or self._given_up():
                     raise
                 failures += 1
                 self.durability_retries += 1
                 if failures == 1:
                     log.warning("%s of %s: %s; retrying the same records", what, self.destination.label, exc)
                 self._pause("durability", f"{what}: {exc}")
-                self._stop.wait(PAUSE_BACKOFF.compute(failures))
+                self._backoff(failures)
             except RETRYABLE as exc:
-                if self._stop.is_set():
+                if self._given_up():
                     raise
                 failures += 1
                 if failures == 1:
                     log.warning("%s of %s failed (%s: %s); retrying with backoff", what,
                                 self.destination.label, type(exc).__name__, exc)
                 self._pause("outage", f"{what}: {type(exc).__name__}: {exc}")
-                self._stop.wait(PAUSE_BACKOFF.compute(failures))
+                self._backoff(failures)
             else:
                 self._resume()
                 return
@@ -444,7 +466,15 @@ class Ingestor:
         self._thread.start()
         return self
 
-    def stop(self, timeout_s: float = 10.0) -> None:
+    def request_stop(self) -> None:
+        """Ask the thread to stop (returns at once): it stops reading the source, and a batch in
+        hand is still retried for ``stop_grace_s`` before it is abandoned. Idempotent."""
+        if self._stopped_at is None:
+            self._stopped_at = time.monotonic()
         self._stop.set()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """:meth:`request_stop`, then wait up to ``timeout_s`` for the thread to end."""
+        self.request_stop()
         if self._thread is not None:
             self._thread.join(timeout_s)

@@ -393,8 +393,9 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
             tail = tails[k] if self._target is None else _min_id(tails[k], self._target[k])
             end[k] = _max_id(start[k], tail)
         cap = max_rows(limit)
-        if cap is not None:
-            end = self._capped(start, end, cap)
+        if cap is not None:  # reads only: a cluster failover is waited out here too
+            uncapped = end
+            end = self.layer.store.ride_out(lambda: self._capped(start, uncapped, cap))
         return end
 
     def reportLatestOffset(self) -> Offset:

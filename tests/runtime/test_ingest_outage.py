@@ -68,3 +68,52 @@ def test_ingest_pauses_through_an_outage_and_resumes(server: EmbeddedServer) -> 
     print(f"produced {source.emitted}, persisted {st['persisted']}, ingest pauses {ing.pauses}")
     assert source.emitted == ing.ingested == st["persisted"] == 2000
     assert sorted(pending_ids(layer)) == list(range(2000))
+
+
+def test_stop_during_an_outage_shorter_than_the_grace_still_persists_the_batch_in_hand(
+        server: EmbeddedServer) -> None:
+    """stop() while the server is down: the batch in hand is retried for stop_grace_s, so a
+    restart within it persists every record the source produced (a query restarted during a
+    failover stops its ingest threads this way)."""
+    cfg = FTConfig(redis_url=server.url, namespace="grace", durability="waitaof", flush_batch_size=50)
+    layer = FTLayer(cfg, "ing", "grace", num_channels=2).open()
+    source = ScriptedSource(_paced(10_000, 50, 0.02), chunk=50)
+    ing = Ingestor(layer, source, linger_s=0.005).start()
+    try:
+        _wait(lambda: layer.stats()["persisted"] >= 200, 60, "200 records persisted")
+        server.kill()
+        _wait(lambda: (ing.paused or "").startswith("outage"), 60, "ingest to pause on the outage")
+        ing.request_stop()
+        time.sleep(2.0)  # the outage outlasts redis-py's own retries (~0.7 s) after the stop
+        assert not ing.done, "the batch in hand must be retried, not abandoned at once"
+        server.start()
+        ing.stop(30.0)
+        assert ing.done
+    finally:
+        ing.stop()
+    st = layer.stats()
+    print(f"produced {source.emitted}, persisted {st['persisted']}, abandoned {ing.abandoned}")
+    assert ing.abandoned == 0 and ing.error is None
+    assert source.emitted == ing.ingested == st["persisted"]
+    assert sorted(pending_ids(layer)) == list(range(source.emitted))
+
+
+def test_stop_during_an_outage_longer_than_the_grace_abandons_and_counts_the_batch(
+        server: EmbeddedServer) -> None:
+    cfg = FTConfig(redis_url=server.url, namespace="nograce", durability="waitaof", flush_batch_size=50)
+    layer = FTLayer(cfg, "ing", "nograce", num_channels=2).open()
+    source = ScriptedSource(_paced(10_000, 50, 0.02), chunk=50)
+    ing = Ingestor(layer, source, linger_s=0.005)
+    ing.stop_grace_s = 0.5
+    ing.start()
+    try:
+        _wait(lambda: layer.stats()["persisted"] >= 200, 60, "200 records persisted")
+        server.kill()
+        _wait(lambda: (ing.paused or "").startswith("outage"), 60, "ingest to pause on the outage")
+        ing.stop(30.0)
+        assert ing.done
+    finally:
+        server.start()
+    st = layer.stats()
+    assert ing.abandoned > 0
+    assert source.emitted == st["persisted"] + ing.abandoned
