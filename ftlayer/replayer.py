@@ -37,6 +37,9 @@ from ftlayer.store import SourceStore, in_use_error
 
 log = logging.getLogger(__name__)
 _SERIALIZER = SemiDeserializedSerializer()
+# how long REPLAY keeps the link from a timed-out record to its copy (keys.replaced): a DataFrame
+# batch committed later than this (a driver down for a day) counts the copy again
+REPLACED_LINK_TTL_S = 24 * 3600
 _FAILED_HEADER = struct.Struct(">dH")  # FAILED_PREFIX bytes (ftlayer.frames), read by the Lua too
 assert _FAILED_HEADER.size == FAILED_PREFIX
 
@@ -202,8 +205,9 @@ class Replayer:
             chunks, olds = _replay_chunks(replays, k.shard, k.num_shards)
             ((replayed, second),) = self.store.run_durable([(
                 "REPLAY",
-                [*self.store.state_keys, k.dlq, *self.store.channel_keys(self.num_channels)],
-                [k.prefix, self.num_channels, chunks, olds, b"".join(dead), self.store.now_ms()],
+                [*self.store.state_keys, k.dlq, *self.store.channel_keys(self.num_channels), k.replaced],
+                [k.prefix, self.num_channels, chunks, olds, b"".join(dead), self.store.now_ms(),
+                 REPLACED_LINK_TTL_S * 1000],
             )])
             if int(replayed) >= 0:
                 return ReplayResult(int(replayed), int(second))  # second: dead-lettered
