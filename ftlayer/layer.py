@@ -332,6 +332,10 @@ class FTLayer:
         """Move a hold's deadline where it still exists; False if it was ended in every shard."""
         return any([Holds(shard.store).renew(tag, deadline_ms, started_ms) for shard in self.shards])
 
+    def hold_chunks(self, tag: str, shard: int, chunk_ids: list[bytes], ttl_ms: int) -> None:
+        """Add chunks of ``shard`` to the hold ``tag`` (started with :meth:`start_hold`)."""
+        Holds(self.shards[shard].store).add(tag, chunk_ids, ttl_ms)
+
     def end_hold(self, tag: str) -> None:
         """End the hold of the micro-batch ``tag`` in every shard."""
         for shard in self.shards:
