@@ -65,8 +65,10 @@ def parse_report(text: str) -> tuple[bool, int | None, int | None]:
     return ok, (max(lost) if lost else None), (max(dups) if dups else None)
 
 
-def run_cell(sink: str, pipeline: str, scenario: str, out: Path, sink_url: str | None) -> Cell:
-    cmd = [sys.executable, "-m", "runtime.cli.main", "chaos", scenario, "--pipeline", pipeline, "--sink", sink]
+def run_cell(sink: str, pipeline: str, scenario: str, out: Path, *, sink_url: str | None = None,
+             lock: Path | None = None) -> Cell:
+    cmd = [*(["flock", str(lock)] if lock else []), sys.executable, "-m", "runtime.cli.main", "chaos", scenario,
+           "--pipeline", pipeline, "--sink", sink]
     if sink_url:
         cmd += ["--sink-url", sink_url]
     if scenario == "kill-executor":
@@ -90,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--scenario", action="append", help="only these scenarios (repeat)")
     p.add_argument("--sink-url", default=None, help="the sink's URL (default: each run starts its own target)")
     p.add_argument("--out", type=Path, default=Path("chaos-matrix"), help="directory for each run's report")
+    p.add_argument("--lock", type=Path, default=None,
+                   help="run each scenario under flock on this file (to share the machine with other Spark jobs)")
     args = p.parse_args(argv)
     sinks = args.sink or ["postgres", "delta"]
     pipelines = ("topology", "dataframe") if args.pipeline == "both" else (args.pipeline,)
@@ -100,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for scenario in TOPOLOGY if pipeline == "topology" else DATAFRAME:
                 if args.scenario and scenario not in args.scenario:
                     continue
-                cell = run_cell(sink, pipeline, scenario, args.out, args.sink_url)
+                cell = run_cell(sink, pipeline, scenario, args.out, sink_url=args.sink_url, lock=args.lock)
                 cells.append(cell)
                 print(cell.line(), flush=True)
     failed = [c for c in cells if not c.passed]
