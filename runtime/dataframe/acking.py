@@ -40,6 +40,7 @@ from ftlayer.batch_acks import batch_tags
 from ftlayer.config import FTConfig
 from ftlayer.connection import client_for
 from ftlayer.errors import ConfigError
+from ftlayer.holds import CARRY_PREFIX
 from ftlayer.keys import query_batch_key
 from ftlayer.layer import FTLayer
 from runtime.dataframe.plan import is_stateful
@@ -68,7 +69,8 @@ def settle_batch(config: FTConfig, query_id: str, batch_id: int, mode: Literal["
                  reason: str = "") -> int:
     """Ack or fail the still-pending records of one batch of one query, over every source it read.
 
-    Acking ends the batch's holds too (it is done). Idempotent; returns the records settled.
+    Acking ends the batch's holds too (it is done), and the carry holds of the batches before
+    it. Idempotent; returns the records settled.
     """
     client = client_for(config.redis_url, config.connect_timeout_s)
     total = 0
@@ -79,6 +81,9 @@ def settle_batch(config: FTConfig, query_id: str, batch_id: int, mode: Literal["
         total += layer.settle_batch(tag, mode, reason)
         if mode == "ack":
             layer.end_hold(tag)
+            # the carries of earlier batches (runtime.spark.batch_holds) are needless now; the
+            # reader ends them at its next latestOffset, which a query that stops never makes
+            layer.end_carries(keep=f"{CARRY_PREFIX}{tag}")
     if mode == "ack":  # the batch is done: its index goes too (no leak after a drain)
         client.delete(query_batch_key(config.namespace, query_id, batch_id))
     return total
