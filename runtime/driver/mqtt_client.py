@@ -22,6 +22,7 @@ through a restart of the receiver.
 
 from __future__ import annotations
 
+import importlib
 import ssl
 from dataclasses import dataclass
 from types import ModuleType
@@ -61,10 +62,13 @@ class MqttAckError(MqttError):
 
 
 def paho() -> ModuleType:
-    """``paho.mqtt.client``, or :class:`MqttError` saying how to install it."""
-    from runtime.idempotent.extras import import_extra
-
-    return import_extra("paho.mqtt.client", "the MQTT source needs paho-mqtt", "mqtt", MqttError)
+    """``paho.mqtt.client``, or :class:`MqttError` saying how to install it (the optional extra ``mqtt``;
+    the same message as ``runtime.idempotent.extras.import_extra``, which sits above this floor)."""
+    try:
+        return importlib.import_module("paho.mqtt.client")
+    except ImportError as exc:
+        msg = "the MQTT source needs paho-mqtt: pip install 'ftlayer[mqtt]'"
+        raise MqttError(msg) from exc
 
 
 @dataclass(frozen=True)

@@ -227,3 +227,13 @@ def test_a_null_or_undecodable_payload_is_never_none() -> None:
     assert [type(v) for v in values] == [UnparsedMessage, UnparsedMessage]
     with pytest.raises(ValueError, match="JSON null"):
         values[0]["user"]
+
+
+def test_without_paho_the_error_says_which_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from runtime.driver.mqtt_client import MqttError
+
+    monkeypatch.setitem(sys.modules, "paho.mqtt.client", None)  # import fails as if not installed
+    with pytest.raises(MqttError, match=r"needs paho-mqtt: pip install 'ftlayer\[mqtt\]'"):
+        MqttSource("mqtt://127.0.0.1:1", "t/#", client_id="x").open()
