@@ -199,20 +199,22 @@ def postgres() -> Iterator[Any]:
 
 
 def _install_mosquitto() -> str:
-    """Install the Mosquitto broker with apt-get (root only; one worker at a time); what went wrong, or ''."""
+    """Install the Mosquitto broker with apt-get (root only; one worker at a time); what was done."""
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         return "not root, or no apt-get: install it by hand (Debian/Ubuntu: apt-get install mosquitto)"
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     with open(Path(tempfile.gettempdir()) / "ftlayer-tests-apt.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists():
-            return ""  # another worker installed it meanwhile
+            return "another test worker installed it"
+        done = []
         for attempt in (["apt-get", "install", "-y", "-q", "mosquitto"], ["apt-get", "update", "-q"],
                         ["apt-get", "install", "-y", "-q", "mosquitto"]):
-            done = subprocess.run(attempt, env=env, capture_output=True, text=True, check=False, timeout=600)
-            if done.returncode == 0 and attempt[1] == "install":
-                return ""
-        return f"apt-get install mosquitto failed: {(done.stdout + done.stderr)[-800:]}"
+            run = subprocess.run(attempt, env=env, capture_output=True, text=True, check=False, timeout=600)
+            done.append(f"{' '.join(attempt)} exited {run.returncode}: {(run.stdout + run.stderr).strip()[-400:]}")
+            if run.returncode == 0 and attempt[1] == "install":
+                break
+        return "; ".join(done)
 
 
 @pytest.fixture(scope="session")
@@ -223,11 +225,13 @@ def mosquitto_binary() -> Path:
     try:
         return find_mosquitto()
     except MosquittoError as exc:
-        problem = _install_mosquitto()
-        try:
-            return find_mosquitto()
-        except MosquittoError:
-            pytest.fail(f"{exc}; the test set-up could not install it: {problem}", pytrace=False)
+        missing = str(exc)
+    what = _install_mosquitto()
+    try:
+        return find_mosquitto()
+    except MosquittoError:
+        pass
+    pytest.fail(f"{missing}; the test set-up tried to install it and still finds no binary ({what})", pytrace=False)
 
 
 @pytest.fixture
