@@ -80,6 +80,7 @@ it raises; see :mod:`ftlayer.outage`).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -93,7 +94,7 @@ from ftlayer.batch_acks import batch_tag
 from ftlayer.chunks import CHUNK_KEY_BYTES, STATE_HEADER
 from ftlayer.config import FTConfig, parse_bool
 from ftlayer.connection import resolved
-from ftlayer.errors import ConfigError, FrameError
+from ftlayer.errors import ConfigError, FrameError, FTLayerError
 from ftlayer.holds import CARRY_PREFIX, hold_lease_s
 from ftlayer.keys import check_name
 from ftlayer.layer import FTLayer
@@ -134,6 +135,7 @@ FORMAT = "ftlayer"
 DEFAULT_READ_PAGE_ENTRIES = 8  # first page of a read; later pages adapt (see read())
 MAX_READ_PAGE_ENTRIES = 4096
 READ_TARGET_RECORDS = 10_000  # records per server-side read call that paging aims at
+log = logging.getLogger(__name__)
 DEFAULT_OUTAGE_BUDGET_S = FTConfig().outage_budget_s
 DEFAULT_MAX_BATCH_S = FTConfig().max_batch_s
 # An offset: channel stream key ("ch<c>", "ch<c>s<shard>" with shards) -> Redis stream id ("<ms>-<seq>").
@@ -525,9 +527,15 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         self.layer.store.ride_out(lambda: self.settle(tag))
         carry = self._carry_tail(end, tag)  # before the batch's hold ends: no gap between the two
         holds.end(tag)
-        if self._carry is not None and self._carry != carry:  # the batch that read it committed
+        # the batch that read the earlier carries committed; a carry left by an earlier run of
+        # the query (it died, this reader is new) goes too
+        if self._carry is not None and self._carry != carry:
             holds.end(self._carry)
         self._carry = carry
+        try:
+            self.layer.end_carries(keep=carry)
+        except FTLayerError as exc:  # it lapses within a lease anyway
+            log.warning("could not end the earlier carry holds of %s: %s", self.layer.keys.prefix, exc)
 
     def _carry_tail(self, end: Mapping[str, str], tag: str) -> str | None:
         """Hold the unread rest of every entry the batch ending at ``end`` stopped inside (see
