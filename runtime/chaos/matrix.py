@@ -6,11 +6,9 @@ Spark), and prints one line each: the verdict, what was lost, and the duplicates
 shows (ids written twice; with an effectively-once sink the checker reads the target back, so
 that is what a user of the table would see). The report of each run is kept in ``--out``.
 
-Scenarios: the Topology pipeline runs kill-driver, kill-worker, kill-executor (two executor
-JVMs, ``local-cluster``), batch-fails, fail-rate, kill-redis, delayed-acks, poison and mixed;
-the DataFrame pipeline runs those it has (kill-driver, kill-worker, batch-fails, fail-rate,
-kill-redis, poison). Exit status 0 only if every run passed with 0 lost and, for an
-effectively-once sink, 0 duplicates.
+Scenarios, on both pipelines: kill-driver, kill-worker, kill-executor (two executor JVMs,
+``local-cluster``), batch-fails, fail-rate, kill-redis, delayed-acks, poison and mixed. Exit
+status 0 only if every run passed with 0 lost and, for an effectively-once sink, 0 duplicates.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ from pathlib import Path
 
 TOPOLOGY = ("kill-driver", "kill-worker", "kill-executor", "batch-fails", "fail-rate", "kill-redis",
             "delayed-acks", "poison", "mixed")
-DATAFRAME = ("kill-driver", "kill-worker", "batch-fails", "fail-rate", "kill-redis", "poison")
+DATAFRAME = TOPOLOGY
 EFFECTIVELY_ONCE = ("postgres", "delta", "redis")
 LOCAL_CLUSTER = "local-cluster[2,1,1024]"
 
