@@ -121,7 +121,7 @@ class BatchAcks:
         those count in the return value and in the ``late_completions`` counter.
         """
         s = self.store
-        keys = [*s.state_keys, s.keys.batch_reads(tag), s.keys.replaced]
+        keys = [*s.state_keys, s.keys.batch_reads(tag), s.keys.replaced, s.keys.batch_skips(tag)]
         total = 0
         while True:
             settled, left, late = s.run(

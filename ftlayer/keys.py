@@ -70,6 +70,10 @@ key suffix        type    contents
                           batch's end offset), as [chunk id 6][bitmap length u16][bitmap] per
                           chunk (PX expiry); acked and emptied once Spark committed the batch,
                           or failed by an acking point whose write failed
+``dfs:<tag>``     hash    DataFrame path: chunk id -> bitmap of the records of that chunk a read
+                          task of batch ``tag`` found no longer pending (``*``: the chunk was
+                          gone), so that one of its reads did not hand them on: BATCH_SETTLE does
+                          not complete those late (PX expiry); deleted with ``dfb:<tag>``
 ``holds``         hash    running micro-batches: ``tag`` -> ``"<deadline ms> <started ms>"``;
                           a timeout of a chunk in ``hld:<tag>`` falls due while the deadline
                           lies ahead is postponed (``ftlayer.holds``)
@@ -245,6 +249,10 @@ class SourceKeys:
     def batch_reads(self, tag: str) -> str:
         """Ids emitted by the read tasks of the micro-batch ``tag`` (DataFrame path)."""
         return self.key(f"dfb:{check_name('batch tag', tag)}")
+
+    def batch_skips(self, tag: str) -> str:
+        """``dfs:<tag>``: records a read of the micro-batch ``tag`` met no longer pending (DataFrame path)."""
+        return self.key(f"dfs:{check_name('batch tag', tag)}")
 
     @property
     def holds(self) -> str:

@@ -309,6 +309,7 @@ class PersistenceLayer:
         max_bytes: int = SCRIPT_MAX_BYTES,
         hold: str | None = None,
         hold_ttl_ms: int = 3_600_000,
+        skips_ttl_ms: int | None = None,
         start_chunk: bytes = b"",
         end_chunk: bytes = b"",
         cuts: Mapping[bytes, tuple[int, int]] | None = None,
@@ -325,14 +326,23 @@ class PersistenceLayer:
         ``start_chunk`` (and ``skip`` 0) the read begins at that chunk of entry ``after``,
         included; with ``end_chunk`` the entry ``until`` is read up to that chunk, included;
         ``cuts`` keeps, of the chunks it names, only the records whose index ``i`` has
-        ``lo < i <= hi`` (``runtime.spark.ft_offsets``).
+        ``lo < i <= hi`` (``runtime.spark.ft_offsets``). With ``skips_ttl_ms`` (and ``hold``: the
+        DataFrame path's read tasks) the records of the chunks read that are no longer pending are
+        noted in ``dfs:<hold>`` for that long: this read does not hand them on, so the batch's
+        settle must not complete them late (``BATCH_SETTLE``).
         """
         k = self.store.keys
         keys = [k.channel(channel), k.chunks, k.chunk_frames, k.read_marks]
         args: list[object] = [after, skip, until, max_entries, max_records, max_bytes, SCRIPT_BUDGET_MS, channel,
                               hold_ttl_ms, start_chunk, end_chunk]
+        if skips_ttl_ms is not None and hold is None:
+            msg = "read_channel: skips_ttl_ms needs hold (the batch whose reads it notes)"
+            raise ValueError(msg)
         if hold is not None:
             keys.append(k.held(hold))
+        if hold is not None and skips_ttl_ms is not None:
+            keys.append(k.batch_skips(hold))
+            args.append(skips_ttl_ms)
         reply = self.store.run("READ_CHANNEL", keys, args)
         last = reply[0].decode() if reply and reply[0] else ""
         rest = reply[2:]

@@ -600,13 +600,14 @@ READ_CHANNEL = (
 -- read_channel: the chunks of one channel between two stream positions that still hold pending
 -- records, bounded.
 -- KEYS: channel stream, ck, cf, rd (read watermarks), optionally hld:<tag> (the running
---       batch's hold set)
+--       batch's hold set) and then dfs:<tag> (the batch's skipped records, DataFrame path)
 -- ARGV: start id ('-' = from the beginning), chunks of the start entry already read
 --       (0 = all of it: the read begins after it; k > 0: it begins at the entry's (k+1)-th chunk),
 --       end id (inclusive, '+' = to the end), max stream entries, max records to examine,
 --       max frame bytes to return, time budget ms, channel number, hold set ttl ms (with KEYS[5]),
 --       start chunk id ('' = none: with skip 0 the read begins at that chunk of the start entry,
---       which it includes), end chunk id ('' = none: the end entry is read up to that chunk, included)
+--       which it includes), end chunk id ('' = none: the end entry is read up to that chunk, included),
+--       with dfs:<tag>: its ttl ms
 -- Returns: {cursor id ('' if no entry was read), chunks of the cursor entry read (0 = all),
 -- chunk id, state, frames, chunk id, state, frames, ...}: per chunk still pending, its id, its
 -- `ck` state (header and settled bitmap) and its `cf` frames, as stored. The reader skips the
@@ -619,6 +620,10 @@ READ_CHANNEL = (
 -- finished or entered (never back): its chunks count as handed to a task (see EXPIRE).
 -- With a hold set, every chunk returned joins it: EXPIRE postpones their timeouts while the
 -- hold lasts (a re-read adds nothing new: it is a set).
+-- With dfs:<tag>, each chunk of the range with records no longer pending ORs their bits into its
+-- field ('*' for a chunk gone whole): this read hands them on to no one. A record the batch read
+-- earlier and that timed out since (a second action of foreachBatch, a task retry) is then not
+-- in the batch's output, and BATCH_SETTLE must let its replay flow instead of completing it late.
 """
     + CLOCK
     + r"""
@@ -637,6 +642,25 @@ local function chunk_pos(ids, key)
     if string.sub(ids, q, q + KEY_BYTES - 1) == key then return (q - 1) / KEY_BYTES end
   end
   return nil
+end
+local K_SKP, skp_touched = KEYS[6], false
+local function note_skipped(key, st)
+  if not st then
+    redis.call('HSET', K_SKP, key, '*')
+    skp_touched = true
+    return
+  end
+  local bm = string.sub(st, HDR + 1, HDR + math.floor((struct.unpack('>I2', st, CK_N) + 7) / 8))
+  if not string.find(bm, '[^%z]') then return end  -- every record of the chunk pending: the usual case
+  local old = redis.call('HGET', K_SKP, key)
+  if old == '*' then return end
+  if old then
+    local merged = {}
+    for b = 1, #bm do merged[b] = string.char(bit.bor(string.byte(bm, b), string.byte(old, b) or 0)) end
+    bm = table.concat(merged)
+  end
+  redis.call('HSET', K_SKP, key, bm)
+  skp_touched = true
 end
 local t0, out, n, bytes, ents, fetch, done = clock_ms(), {'', 0}, 0, 0, 0, 4, false
 local mark_g = nil
@@ -663,6 +687,7 @@ while not done and ents < max_e do
       local key = string.sub(ids, KEY_BYTES * pos + 1, KEY_BYTES * (pos + 1))
       pos = pos + 1
       local st = redis.call('HGET', KEYS[2], key)
+      if K_SKP then note_skipped(key, st) end
       if not st then n = n + 1 end  -- a settled chunk costs one look-up: count it as one record
       if st then
         local fr = redis.call('HGET', KEYS[3], key) or ''
@@ -701,6 +726,7 @@ if KEYS[5] and #out > 2 then
   if #batch > 0 then redis.call('SADD', KEYS[5], unpack(batch)) end
   redis.call('PEXPIRE', KEYS[5], ARGV[9])
 end
+if skp_touched then redis.call('PEXPIRE', K_SKP, ARGV[12]) end
 return out
 """
 )
@@ -833,7 +859,7 @@ BATCH_SETTLE = (
     r"""
 -- batch_settle: ack (or fail) every still-pending record a micro-batch's read tasks emitted.
 -- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, batch key (dfb:<tag>),
---       optionally rpl (replaced links, written by REPLAY)
+--       optionally rpl (replaced links, written by REPLAY) and then dfs:<tag> (READ_CHANNEL)
 -- ARGV: prefix, mode ('ack' | 'fail'), max list elements to take in this call, fail reason,
 --       now ms, backoff initial ms, backoff multiplier, backoff max ms
 -- Returns: {records settled in this call, list elements left, late completions}. The caller
@@ -846,14 +872,30 @@ BATCH_SETTLE = (
 -- again: still waiting in `failed`, it leaves it (counted acked); already replayed, the copy it
 -- links to (rpl, followed through further timeouts) is settled if still pending, so the reader
 -- skips it. A copy already handed to a later batch cannot be recalled (the batches of one query
--- run one after another, and this runs before the next is planned).
+-- run one after another, and this runs before the next is planned). Not completed late: a record
+-- that a read of the batch found no longer pending (dfs:<tag>): a later action of the batch (the
+-- write after a count) or a task's retry did not see it, so the output may lack it; its replay
+-- writes it. dfs:<tag> is deleted with the batch key.
 """
     + _STATE
     + r"""
 local mode, budget, reason = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local now, b_init, b_mult, b_max = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local K_RPL = KEYS[13]
+local K_RPL, K_SKP = KEYS[13], KEYS[14]
 local settled, late_n = 0, 0
+local SKIPS = {}
+local function skipped_bits(key, byte_no)
+  -- the bits of byte byte_no of chunk key that a read of the batch found no longer pending
+  if not K_SKP then return 0 end
+  local sk = SKIPS[key]
+  if sk == nil then
+    sk = redis.call('HGET', K_SKP, key) or false
+    SKIPS[key] = sk
+  end
+  if not sk then return 0 end
+  if sk == '*' then return 255 end
+  return string.byte(sk, byte_no) or 0
+end
 local function complete_late(sid, depth)
   -- sid was emitted by the committed batch and is no longer pending: cancel its timeout's replay
   local v = redis.call('HGET', K_FAILED, sid)
@@ -880,6 +922,7 @@ local function complete_late(sid, depth)
   return complete_late(nsid, depth + 1)  -- the copy timed out too: follow it
 end
 local function late_bits(key, byte_no, bits)
+  bits = bit.band(bits, bit.bnot(skipped_bits(key, byte_no)), 255)
   for k = 0, 7 do
     if bit.band(bits, P2[k + 1]) ~= 0 then
       late_n = late_n + complete_late(key .. struct.pack('>I2', 8 * (byte_no - 1) + k), 0)
@@ -935,7 +978,9 @@ if settled + late_n > 0 then
   redis.call('HINCRBY', K_STATS, mode == 'fail' and 'failed_explicit' or 'acked', settled + late_n)
 end
 if late_n > 0 then redis.call('HINCRBY', K_STATS, 'late_completions', late_n) end
-return {settled, redis.call('LLEN', KEYS[12]), late_n}
+local left = redis.call('LLEN', KEYS[12])
+if left == 0 and K_SKP then redis.call('DEL', K_SKP) end
+return {settled, left, late_n}
 """
 )
 

@@ -34,6 +34,13 @@ def _read(layer: FTLayer, tag: str | None = None) -> list[int]:
     return sids
 
 
+def _reread(layer: FTLayer, tag: str) -> list[int]:
+    """A later action of batch ``tag`` (the write after a count, a task's retry) reads the channels
+    again as the DataFrame read task does: noting the records it finds no longer pending."""
+    return [sid for shard in layer.shards for ch in range(layer.num_channels)
+            for sid in shard.persistence.read_channel(ch, hold=tag, skips_ttl_ms=60_000).pending()[0]]
+
+
 def _time_out(layer: FTLayer) -> None:
     for _ in range(layer.config.num_buckets):
         layer.on_timeout()
@@ -75,6 +82,34 @@ def test_a_batch_committed_after_its_records_timed_out_settles_their_copies(laye
     assert _read(layer) == []  # the next batch reads no copy: nothing is counted twice
     commit_all(layer)
     assert layer.leftovers() == []
+
+
+def test_a_record_a_later_read_of_its_batch_skipped_keeps_its_replay(layer: FTLayer) -> None:
+    """foreachBatch counts, the batch hangs, its records time out, then the write reads the batch
+    again and finds none of them: completing them late would ack records nothing wrote (chaos
+    delayed-acks --pipeline dataframe --sink delta lost 3 that way)."""
+    sids = _persist(layer, 100)
+    _read(layer, "b1")  # the count
+    _time_out(layer)
+    assert _reread(layer, "b1") == []  # the write: no record of the batch is pending any more
+    assert layer.replay_due().replayed == 100
+    assert layer.settle_batch("b1", "ack") == 0  # the batch committed; nothing of it was written
+    assert layer.stats()["late_completions"] == 0
+    assert len(_read(layer, "b2")) == len(sids)  # the copies (new ids) are read and written instead
+    assert layer.settle_batch("b2", "ack") == len(sids)
+    commit_all(layer)
+    assert layer.leftovers() == []  # dfs:b1 went with the batch key
+
+
+def test_a_reread_that_finds_every_record_pending_notes_nothing(layer: FTLayer) -> None:
+    sids = _persist(layer, 100)
+    _read(layer, "b1")
+    assert sorted(_reread(layer, "b1")) == sorted(sids)  # a second action, before any timeout
+    assert not layer.store.client.exists(layer.store.keys.batch_skips("b1"))
+    _time_out(layer)
+    assert layer.replay_due().replayed == 100
+    assert layer.settle_batch("b1", "ack") == 100
+    assert layer.stats()["late_completions"] == 100
 
 
 def test_a_record_failed_by_a_row_function_keeps_its_replay(layer: FTLayer) -> None:
