@@ -55,6 +55,7 @@ from ftlayer.state import TopologyState, check_reachable_redis
 from runtime.driver.ingest import Ingestor, KeySelector
 from runtime.driver.metrics import MetricsExporter
 from runtime.spark.conf import effective_config
+from runtime.spark.connect import active_connect_session, check_server_reaches
 from runtime.spark.ft_source import FORMAT, source_options
 from runtime.spark.payload_columns import METADATA_COLUMN, metadata_type
 from runtime.spark.typed_source import register
@@ -195,13 +196,14 @@ def open_waiting(layer: FTLayer, config: FTConfig) -> FTLayer:
 
 def active_session() -> Any:
     """The active SparkSession of this thread, else the process's default one (the one
-    ``SparkSession.builder.getOrCreate()`` returns; Spark keeps "active" per thread); None if
-    there is none, or no pyspark."""
+    ``SparkSession.builder.getOrCreate()`` returns; Spark keeps "active" per thread), classic or
+    Spark Connect; None if there is none, or no pyspark."""
     try:
         from pyspark.sql import SparkSession
     except ImportError:
         return None
-    return SparkSession.getActiveSession() or getattr(SparkSession, "_instantiatedSession", None)
+    found = SparkSession.getActiveSession() or getattr(SparkSession, "_instantiatedSession", None)
+    return found if found is not None else active_connect_session()
 
 
 def session_config(config: FTConfig | None, spark: Any = None) -> FTConfig:
@@ -218,6 +220,7 @@ def _resolve(config: FTConfig, topology: str, spark: Any) -> FTConfig:
         return config
     if spark is not None:
         check_reachable_redis(str(spark.conf.get("spark.master", "local") or "local"), config)
+        check_server_reaches(spark, config)
     server = TopologyState.open(config, topology).embedded_server(config)
     _embedded[config.namespace] = server.url
     return config.replace(redis_url=server.url)
