@@ -163,6 +163,12 @@ class _Spawner:
 _SPAWNER = _Spawner()
 
 
+def popen_with_parent(args: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen(args, **kw)`` of a child that gets SIGTERM when this process dies (Linux;
+    forked from the process-long spawner thread, see :class:`_Spawner`)."""
+    return _SPAWNER.popen(args, preexec_fn=_die_with_parent, **kw)
+
+
 class EmbeddedServer:
     """A private valkey-server process. Not thread-safe; one owner starts and stops it."""
 

@@ -81,9 +81,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    # before the session-scoped spark fixture would start the JVM
-    if "spark" in getattr(item, "fixturenames", ()) and item.get_closest_marker("spark") is None:
-        pytest.fail(f"{item.nodeid} uses the spark fixture but {NOT_MARKED_SPARK}", pytrace=False)
+    # before the session-scoped spark (or Spark Connect server) fixture would start the JVM
+    for name in ("spark", "connect_server"):
+        if name in getattr(item, "fixturenames", ()) and item.get_closest_marker("spark") is None:
+            pytest.fail(f"{item.nodeid} uses the {name} fixture but {NOT_MARKED_SPARK}", pytrace=False)
 
 
 def _jvm_started() -> bool:
