@@ -35,6 +35,7 @@ from runtime.dataframe.acking import settle_batch
 from runtime.dataframe.observe import reads_ftlayer
 from runtime.dataframe.plan import WRITER_MARK, forget_stateful, remember_stateful
 from runtime.driver.json_listener import JsonEventListener
+from runtime.driver.listener_removal import remove_listener
 
 __all__ = ["CommitListener", "attach", "detach_if_idle", "listener_of"]
 
@@ -158,4 +159,4 @@ def detach_if_idle(spark: Any) -> None:
         if listener is None or listener.configs:
             return
         setattr(spark, _ATTR, None)
-    spark.streams.removeListener(listener)
+    remove_listener(spark, listener)

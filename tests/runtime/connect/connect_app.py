@@ -18,9 +18,9 @@ Modes:
 - ``replay``: a stateless ``foreachBatch`` whose write fails for good once, ``on_error="auto"``:
   the acking point finds the query's id and that it keeps no state, fails the batch's records and
   the query goes on; they are delivered by replays.
-- ``available-now``: everything persisted, then an ``availableNow`` query that stops by itself;
-  its last batch is acked by the commit listener in this process (nothing calls the FT source
-  after the last commit), from the index the acking point wrote for the query it found.
+- ``listener``: everything persisted, then a query on a one-minute trigger whose first batch
+  reads it all: the commit listener in this process acks it (the FT source is not called again
+  within the minute), from the index the acking point wrote for the query it found.
 - ``chaos``: ``run_scenario(--scenario, spark, ...)`` of the DataFrame pipeline; prints the report.
 - ``topology``: ``Topology.start`` on the Connect session; prints the error it raises.
 """
@@ -28,6 +28,7 @@ Modes:
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import sys
 import time
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 WAIT_S = 240.0
+HANG_S = 420.0  # < run_client's timeout: the stacks of every thread, then exit
 
 
 def _session(url: str) -> Any:
@@ -188,9 +190,11 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
             "query_id": str(query.id)}
 
 
-def available_now(args: argparse.Namespace) -> dict[str, Any]:
-    """Everything persisted first, then one ``availableNow`` query that ends by itself: its last
-    batch is acked by the commit listener (in this process), from the index the acking point wrote."""
+def listener(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything persisted first, then a query on a one-minute trigger: its first batch reads it
+    all, and the FT source is not called again before the next trigger, so what acks the batch
+    within the minute is the commit listener (in this process), from the index the acking point
+    wrote for the query it found."""
     import ftlayer
     from ftlayer.config import FTConfig
 
@@ -209,15 +213,17 @@ def available_now(args: argparse.Namespace) -> dict[str, Any]:
         (out / f"{batch_id}.json").write_text(json.dumps([r["i"] for r in batch.select("i").collect()]))
 
     query = (df.writeStream.foreachBatch(ftlayer.acking(write, config=cfg))
-             .option("checkpointLocation", str(Path("ck").resolve())).trigger(availableNow=True).start())
-    query.awaitTermination(WAIT_S)
-    deadline = time.monotonic() + 30
-    while handle.stats()["acked"] < n and time.monotonic() < deadline:
+             .option("checkpointLocation", str(Path("ck").resolve())).trigger(processingTime="60 seconds").start())
+    started = time.monotonic()
+    while handle.stats()["acked"] < n and time.monotonic() - started < 45:
         time.sleep(0.2)
+    acked_after_s = time.monotonic() - started
     stats = handle.stats()
+    query.stop()
     delivered = [i for p in out.glob("*.json") for i in json.loads(p.read_text())]
     ftlayer.stop_all()
-    return {"stats": stats, "delivered": len(set(delivered)), "batches": len(list(out.glob("*.json")))}
+    return {"stats": stats, "delivered": len(set(delivered)), "batches": len(list(out.glob("*.json"))),
+            "acked_after_s": acked_after_s}
 
 
 def chaos(args: argparse.Namespace) -> dict[str, Any]:
@@ -246,8 +252,9 @@ def topology(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> int:
+    faulthandler.dump_traceback_later(HANG_S, exit=True)  # a hang shows where, and ends the client
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["tour", "sink", "replay", "available-now", "chaos", "topology"])
+    p.add_argument("mode", choices=["tour", "sink", "replay", "listener", "chaos", "topology"])
     p.add_argument("--url", required=True)
     p.add_argument("--redis-url", default="")
     p.add_argument("--namespace", default="ftlayer")
@@ -256,7 +263,7 @@ def main() -> int:
     p.add_argument("--workdir", default="work")
     p.add_argument("--metrics-port", type=int, default=0)
     args = p.parse_args()
-    modes = {"tour": tour, "sink": sink, "replay": replay, "available-now": available_now, "chaos": chaos,
+    modes = {"tour": tour, "sink": sink, "replay": replay, "listener": listener, "chaos": chaos,
              "topology": topology}
     result = modes[args.mode](args)
     print(json.dumps(result), flush=True)

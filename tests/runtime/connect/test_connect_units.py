@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from ftlayer.keys import token_batch_key
 from ftlayer.layer import FTLayer
 from runtime.dataframe import batch_context, sources
 from runtime.dataframe.acking import acking, settle_batch
+from runtime.driver.listener_removal import remove_listener
 from runtime.spark.connect import batch_job_tag, check_server_reaches, is_connect, refuse_connect, token_from_job_tags
 from runtime.spark.connect_server import SERVER_CLASS, LocalConnectServer
 from serialization.serializers import make_record
@@ -219,3 +221,69 @@ def test_the_connect_server_command_and_a_server_that_will_not_start(tmp_path: P
     with pytest.raises(ConnectServerError, match=r"exited with code 3 before it listened:\n.*not marked spark"):
         server.start()
     assert not server.alive
+
+
+class _Bus:
+    """pyspark 4.3's client-side StreamingQueryListenerBus, reduced to its removal deadlock: the last
+    listener's removal joins the event thread under the lock that the thread needs to deliver the
+    event that was on its way (a query's termination, right after ``query.stop()``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._listener_bus: list[Any] = []
+        self._execution_thread: threading.Thread | None = None
+        self._ended = threading.Event()
+        self.delivered: list[str] = []
+        self.stuck = False
+
+    def append(self, listener: Any) -> None:
+        with self._lock:
+            self._listener_bus.append(listener)
+            if len(self._listener_bus) == 1:
+                self._execution_thread = threading.Thread(target=self._handler, daemon=True)
+                self._execution_thread.start()
+
+    def _handler(self) -> None:
+        self._ended.wait()  # the server ends the stream, with one event still in flight
+        with self._lock:  # post_to_all
+            self.delivered += ["terminated" for _ in self._listener_bus]
+
+    def remove(self, listener: Any) -> None:
+        with self._lock:
+            if listener not in self._listener_bus:
+                return
+            if len(self._listener_bus) == 1:
+                self._ended.set()  # the removal command
+                if self._execution_thread is not None:
+                    self._execution_thread.join(2.0)  # pyspark waits for ever
+                    self.stuck = self._execution_thread.is_alive()
+                    self._execution_thread = None
+            self._listener_bus.remove(listener)
+
+
+class _Streams:
+    def __init__(self) -> None:
+        self._sqlb = _Bus()
+
+    def addListener(self, listener: Any) -> None:
+        self._sqlb.append(listener)
+
+    def removeListener(self, listener: Any) -> None:
+        self._sqlb.remove(listener)
+
+
+def test_removing_the_last_listener_of_a_connect_session_does_not_deadlock() -> None:
+    plain, safe = ConnectSession("a"), ConnectSession("b")
+    for session in (plain, safe):
+        session.streams = _Streams()  # type: ignore[assignment]
+        session.streams.addListener("commit")
+        session.streams.addListener("progress")
+    plain.streams.removeListener("commit")
+    plain.streams.removeListener("progress")
+    assert plain.streams._sqlb.stuck  # what pyspark does: the event thread waits on the removal's lock
+    thread = safe.streams._sqlb._execution_thread
+    remove_listener(safe, "commit")
+    assert thread is not None and thread.is_alive() and safe.streams._sqlb._listener_bus == ["progress"]
+    remove_listener(safe, "progress", join_s=5.0)
+    assert not safe.streams._sqlb.stuck and not thread.is_alive()
+    assert safe.streams._sqlb._listener_bus == []
