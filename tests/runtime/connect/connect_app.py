@@ -18,9 +18,9 @@ Modes:
 - ``replay``: a stateless ``foreachBatch`` whose write fails for good once, ``on_error="auto"``:
   the acking point finds the query's id and that it keeps no state, fails the batch's records and
   the query goes on; they are delivered by replays.
-- ``listener``: everything persisted, then a query on a one-minute trigger whose first batch
-  reads it all: the commit listener in this process acks it (the FT source is not called again
-  within the minute), from the index the acking point wrote for the query it found.
+- ``listener``: everything persisted, then a ``once`` query: the commit listener in this process
+  acks its batch (Spark does not call the FT source again after that commit), from the index
+  the acking point wrote for the query it found.
 - ``chaos``: ``run_scenario(--scenario, spark, ...)`` of the DataFrame pipeline; prints the report.
 - ``topology``: ``Topology.start`` on the Connect session; prints the error it raises.
 """
@@ -191,10 +191,11 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def listener(args: argparse.Namespace) -> dict[str, Any]:
-    """Everything persisted first, then a query on a one-minute trigger: its first batch reads it
-    all, and the FT source is not called again before the next trigger, so what acks the batch
-    within the minute is the commit listener (in this process), from the index the acking point
-    wrote for the query it found."""
+    """Everything persisted first, then a ``once`` query: one batch reads it all and the query ends,
+    and Spark does not call the FT source again after that batch's commit (as it does with
+    ``availableNow`` or the next trigger of ``processingTime``, whose ``latestOffset`` settles the
+    committed batch), so what acks the batch is the commit listener in this process, from the
+    index the acking point wrote for the query it found."""
     import ftlayer
     from ftlayer.config import FTConfig
 
@@ -213,13 +214,13 @@ def listener(args: argparse.Namespace) -> dict[str, Any]:
         (out / f"{batch_id}.json").write_text(json.dumps([r["i"] for r in batch.select("i").collect()]))
 
     query = (df.writeStream.foreachBatch(ftlayer.acking(write, config=cfg))
-             .option("checkpointLocation", str(Path("ck").resolve())).trigger(processingTime="60 seconds").start())
-    started = time.monotonic()
-    while handle.stats()["acked"] < n and time.monotonic() - started < 45:
+             .option("checkpointLocation", str(Path("ck").resolve())).trigger(once=True).start())
+    query.awaitTermination(WAIT_S)
+    ended = time.monotonic()
+    while handle.stats()["acked"] < n and time.monotonic() - ended < 30:
         time.sleep(0.2)
-    acked_after_s = time.monotonic() - started
+    acked_after_s = time.monotonic() - ended
     stats = handle.stats()
-    query.stop()
     delivered = [i for p in out.glob("*.json") for i in json.loads(p.read_text())]
     ftlayer.stop_all()
     return {"stats": stats, "delivered": len(set(delivered)), "batches": len(list(out.glob("*.json"))),
@@ -265,7 +266,12 @@ def main() -> int:
     args = p.parse_args()
     modes = {"tour": tour, "sink": sink, "replay": replay, "listener": listener, "chaos": chaos,
              "topology": topology}
-    result = modes[args.mode](args)
+    try:
+        result = modes[args.mode](args)
+    finally:  # also on an error: the Connect listener threads would keep the process alive
+        import ftlayer
+
+        ftlayer.stop_all()
     print(json.dumps(result), flush=True)
     return 0
 

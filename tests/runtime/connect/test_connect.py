@@ -73,9 +73,8 @@ def test_the_commit_listener_acks_a_committed_batch_on_spark_connect(
     result = run_client(connect_server, "listener", tmp_path, "--records", str(n), "--redis-url",
                         ft_config.redis_url, "--namespace", ft_config.namespace)
     assert result["delivered"] == n and result["batches"] == 1, result
-    # within the trigger's minute: the listener, not the FT source's next latestOffset, acked them
+    # after the once query ended: nothing but the listener acks (the FT source is not asked again)
     assert result["stats"]["acked"] == n and result["stats"]["pending"] == 0, result
-    assert result["acked_after_s"] < 45, result
 
 
 def test_chaos_batch_fails_on_spark_connect(connect_server: LocalConnectServer, tmp_path: Path,
