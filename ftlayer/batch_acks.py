@@ -124,18 +124,21 @@ class BatchAcks:
     def settle(self, tag: str, mode: Literal["ack", "fail"], reason: str = "") -> int:
         """Ack or fail every still-pending record filed for the batch ``tag``; returns how many.
 
-        Loops over bounded script calls until the batch key is empty (and so deleted).
+        Loops over bounded script calls until the batch key is empty (and so deleted). With
+        ``mode="ack"`` a listed record that timed out meanwhile completes late: its replay is
+        cancelled, or its copy settled before any later batch reads it (``BATCH_SETTLE``);
+        those count in the return value and in the ``late_completions`` counter.
         """
         s = self.store
-        keys = [*s.state_keys, s.keys.batch_reads(tag)]
+        keys = [*s.state_keys, s.keys.batch_reads(tag), s.keys.replaced]
         total = 0
         while True:
-            settled, left = s.run(
+            settled, left, late = s.run(
                 "BATCH_SETTLE", keys,
                 [s.keys.prefix, mode, ELEMENTS_PER_CALL, reason or f"batch {tag} failed", s.now_ms(),
                  *s.backoff_args()],
             )
-            total += int(settled)
+            total += int(settled) + int(late)
             if int(left) == 0:
                 return total
 

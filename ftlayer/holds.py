@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from ftlayer.store import SourceStore
 
-__all__ = ["STALE_AFTER_S", "Hold", "Holds", "hold_lease_s"]
+__all__ = ["CARRY_PREFIX", "STALE_AFTER_S", "Hold", "Holds", "hold_lease_s"]
 
 STALE_AFTER_S = 60.0  # a hold this far past its deadline is garbage (its reader is gone)
 MIN_LEASE_S, MAX_LEASE_S = 2.0, 10.0
@@ -76,6 +76,11 @@ def parse_hold(tag: bytes | str, raw: bytes | str) -> Hold | None:
     return Hold(name, deadline, started)
 
 
+#: Tag prefix of a carry hold: the unread rest of a stream entry a committed batch ended inside,
+#: held until the next batch committed (``runtime.spark.batch_holds``); not a running batch.
+CARRY_PREFIX = "carry-"
+
+
 class Holds:
     """The holds of one source shard (see the module contract). All calls are idempotent."""
 
@@ -97,6 +102,20 @@ class Holds:
     def end(self, tag: str) -> None:
         """Delete the hold and its set: the batch's records time out as usual from now on."""
         self._call("end", tag)
+
+    def add(self, tag: str, chunk_ids: list[bytes], ttl_ms: int) -> None:
+        """Put chunks in the set of hold ``tag`` as a read task's read would (idempotent: a set)."""
+        if not chunk_ids:
+            return
+        key, client = self.store.keys.held(tag), self.store.client
+
+        def add() -> None:
+            pipe = client.pipeline(transaction=False)
+            pipe.sadd(key, *chunk_ids)
+            pipe.pexpire(key, ttl_ms)
+            pipe.execute()
+
+        self.store.ride_out(add)
 
     def all(self) -> list[Hold]:
         """Every hold of the shard, live or lapsed."""

@@ -44,9 +44,14 @@ key suffix        type    contents
                           (u16; top bit set: dead-letter without replays) | reason | frame
 ``due``           zset    failed source_record_id scored by its replay-due time (ms)
 ``dlq``           stream  dead letters: origin, sid, replay count, reason, time, frame
+``rpl``           hash    a record that timed out and was replayed: old sid -> new sid (8) |
+                          replay time ms (double); so a DataFrame batch that commits after its
+                          records timed out settles their copies (``BATCH_SETTLE``); field
+                          ``~`` holds the sweep cursor; links older than a day are swept,
+                          and the hash expires a day after its last link
 ``stats``         hash    counters: persisted, acked, failed_explicit, failed_timeout,
                           replayed, dead_lettered, requeued, late_deltas, duplicate_flushes,
-                          refiled_unread, refiled_held
+                          refiled_unread, refiled_held, late_completions
 ``meta``          hash    num_channels, num_shards, format version (3; 1 and 2 are migrated
                           on start, see ``ftlayer.layout``), created time; under the source's
                           own tag whatever the shard count
@@ -202,6 +207,11 @@ class SourceKeys:
     @property
     def dlq(self) -> str:
         return self.key("dlq")
+
+    @property
+    def replaced(self) -> str:
+        """Timed-out records replayed under a new id: old sid -> new sid (see ``BATCH_SETTLE``)."""
+        return self.key("rpl")
 
     @property
     def stats(self) -> str:

@@ -37,7 +37,7 @@ from ftlayer.delta_arrays import DeltaArrays
 from ftlayer.errors import ChunkIdInUseError, ConfigError, InvalidIdError
 from ftlayer.flush_tokens import FlushToken
 from ftlayer.frames import SemiDeserializedRecord
-from ftlayer.holds import Hold, Holds
+from ftlayer.holds import CARRY_PREFIX, Hold, Holds
 from ftlayer.keys import SourceKeys
 from ftlayer.persistence import ChannelBatch
 from ftlayer.replayer import ReplayResult, ReplayRouter
@@ -334,10 +334,26 @@ class FTLayer:
         """Move a hold's deadline where it still exists; False if it was ended in every shard."""
         return any([Holds(shard.store).renew(tag, deadline_ms, started_ms) for shard in self.shards])
 
+    def hold_chunks(self, tag: str, shard: int, chunk_ids: list[bytes], ttl_ms: int) -> None:
+        """Add chunks of ``shard`` to the hold ``tag`` (started with :meth:`start_hold`)."""
+        Holds(self.shards[shard].store).add(tag, chunk_ids, ttl_ms)
+
     def end_hold(self, tag: str) -> None:
         """End the hold of the micro-batch ``tag`` in every shard."""
         for shard in self.shards:
             Holds(shard.store).end(tag)
+
+    def end_carries(self, keep: str | None = None) -> int:
+        """End every carry hold (``ftlayer.holds.CARRY_PREFIX``) of the source but ``keep``: a
+        committed batch makes the carries of the batches before it needless. Returns how many."""
+        ended = 0
+        for shard in self.shards:
+            holds = Holds(shard.store)
+            for hold in holds.all():
+                if hold.tag.startswith(CARRY_PREFIX) and hold.tag != keep:
+                    holds.end(hold.tag)
+                    ended += 1
+        return ended
 
     def end_holds(self) -> int:
         """End every hold of the source (its one query stopped); returns how many there were."""

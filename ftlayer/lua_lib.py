@@ -299,11 +299,12 @@ local function read_input(what)
 end
 
 local function take_by_olds(chunks, olds, take_old)
-  -- olds holds an 8-byte id per chunk and index, aligned with the records: take_old(id) decides each
+  -- olds holds an 8-byte id per chunk and index, aligned with the records: take_old(id, chunk,
+  -- index) decides each (chunk and index name the new record that replaces the old one)
   local at = 0
   for _, c in ipairs(chunks) do
     local base = at
-    take_records(c, function(i) return take_old(string.sub(olds, base + 8 * i + 1, base + 8 * i + 8)) end)
+    take_records(c, function(i) return take_old(string.sub(olds, base + 8 * i + 1, base + 8 * i + 8), c, i) end)
     at = at + 8 * c.n
   end
 end

@@ -406,28 +406,56 @@ return {table.concat(out), redis.call('LLEN', KEYS[12])}
 REPLAY = (
     r"""
 -- replay: re-persist failed records under new ids, or dead-letter them.
--- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, dlq, ch:0 .. ch:<num_channels - 1>
+-- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, dlq, ch:0 .. ch:<num_channels - 1>,
+--       optionally rpl (replaced links)
 -- ARGV: prefix, num_channels, replays (persist input: chunks of the new records),
---       olds (per chunk, per index: the failed record's old sid, 8 bytes), dead (n x [old sid 8]), now ms
+--       olds (per chunk, per index: the failed record's old sid, 8 bytes), dead (n x [old sid 8]), now ms,
+--       link ttl ms (with rpl), the old sids among olds that failed by timeout (n x [sid 8], with rpl)
 -- Returns: {replayed, dead-lettered}, or {-1, chunk id} if a new chunk id is in use (nothing
 -- written: the caller draws new ids). An old id no longer in `failed` (another replayer took it)
 -- leaves a hole in its new chunk, so each failure is replayed at most once.
+-- With rpl, a record that failed by timeout leaves the link old sid -> new sid (and the time):
+-- its batch may still commit (a DataFrame batch that ran past its hold), and BATCH_SETTLE then
+-- settles the copy instead. Each call that writes links sweeps at least as many (HSCAN from
+-- the cursor kept in field `~`) and drops those older than the ttl: the hash stays bounded by
+-- the timeout rate times the ttl; the whole hash expires a ttl after the last link.
 """
     + _STATE
     + PERSIST_LIB
     + r"""
 CH_BASE = 12
+local K_RPL = KEYS[CH_BASE + tonumber(ARGV[2]) + 1]
 local chunks, bad = read_input('replay')
 if not chunks then return bad end
 local used = chunk_in_use(chunks)
 if used then return {-1, used} end
-take_by_olds(chunks, ARGV[4], function(old)
-  if redis.call('HDEL', K_FAILED, old) == 1 then
-    redis.call('ZREM', K_DUE, old)
-    return true
+local links, now_s, timed = 0, ARGV[6], {}
+if K_RPL then  -- the caller read the reasons: no copy of each failed value into Lua here
+  local t = ARGV[8] or ''
+  for p = 1, #t - 7, 8 do timed[string.sub(t, p, p + 7)] = true end
+end
+local stamp = struct.pack('>d', tonumber(now_s))
+take_by_olds(chunks, ARGV[4], function(old, c, i)
+  if redis.call('HDEL', K_FAILED, old) == 0 then return false end
+  redis.call('ZREM', K_DUE, old)
+  if timed[old] then
+    redis.call('HSET', K_RPL, old, chunk_sid(c, i) .. stamp)
+    links = links + 1
   end
-  return false
+  return true
 end)
+if links > 0 then
+  local now, ttl = tonumber(now_s), tonumber(ARGV[7])
+  local r = redis.call('HSCAN', K_RPL, redis.call('HGET', K_RPL, '~') or '0', 'COUNT', links + 16)
+  local f = r[2]
+  for j = 1, #f - 1, 2 do
+    if #f[j] == 8 and #f[j + 1] == 16 and now - struct.unpack('>d', f[j + 1], 9) > ttl then
+      redis.call('HDEL', K_RPL, f[j])
+    end
+  end
+  redis.call('HSET', K_RPL, '~', r[1])
+  redis.call('PEXPIRE', K_RPL, ttl)  -- and all of it once no timeout was replayed for a ttl
+end
 local replayed = store_chunks(chunks)
 local dead, dead_n = ARGV[5], 0
 for p = 1, #dead - 7, 8 do
@@ -804,20 +832,61 @@ return {redis.call('XTRIM', KEYS[1], 'MINID', ms .. '-' .. (tonumber(seq) + 1)),
 BATCH_SETTLE = (
     r"""
 -- batch_settle: ack (or fail) every still-pending record a micro-batch's read tasks emitted.
--- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, batch key (dfb:<tag>)
+-- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, batch key (dfb:<tag>),
+--       optionally rpl (replaced links, written by REPLAY)
 -- ARGV: prefix, mode ('ack' | 'fail'), max list elements to take in this call, fail reason,
 --       now ms, backoff initial ms, backoff multiplier, backoff max ms
--- Returns: {records settled in this call, list elements left}. The caller repeats until nothing
--- is left (bounded work per call: an element names at most a few chunks). An element is
--- k x [chunk id 6][bitmap length u16][bitmap of the records emitted]. A record no longer pending
--- (acked, failed by a row function or a timeout) is skipped, so a record listed twice (a retried
+-- Returns: {records settled in this call, list elements left, late completions}. The caller
+-- repeats until nothing is left (bounded work per call: an element names at most a few chunks).
+-- An element is k x [chunk id 6][bitmap length u16][bitmap of the records emitted]. A record no
+-- longer pending (acked, failed by a row function) is skipped, so a record listed twice (a retried
 -- task) settles once and a failed record is never acked.
+-- A late completion ('ack' only, with rpl): a listed record that failed by *timeout* (its batch
+-- ran past its hold) is in the committed output all the same, so its replay must not count
+-- again: still waiting in `failed`, it leaves it (counted acked); already replayed, the copy it
+-- links to (rpl, followed through further timeouts) is settled if still pending, so the reader
+-- skips it. A copy already handed to a later batch cannot be recalled (the batches of one query
+-- run one after another, and this runs before the next is planned).
 """
     + _STATE
     + r"""
 local mode, budget, reason = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local now, b_init, b_mult, b_max = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local settled = 0
+local K_RPL = KEYS[13]
+local settled, late_n = 0, 0
+local function complete_late(sid, depth)
+  -- sid was emitted by the committed batch and is no longer pending: cancel its timeout's replay
+  local v = redis.call('HGET', K_FAILED, sid)
+  if v then
+    local rlen = struct.unpack('>I2', v, FL_REASON - 2)
+    if rlen == 7 and string.sub(v, FL_REASON, FL_REASON + 6) == 'timeout' then
+      redis.call('HDEL', K_FAILED, sid)
+      redis.call('ZREM', K_DUE, sid)
+      return 1
+    end
+    return 0
+  end
+  local link = redis.call('HGET', K_RPL, sid)
+  if not link or depth > 64 then return 0 end
+  redis.call('HDEL', K_RPL, sid)
+  local nsid = string.sub(link, 1, 8)
+  local nc = chunk_load(string.sub(nsid, 1, KEY_BYTES))
+  local ni = struct.unpack('>I2', nsid, KEY_BYTES + 1)
+  if nc and chunk_pending(nc, ni) then
+    chunk_settle(nc, ni)
+    chunk_save(nc)
+    return 1
+  end
+  return complete_late(nsid, depth + 1)  -- the copy timed out too: follow it
+end
+local function late_bits(key, byte_no, bits)
+  for k = 0, 7 do
+    if bit.band(bits, P2[k + 1]) ~= 0 then
+      late_n = late_n + complete_late(key .. struct.pack('>I2', 8 * (byte_no - 1) + k), 0)
+    end
+  end
+end
+local check_late = mode == 'ack' and K_RPL ~= nil
 while budget > 0 do
   local blob = redis.call('LPOP', KEYS[12])
   if not blob then break end
@@ -829,9 +898,20 @@ while budget > 0 do
     local b0 = pos + KEY_BYTES + 2
     pos = b0 + nb
     local c = chunk_load(key)
+    if not c and check_late then  -- every record of the chunk settled: some may have timed out
+      for b = 1, nb do
+        local emitted = string.byte(blob, b0 + b - 1)
+        if emitted ~= 0 then late_bits(key, b, emitted) end
+      end
+    end
     if c then
       for b = 1, math.min(nb, #c.bits) do
-        local todo = bit.band(string.byte(blob, b0 + b - 1), bit.bnot(c.bits[b]), 255)
+        local emitted = string.byte(blob, b0 + b - 1)
+        if check_late then
+          local gone = bit.band(emitted, c.bits[b], 255)
+          if gone ~= 0 then late_bits(key, b, gone) end
+        end
+        local todo = bit.band(emitted, bit.bnot(c.bits[b]), 255)
         if todo ~= 0 then
           for k = 0, 7 do
             local i = 8 * (b - 1) + k
@@ -851,10 +931,11 @@ while budget > 0 do
   end
 end
 settle_counts()
-if settled > 0 then
-  redis.call('HINCRBY', K_STATS, mode == 'fail' and 'failed_explicit' or 'acked', settled)
+if settled + late_n > 0 then
+  redis.call('HINCRBY', K_STATS, mode == 'fail' and 'failed_explicit' or 'acked', settled + late_n)
 end
-return {settled, redis.call('LLEN', KEYS[12])}
+if late_n > 0 then redis.call('HINCRBY', K_STATS, 'late_completions', late_n) end
+return {settled, redis.call('LLEN', KEYS[12]), late_n}
 """
 )
 

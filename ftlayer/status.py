@@ -16,7 +16,7 @@ import redis
 
 from ftlayer.breaker import BreakerState, parse_breaker
 from ftlayer.errors import FTLayerError
-from ftlayer.holds import Hold, parse_hold
+from ftlayer.holds import CARRY_PREFIX, Hold, parse_hold
 from ftlayer.ingest_state import FIELDS as INGEST_FIELDS
 from ftlayer.ingest_state import IngestState, parse_state
 from ftlayer.keys import SourceKeys, check_name, sources_key
@@ -72,7 +72,7 @@ class SourceStatus:
         """The live holds: micro-batches running now that read the source (one per batch)."""
         live: dict[str, Hold] = {}
         for hold in self.holds:
-            if hold.live(now_ms):
+            if hold.live(now_ms) and not hold.tag.startswith(CARRY_PREFIX):
                 live.setdefault(hold.tag, hold)
         return list(live.values())
 

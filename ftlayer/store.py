@@ -31,6 +31,7 @@ T = TypeVar("T")
 COUNTERS = (
     "persisted", "acked", "failed_explicit", "failed_timeout", "replayed",
     "dead_lettered", "requeued", "late_deltas", "duplicate_flushes", "refiled_unread", "refiled_held",
+    "late_completions",
 )
 OWNER_TAG = "ftlayer"  # the "by" of an owner record that ftlayer wrote
 _SCRIPT_NAMES = scripts.SCRIPT_NAMES
@@ -282,7 +283,8 @@ class SourceStore:
     ) -> list[str]:
         """Keys of the source that hold state after a drain, minus documented bookkeeping.
 
-        Empty channel streams and unexpired flush tokens are bookkeeping too.
+        Empty channel streams, unexpired flush tokens and the replaced links (``rpl``: swept
+        and expiring a day after the last timeout replay) are bookkeeping too.
         Returns the suffixes of everything else (a leak if non-empty after a drain).
         """
         k = self.keys
@@ -294,7 +296,7 @@ class SourceStore:
             if suffix == "live" and int(self.client.get(name) or 0) != 0:
                 out.append(suffix)  # records still counted as pending after a drain
                 continue
-            if suffix in allowed_set or suffix.startswith("tok:"):
+            if suffix in allowed_set or suffix.startswith("tok:") or suffix == "rpl":
                 continue
             if suffix.startswith("ch:") and self.client.xlen(name) == 0:
                 continue

@@ -25,6 +25,19 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] \
 fi
 export PATH="$VENV/bin:$PATH"
 
+# The MQTT tests run a real Mosquitto broker (runtime/driver/mosquitto.py); install it when
+# missing, as root with apt-get (tests/conftest.py tries the same, and fails the tests if it cannot).
+if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "ftlayer: installing mosquitto (the broker of the MQTT tests) with apt-get" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q mosquitto >/dev/null 2>&1 \
+            || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q mosquitto >/dev/null; } \
+            || echo "ftlayer: WARNING: could not install mosquitto; the MQTT tests will fail" >&2
+    else
+        echo "ftlayer: WARNING: 'mosquitto' is not installed (Debian: apt-get install mosquitto);" \
+             "the MQTT tests will fail." >&2
+    fi
+fi
 if ! command -v java >/dev/null 2>&1; then
     echo "ftlayer: WARNING: 'java' is not on PATH. Spark 4.x needs Java 17 or 21" \
          "(Debian: apt-get install openjdk-17-jre-headless). Spark tests and the demo will fail." >&2

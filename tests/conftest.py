@@ -9,6 +9,9 @@
 - ``valkey_cluster``: a Valkey Cluster of 3 primaries and 3 replicas from the same
   binary, started once on first use. Tests must not kill its
   nodes; fault tests start their own ``EmbeddedCluster``.
+- ``mosquitto``: starts real Mosquitto brokers (``EmbeddedMosquitto``, persistence on, a free
+  port), one per call, stopped after the test. A missing ``mosquitto`` is installed with
+  apt-get when the tests run as root; if that fails the test fails (never skips).
 
 Markers (pyproject.toml): a test that starts a JVM, here or in a child process, is marked
 ``spark``, and every ``spark`` test is also ``slow`` (added here), so ``-m "not spark"`` (the fast
@@ -22,10 +25,12 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -192,3 +197,56 @@ def postgres() -> Iterator[Any]:
     server = EmbeddedPostgres().start()
     yield server
     server.stop()
+
+
+def _install_mosquitto() -> str:
+    """Install the Mosquitto broker with apt-get (root only; one worker at a time); what was done."""
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return "not root, or no apt-get: install it by hand (Debian/Ubuntu: apt-get install mosquitto)"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    with open(Path(tempfile.gettempdir()) / "ftlayer-tests-apt.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists():
+            return "another test worker installed it"
+        done = []
+        for attempt in (["apt-get", "install", "-y", "-q", "mosquitto"], ["apt-get", "update", "-q"],
+                        ["apt-get", "install", "-y", "-q", "mosquitto"]):
+            run = subprocess.run(attempt, env=env, capture_output=True, text=True, check=False, timeout=600)
+            done.append(f"{' '.join(attempt)} exited {run.returncode}: {(run.stdout + run.stderr).strip()[-400:]}")
+            if run.returncode == 0 and attempt[1] == "install":
+                break
+        return "; ".join(done)
+
+
+@pytest.fixture(scope="session")
+def mosquitto_binary() -> Path:
+    """The ``mosquitto`` binary, installed first if missing (see the module notes); the test fails without it."""
+    from runtime.driver.mosquitto import MosquittoError, find_mosquitto
+
+    try:
+        return find_mosquitto()
+    except MosquittoError as exc:
+        missing = str(exc)
+    what = _install_mosquitto()
+    try:
+        return find_mosquitto()
+    except MosquittoError:
+        pass
+    pytest.fail(f"{missing}; the test set-up tried to install it and still finds no binary ({what})", pytrace=False)
+
+
+@pytest.fixture
+def mosquitto(mosquitto_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Any]]:
+    """``mosquitto(**kw)`` starts an ``EmbeddedMosquitto(**kw)`` in a directory of its own; all are stopped after."""
+    from runtime.driver.mosquitto import EmbeddedMosquitto
+
+    started: list[EmbeddedMosquitto] = []
+
+    def start(**kw: Any) -> EmbeddedMosquitto:
+        broker = EmbeddedMosquitto(tmp_path_factory.mktemp("mosquitto"), **kw).start()
+        started.append(broker)
+        return broker
+
+    yield start
+    for broker in started:
+        broker.stop()

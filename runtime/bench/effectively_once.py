@@ -41,18 +41,21 @@ _COLUMNS = {"i": "bigint", "user": "text", "page": "text", "n": "bigint"}
 
 
 def _append_partition(url: str, table: str, batches: Iterator[Any]) -> Iterator[Any]:
-    """mapInArrow body: COPY the partition into ``table`` (no key, no dedupe), one transaction."""
+    """mapInArrow body: COPY the partition into ``table`` (no key, no dedupe), one transaction, as
+    CSV made by Arrow: the effectively-once sink's own path minus the stage and the key."""
     import psycopg
     import pyarrow as pa
 
-    rows = 0
-    with psycopg.connect(url) as conn, conn.cursor() as cur:
-        copy_sql = psycopg.sql.SQL("COPY {} (i, \"user\", page, n) FROM STDIN").format(psycopg.sql.Identifier(table))
-        with cur.copy(copy_sql) as copy:
-            for batch in batches:
-                for r in batch.to_pylist():
-                    copy.write_row((r["i"], r["user"], r["page"], r["n"]))
-                    rows += 1
+    from runtime.idempotent.postgres import csv_bytes
+
+    got = list(batches)
+    rows = sum(b.num_rows for b in got)
+    if rows:
+        with psycopg.connect(url) as conn, conn.cursor() as cur:
+            copy_sql = psycopg.sql.SQL("COPY {} (i, \"user\", page, n) FROM STDIN (FORMAT csv)").format(
+                psycopg.sql.Identifier(table))
+            with cur.copy(copy_sql) as copy:
+                copy.write(csv_bytes(pa.Table.from_batches(got)))
     yield pa.RecordBatch.from_pydict({"rows": [rows]})
 
 

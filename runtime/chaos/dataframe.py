@@ -254,7 +254,7 @@ def batch_fails(ctx: ScenarioContext, records: int, batch: int = 2) -> Report:
 
 
 def _variants() -> dict[str, Callable[..., Report]]:
-    from runtime.chaos import df_sinks, procs, webhook
+    from runtime.chaos import df_sinks, mqtt, procs, webhook
 
     return {
         "kill-driver": functools.partial(procs.kill_driver, pipeline="dataframe"),
@@ -262,6 +262,7 @@ def _variants() -> dict[str, Callable[..., Report]]:
         "long-outage": functools.partial(procs.long_outage, pipeline="dataframe"),
         # acks come at Spark's commit: a slower client, so the kill lands while records are in flight
         "webhook-driver-kill": functools.partial(webhook.webhook_driver_kill, pipeline="dataframe", pace_s=0.1),
+        "mqtt-driver-kill": functools.partial(mqtt.mqtt_driver_kill, pipeline="dataframe", pace_s=0.02),
         "slow-sink": df_sinks.slow_sink,
         "sink-outage": df_sinks.sink_outage,
         "aggregate": df_sinks.aggregate,

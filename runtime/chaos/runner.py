@@ -34,6 +34,7 @@ from ftlayer.connection import resolved
 from runtime.chaos import cluster as chaos_cluster
 from runtime.chaos import executors as chaos_executors
 from runtime.chaos import ingest_procs as chaos_ingest
+from runtime.chaos import mqtt as chaos_mqtt
 from runtime.chaos import procs as chaos_procs
 from runtime.chaos import scenarios as chaos_scenarios
 from runtime.chaos import webhook as chaos_webhook
@@ -82,6 +83,8 @@ SCENARIOS: dict[str, Scenario] = {
                              "primary SIGKILLed mid-run, a replica takes over"),
     "webhook-driver-kill": Scenario(chaos_webhook.webhook_driver_kill, 1500, "a webhook-fed driver SIGKILLed under "
                                     "load, restarted on the same port", needs_spark=False),
+    "mqtt-driver-kill": Scenario(chaos_mqtt.mqtt_driver_kill, 1500, "an MQTT-fed driver (a real Mosquitto it "
+                                 "starts) SIGKILLed under load, restarted with the same client id", needs_spark=False),
     "drop-connections": Scenario(chaos_scenarios.drop_connections, 3000, "CLIENT KILL every 200 ms"),
     "duplicate-flushes": Scenario(chaos_scenarios.duplicate_flushes, 2000, "every flush sent twice"),
     "delayed-acks": Scenario(chaos_scenarios.delayed_acks, 2000, "acks delayed past the timeout"),

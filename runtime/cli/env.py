@@ -30,7 +30,8 @@ from runtime.cli.common import CLIError
 class EnvOption:
     """One option whose default comes from an environment variable.
 
-    ``kind`` is ``int``, ``float``, ``str`` or ``flag`` (on when the variable is ``1``);
+    ``kind`` is ``int``, ``float``, ``str``, ``flag`` (on when the variable is ``1``) or ``list``
+    (the option may be repeated; the variable holds the values comma-separated);
     ``default`` is the default as text (None: no value); ``lo`` is the smallest allowed number.
     """
 
@@ -62,13 +63,48 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
               "field of each JSON record that is its key (routing and replays by key, like key= in the "
               "API); default none: round-robin", metavar="FIELD"),
     EnvOption("ingest", "--format", "FTLAYER_INGEST_FORMAT", "str", "json",
-              "json: each line is a JSON value; text: each line is a string record", choices=("json", "text")),
+              "json: each line (with --mqtt: each message's payload) is a JSON value; text: a string record",
+              choices=("json", "text")),
     EnvOption("ingest", "--worker", "FTLAYER_INGEST_WORKER", "str", "0/1",
               "I/N: this process takes the lines whose number modulo N is I, so N processes share "
               "the files without overlap", metavar="I/N"),
     EnvOption("ingest", "--webhook", "FTLAYER_INGEST_WEBHOOK", "str", None,
               "[HOST:]PORT: receive records over HTTP (POST one JSON record, or POST <path>batch a JSON "
               "array); answered 200 once persisted; runs until SIGINT/SIGTERM", metavar="[HOST:]PORT"),
+    EnvOption("ingest", "--mqtt", "FTLAYER_INGEST_MQTT", "str", None,
+              "mqtt://[USER[:PASSWORD]@]HOST[:PORT] (mqtts:// for TLS): subscribe to the --topic filters on this "
+              "MQTT broker on a persistent session; a message is acknowledged only once persisted; runs until "
+              "SIGINT/SIGTERM (the variable keeps a password off the command line)", metavar="URL"),
+    EnvOption("ingest", "--topic", "FTLAYER_INGEST_TOPIC", "list", None,
+              "--mqtt: a topic filter to subscribe to (+ and # wildcards); repeat for several", metavar="FILTER"),
+    EnvOption("ingest", "--qos", "FTLAYER_INGEST_QOS", "str", "1",
+              "--mqtt: subscription QoS; 2 holds the PUBREC until persisted, so both lose nothing and may "
+              "duplicate", choices=("1", "2")),
+    EnvOption("ingest", "--client-id", "FTLAYER_INGEST_CLIENT_ID", "str", None,
+              "--mqtt: the client id, under which the broker keeps the session (subscription, unacknowledged "
+              "messages) while this process is down: start it again with the same id; default "
+              "ftlayer-<namespace>-<topology>-<source>", metavar="ID"),
+    EnvOption("ingest", "--shared-group", "FTLAYER_INGEST_SHARED_GROUP", "str", None,
+              "--mqtt: subscribe to $share/GROUP/<filter>, so the ingest processes of one group split the "
+              "messages (each needs its own --client-id)", metavar="GROUP"),
+    EnvOption("ingest", "--key-topic", "FTLAYER_INGEST_KEY_TOPIC", "flag", None,
+              "--mqtt: the message's topic is the record's key (it is added to each record under "
+              "--topic-field, default 'topic')"),
+    EnvOption("ingest", "--topic-field", "FTLAYER_INGEST_TOPIC_FIELD", "str", None,
+              "--mqtt: add the message's topic to each record under this field (a JSON object gets the field; "
+              "any other payload becomes {FIELD: topic, \"payload\": value})", metavar="FIELD"),
+    EnvOption("ingest", "--mqtt-protocol", "FTLAYER_INGEST_MQTT_PROTOCOL", "str", "5",
+              "--mqtt: MQTT protocol version", choices=("5", "3.1.1")),
+    EnvOption("ingest", "--max-inflight", "FTLAYER_INGEST_MAX_INFLIGHT", "int", "1000",
+              "--mqtt: most messages the broker may send unacknowledged (MQTT 5 Receive Maximum); bounds what "
+              "this process holds while ingest waits", metavar="N", lo=1),
+    EnvOption("ingest", "--tls-ca", "FTLAYER_INGEST_TLS_CA", "str", None,
+              "--mqtt: CA certificates (PEM) to verify the broker with; turns TLS on; default with mqtts:// the "
+              "system's", metavar="FILE"),
+    EnvOption("ingest", "--tls-cert", "FTLAYER_INGEST_TLS_CERT", "str", None,
+              "--mqtt: client certificate (PEM) for brokers that require one; needs --tls-key", metavar="FILE"),
+    EnvOption("ingest", "--tls-key", "FTLAYER_INGEST_TLS_KEY", "str", None,
+              "--mqtt: the client certificate's private key (PEM)", metavar="FILE"),
     EnvOption("ingest", "--num-channels", "FTLAYER_INGEST_NUM_CHANNELS", "int", None,
               "channels of the source; must match the reader's; default num_channels of the config",
               metavar="N", lo=1),
@@ -92,8 +128,8 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
     EnvOption("chaos", "--pipeline", "FTLAYER_CHAOS_PIPELINE", "str", "topology",
               "the pipeline under the faults: the Topology API, or a DataFrame pipeline (read_stream, "
               "ftlayer.udf, foreachBatch(acking)); dataframe runs fail-rate, kill-worker, poison, "
-              "batch-fails, kill-driver, kill-redis, long-outage, webhook-driver-kill, slow-sink, sink-outage "
-              "and aggregate", choices=("topology", "dataframe")),
+              "batch-fails, kill-driver, kill-redis, long-outage, webhook-driver-kill, mqtt-driver-kill, slow-sink, "
+              "sink-outage and aggregate", choices=("topology", "dataframe")),
     EnvOption("chaos", "--sink", "FTLAYER_CHAOS_SINK", "str", "lines",
               "where the pipeline writes: JSON lines (at-least-once: a replay shows as a duplicate), or an "
               "effectively-once sink keyed by lineage id (postgres, delta, redis); the report then counts what "
@@ -163,10 +199,23 @@ class EnvDefault:
         return f"${self.option.env}"
 
 
+class _AppendAfterEnvDefault(argparse.Action):
+    """``action="append"`` whose first use replaces the lazy :class:`EnvDefault` (not appended to)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        items = getattr(namespace, self.dest, None)
+        items = [] if items is None or isinstance(items, EnvDefault) else list(items)
+        items.append(values)
+        setattr(namespace, self.dest, items)
+
+
 def option_help(opt: EnvOption) -> str:
     """The help text of ``opt``: its text, its default when it has one, and its variable."""
     if opt.kind == "flag":
         return f"{opt.help} [env {opt.env}=1]"
+    if opt.kind == "list":
+        return f"{opt.help} [env {opt.env}, comma-separated]"
     default = f"; default {opt.default}" if opt.default is not None else ""
     return f"{opt.help}{default} [env {opt.env}]"
 
@@ -177,7 +226,10 @@ def add_env_option(parser: argparse.ArgumentParser, opt: EnvOption) -> None:
     if opt.kind == "flag":
         parser.add_argument(opt.flag, action="store_true", **kw)
         return
-    kw["type"] = _converter(opt)
+    if opt.kind == "list":
+        kw["action"] = _AppendAfterEnvDefault
+    else:
+        kw["type"] = _converter(opt)
     if opt.choices:
         kw["choices"] = opt.choices
     if opt.metavar:
@@ -193,7 +245,7 @@ def add_env_options(parser: argparse.ArgumentParser, command: str) -> None:
 
 
 def _expected(opt: EnvOption) -> str:
-    what = {"int": "an integer", "float": "a number", "str": "a value"}[opt.kind]
+    what = {"int": "an integer", "float": "a number", "str": "a value", "list": "comma-separated values"}[opt.kind]
     if opt.lo is not None:
         what += f" >= {opt.lo:g}"
     if opt.choices:
@@ -208,6 +260,11 @@ def _convert(opt: EnvOption, raw: str) -> Any:
         value: Any = int(text.replace("_", ""))
     elif opt.kind == "float":
         value = float(text)
+    elif opt.kind == "list":
+        value = [part.strip() for part in raw.split(",") if part.strip()]
+        if not value:
+            raise ValueError(raw)
+        return value
     else:
         value = raw
     if opt.lo is not None and not value >= opt.lo:

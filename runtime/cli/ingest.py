@@ -4,6 +4,7 @@
 
     ftlayer ingest clicks events events.jsonl --key user          # files (or - for stdin), then exit
     ftlayer ingest clicks events --webhook 8080 --key user        # HTTP until SIGINT / SIGTERM
+    ftlayer ingest clicks events --mqtt mqtt://broker:1883 --topic 'sensors/#' --key user   # MQTT, until a signal
     ftlayer ingest clicks events big.jsonl --worker 0/2 &         # two processes share one file
     ftlayer ingest clicks events big.jsonl --worker 1/2 &
 
@@ -18,7 +19,9 @@ Files resume: the byte offset past the last persisted line of each file is saved
 batch (:mod:`runtime.driver.file_source`), so a killed or stopped process started again with
 the same arguments reads on from there: nothing is lost, and at most one batch is persisted
 twice. Standard input and the webhook do not resume: their loss window is the ingest
-contract's (the webhook's client retries anything not answered 200).
+contract's (the webhook's client retries anything not answered 200). MQTT resumes on the
+broker's side: the session of ``--client-id`` keeps what was never acknowledged
+(:mod:`runtime.cli.ingest_mqtt`, :mod:`runtime.driver.mqtt`).
 
 It needs a Redis that the query's driver and executors also reach (``--redis-url``): an
 embedded server would live and die with this process.
@@ -41,6 +44,7 @@ from ftlayer.layer import FTLayer
 from ftlayer.state import state_root
 from runtime.cli.common import CLIError, connection_options, load_config
 from runtime.cli.env import add_env_options
+from runtime.cli.ingest_mqtt import check_no_mqtt_options, mqtt_source, run_mqtt, topic_key
 from runtime.driver.file_source import LinesSource
 from runtime.driver.ingest import Ingestor
 
@@ -51,12 +55,14 @@ def add_parser(sub: Any) -> None:
     """Add ``ftlayer ingest`` to the CLI's subparsers."""
     p = sub.add_parser(
         "ingest", parents=[connection_options()],
-        help="persist records (JSON lines, text lines, or a webhook) into a source, beside any query",
-        description="Persist records into source SOURCE of topology TOPOLOGY, from files (- for stdin) "
-                    "or an HTTP webhook, in a process of its own. A query reading the source may run "
-                    "before, during or after. Files resume from their saved offsets when started again. "
-                    "Exit status 0 once every record read was persisted (or dead-lettered, if it could "
-                    "not be), 1 if ingest stopped on an error.",
+        help="persist records (JSON lines, text lines, a webhook or MQTT) into a source, beside any query",
+        description="Persist records into source SOURCE of topology TOPOLOGY, from files (- for stdin), "
+                    "an HTTP webhook or an MQTT subscription, in a process of its own. A query reading the "
+                    "source may run before, during or after. Files resume from their saved offsets when "
+                    "started again; MQTT from the broker's session of --client-id. Exit status 0 once every "
+                    "record read was persisted (or dead-lettered, if it could not be), 1 if records read "
+                    "were not persisted (stopped while Redis was unreachable), 2 on an error (a bad option, "
+                    "an unreachable or refusing broker, ingest stopped by an error).",
     )
     p.add_argument("topology", help="topology name (the first name given to ftlayer.read_stream / Topology)")
     p.add_argument("source", help="source name")
@@ -118,9 +124,13 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         raise CLIError(msg)
     check_name("topology", args.topology)
     check_name("source", args.source)
-    if bool(args.files) == bool(args.webhook):
-        msg = "give FILE arguments (- for stdin) or --webhook [HOST:]PORT, not both and not neither"
+    if sum(map(bool, (args.files, args.webhook, args.mqtt))) != 1:
+        msg = "give FILE arguments (- for stdin), --webhook [HOST:]PORT or --mqtt URL: exactly one of them"
         raise CLIError(msg)
+    # the MQTT options are checked before Redis is touched: a bad URL is a bad option
+    mqtt = mqtt_source(args, config) if args.mqtt else None
+    if mqtt is None:
+        check_no_mqtt_options(args)
     worker = parse_worker(args.worker)
     channels = args.num_channels or config.num_channels
     layer = FTLayer(config, args.topology, args.source, num_channels=channels).open()
@@ -128,6 +138,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     key = _key_selector(args.key)
     if args.webhook:
         return _run_webhook(args, layer, key)
+    if mqtt is not None:
+        return run_mqtt(mqtt, layer, key if not args.key_topic else topic_key(mqtt), run=_run)
     offsets = _offsets_dir(args, config)
     if offsets is not None and args.from_start:
         for path in args.files:  # forget this worker's saved offsets of these files

@@ -40,6 +40,7 @@ from ftlayer.batch_acks import batch_tags
 from ftlayer.config import FTConfig
 from ftlayer.connection import client_for
 from ftlayer.errors import ConfigError
+from ftlayer.holds import CARRY_PREFIX
 from ftlayer.keys import query_batch_key
 from ftlayer.layer import FTLayer
 from runtime.dataframe.plan import is_stateful
@@ -67,7 +68,8 @@ def batch_sources(config: FTConfig, query_id: str, batch_id: int) -> list[str]:
 def settle_tags(config: FTConfig, tags: Sequence[tuple[str, str]], mode: Literal["ack", "fail"],
                 reason: str = "") -> int:
     """Ack or fail the still-pending records of the batch tags ``(topology/source, tag)``; acking
-    ends their holds too. Idempotent; returns the records settled."""
+    ends their holds too, and the carry holds of the batches before them. Idempotent; returns the
+    records settled."""
     total = 0
     for name, tag in tags:
         topology, _, source = name.partition("/")
@@ -75,6 +77,9 @@ def settle_tags(config: FTConfig, tags: Sequence[tuple[str, str]], mode: Literal
         total += layer.settle_batch(tag, mode, reason)
         if mode == "ack":
             layer.end_hold(tag)
+            # the carries of earlier batches (runtime.spark.batch_holds) are needless now; the
+            # reader ends them at its next latestOffset, which a query that stops never makes
+            layer.end_carries(keep=f"{CARRY_PREFIX}{tag}")
     return total
 
 
@@ -82,7 +87,8 @@ def settle_batch(config: FTConfig, query_id: str, batch_id: int, mode: Literal["
                  reason: str = "") -> int:
     """Ack or fail the still-pending records of one batch of one query, over every source it read.
 
-    Acking ends the batch's holds too (it is done). Idempotent; returns the records settled.
+    Acking ends the batch's holds too (it is done), and the carry holds of the batches before
+    it. Idempotent; returns the records settled.
     """
     client = client_for(config.redis_url, config.connect_timeout_s)
     total = settle_tags(config, batch_tags(client, config.namespace, query_id, batch_id), mode, reason)

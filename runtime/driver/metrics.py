@@ -22,7 +22,8 @@ Contract:
   label ``kind`` = ``explicit`` | ``timeout``), ``ftlayer_records_replayed_total``,
   ``ftlayer_records_dead_lettered_total``, ``ftlayer_records_requeued_total``,
   ``ftlayer_late_deltas_total``, ``ftlayer_duplicate_flushes_total``,
-  ``ftlayer_records_refiled_unread_total``, ``ftlayer_records_refiled_held_total``. They come
+  ``ftlayer_records_refiled_unread_total``, ``ftlayer_records_refiled_held_total``,
+  ``ftlayer_records_late_completions_total``. They come
   from the source's ``stats`` hash and restart from 0 only if its keys are
   deleted. Gauges: ``ftlayer_pending_records``,
   ``ftlayer_failed_waiting_records``, ``ftlayer_dead_letters``,
@@ -79,6 +80,8 @@ COUNTERS: tuple[tuple[str, str, str], ...] = (
      "Timeouts of records no task had read yet (a stall): re-filed, not failed, no replay spent."),
     ("ftlayer_records_refiled_held", "refiled_held",
      "Timeouts of records a running micro-batch had read (its hold): postponed, not failed."),
+    ("ftlayer_records_late_completions", "late_completions",
+     "Timed-out records whose DataFrame batch committed after all: their replay was cancelled."),
 )
 FAILED_COUNTER = "ftlayer_records_failed"
 LATENCY_METRIC = "ftlayer_complete_latency_seconds"

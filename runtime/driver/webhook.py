@@ -20,7 +20,7 @@ Protocol (HTTP/1.0, one request per connection, stdlib ``http.server`` in daemon
   unreachable), ``max_queued`` records wait already, the source is ending, or no confirmation came
   within ``reply_timeout_s``. The client must retry; a retry after a 503 can deliver the record
   twice (at-least-once), never lose it.
-- **400** (body is not JSON, or ``/batch`` got no array) and **413** (body over
+- **400** (body is not JSON, is ``null`` or holds one, or ``/batch`` got no array) and **413** (body over
   ``max_body_bytes``): do not retry.
 
 Guarantee: a record confirmed with 2xx is never lost, whatever happens to the driver afterwards
@@ -146,12 +146,15 @@ class WebhookSource:
         except ValueError as exc:
             self._reply(req, 400, {"error": f"body is not JSON: {exc}"})
             return None
-        if not route.endswith("batch"):
-            return [value]
-        if not isinstance(value, list):
+        values = value if route.endswith("batch") else [value]
+        if not isinstance(values, list):
             self._reply(req, 400, {"error": "a batch body must be a JSON array"})
             return None
-        return value
+        if any(v is None for v in values):
+            # ingest reads None as "nothing yet": taken, it would shift every later confirmation
+            self._reply(req, 400, {"error": "null is not a record"})
+            return None
+        return values
 
     def _handle(self, req: BaseHTTPRequestHandler) -> None:
         values = self._read_values(req)

@@ -201,9 +201,7 @@ class PostgresWriter:
         return self._write_copy(conn, columns, rows)
 
     def _failed(self, rows: list[Mapping[str, Any]], exc: Exception) -> PostgresSinkError:
-        msg = (f"writing {len(rows)} rows to {self.table!r} failed: {exc} (the transaction rolled back, unless "
-               f"the connection was lost during its commit; writing the batch again is safe either way)")
-        return PostgresSinkError(msg)
+        return self._failed_n(len(rows), exc)
 
     def _write_copy(self, conn: psycopg.Connection[Any], columns: tuple[str, ...],
                     rows: list[Mapping[str, Any]]) -> int:
@@ -214,15 +212,9 @@ class PostgresWriter:
         """
         from psycopg import sql
 
-        target = _table_identifier(self.table)
-        cols = sql.SQL(", ").join(map(sql.Identifier, columns))
-        digest = hashlib.sha1(repr((self.table, columns)).encode()).hexdigest()[:16]
-        stage = sql.Identifier(f"ftlayer_stage_{digest}")
+        target, cols, stage = self._stage(columns)
         with conn.transaction(), conn.cursor() as cur:
-            if columns not in self._stages:
-                # the stage takes the target's column types; ON COMMIT DELETE ROWS empties it per batch
-                cur.execute(sql.SQL("CREATE TEMPORARY TABLE IF NOT EXISTS {} ON COMMIT DELETE ROWS AS "
-                                    "SELECT {} FROM {} WITH NO DATA").format(stage, cols, target))
+            self._create_stage(cur, columns, stage, cols, target)
             with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(stage, cols)) as copy:
                 for row in rows:
                     copy.write_row([_adapt(row.get(c)) for c in columns])
@@ -232,6 +224,96 @@ class PostgresWriter:
             inserted = cur.rowcount
         self._stages.add(columns)  # only once committed: a rolled-back CREATE left no stage
         return max(inserted, 0)
+
+
+    def write_arrow(self, table: Any) -> int:
+        """Write a ``pyarrow.Table`` as :meth:`write` does (one transaction, idempotent, the first
+        row of a key wins), with no Python per row: the table goes to the stage as CSV made by
+        Arrow, and the INSERT keeps the first row of each key (``DISTINCT ON``, stage order).
+        Only for tables of :func:`csv_ready` columns; others go through :meth:`write`."""
+        psycopg = import_psycopg()
+        if table.num_rows == 0:
+            return 0
+        if self.key not in table.column_names:
+            msg = f"rows for {self.table!r} have no {self.key!r} column (their lineage id)"
+            raise PostgresSinkError(msg)
+        if table.column(self.key).null_count:
+            msg = f"{table.column(self.key).null_count} rows for {self.table!r} have no {self.key!r} (lineage id)"
+            raise PostgresSinkError(msg)
+        columns = tuple(table.column_names)
+        data = csv_bytes(table)
+        try:
+            return self._attempt_csv(columns, data)
+        except psycopg.OperationalError as exc:
+            if self._conn is not None and not (self._conn.broken or self._conn.closed):
+                raise self._failed_n(table.num_rows, exc) from exc
+            log.warning("connection to PostgreSQL lost while writing to %r (%s); reconnecting", self.table, exc)
+            self.close()
+        except psycopg.Error as exc:
+            raise self._failed_n(table.num_rows, exc) from exc
+        try:
+            return self._attempt_csv(columns, data)
+        except psycopg.Error as exc:
+            raise self._failed_n(table.num_rows, exc) from exc
+
+    def _failed_n(self, n: int, exc: Exception) -> PostgresSinkError:
+        msg = (f"writing {n} rows to {self.table!r} failed: {exc} (the transaction rolled back, unless "
+               f"the connection was lost during its commit; writing the batch again is safe either way)")
+        return PostgresSinkError(msg)
+
+    def _attempt_csv(self, columns: tuple[str, ...], data: bytes) -> int:
+        from psycopg import sql
+
+        conn = self._connection()
+        if not self._checked:
+            self._check_unique_key(conn)
+        target, cols, stage = self._stage(columns)
+        key = sql.Identifier(self.key)
+        with conn.transaction(), conn.cursor() as cur:
+            self._create_stage(cur, columns, stage, cols, target)
+            with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(stage, cols)) as copy:
+                copy.write(data)
+            # the first row of each key, in key order (see _dedupe); ctid: the stage's COPY order
+            cur.execute(sql.SQL("INSERT INTO {} ({}) SELECT DISTINCT ON ({}) {} FROM {} ORDER BY {}, ctid "
+                                "ON CONFLICT ({}) DO NOTHING").format(target, cols, key, cols, stage, key, key))
+            inserted = cur.rowcount
+        self._stages.add(columns)
+        return max(inserted, 0)
+
+    def _stage(self, columns: tuple[str, ...]) -> tuple[Any, Any, Any]:
+        from psycopg import sql
+
+        digest = hashlib.sha1(repr((self.table, columns)).encode()).hexdigest()[:16]
+        return (_table_identifier(self.table), sql.SQL(", ").join(map(sql.Identifier, columns)),
+                sql.Identifier(f"ftlayer_stage_{digest}"))
+
+    def _create_stage(self, cur: Any, columns: tuple[str, ...], stage: Any, cols: Any, target: Any) -> None:
+        from psycopg import sql
+
+        if columns not in self._stages:
+            # the stage takes the target's column types; ON COMMIT DELETE ROWS empties it per batch
+            cur.execute(sql.SQL("CREATE TEMPORARY TABLE IF NOT EXISTS {} ON COMMIT DELETE ROWS AS "
+                                "SELECT {} FROM {} WITH NO DATA").format(stage, cols, target))
+
+
+def csv_ready(schema: Any) -> bool:
+    """True if every column of the Arrow ``schema`` goes through CSV into PostgreSQL as it is:
+    integers, floats, booleans and strings (Arrow quotes every string, so an empty string stays
+    one and an unquoted empty field is NULL, as COPY's CSV format reads them)."""
+    import pyarrow.types as pt
+
+    return all(pt.is_integer(f.type) or pt.is_floating(f.type) or pt.is_boolean(f.type)
+               or pt.is_string(f.type) or pt.is_large_string(f.type) for f in schema)
+
+
+def csv_bytes(table: Any) -> bytes:
+    """The rows of a ``pyarrow.Table`` of :func:`csv_ready` columns as CSV for ``COPY ... (FORMAT csv)``."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    sink = pa.BufferOutputStream()
+    pcsv.write_csv(table, sink, pcsv.WriteOptions(include_header=False))
+    return bytes(sink.getvalue())
 
 
 def _dedupe(rows: Sequence[Mapping[str, Any]], key: str, table: str) -> list[Mapping[str, Any]]:
@@ -284,11 +366,16 @@ def _write_partition(conninfo: str, table: str, key: str, batches: Iterator[Any]
     """mapInArrow body, in the executor: the whole partition in one transaction; yields its counts."""
     import pyarrow as pa
 
-    rows: list[Mapping[str, Any]] = []
-    for batch in batches:
-        rows.extend(batch.to_pylist())
-    inserted = _cached_writer(conninfo, table, key).write(rows) if rows else 0
-    yield pa.RecordBatch.from_pydict({"rows": [len(rows)], "inserted": [inserted]})
+    got = list(batches)
+    n = sum(b.num_rows for b in got)
+    writer = _cached_writer(conninfo, table, key)
+    if not n:
+        inserted = 0
+    elif csv_ready(got[0].schema):  # no Python per row: Arrow writes the CSV that COPY reads
+        inserted = writer.write_arrow(pa.Table.from_batches(got))
+    else:  # nested or temporal columns: adapted value by value
+        inserted = writer.write([row for b in got for row in b.to_pylist()])
+    yield pa.RecordBatch.from_pydict({"rows": [n], "inserted": [inserted]})
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,10 @@ What a hold does is :mod:`ftlayer.holds`; this class decides when holds start, l
   that bound is dropped with a warning: the batch hangs, and its records time out and replay.
 - :meth:`end` once Spark committed the batch (after its records were settled), or when the
   commit listener ended the hold first (a renewal finds it gone and drops it).
+- :meth:`carry`: a batch capped by ``max_records_per_batch`` may end inside a stream entry, and
+  the entry then counts as read (its chunks' timeouts fail them). Before the batch's hold ends,
+  the reader puts the chunks of that entry's unread rest in a *carry* hold, renewed like a
+  batch's, which it ends once the next batch (that reads them, under its own hold) committed.
 - The process ends with the query (stop, failure, or its driver killed): renewals stop and
   every hold lapses within one lease, so the records time out about as they would have.
 
@@ -65,6 +69,12 @@ class BatchHolds:
             log.warning("could not hold batch %s of %s: %s; its records may time out while it runs",
                         tag, self.layer.keys.prefix, exc)
         self._ensure_thread()
+
+    def carry(self, tag: str, chunks_by_shard: dict[int, list[bytes]], ttl_ms: int) -> None:
+        """Hold ``chunks_by_shard`` (shard -> chunk ids) under ``tag`` from now, renewed until :meth:`end`."""
+        self.begin(tag)
+        for shard, chunks in chunks_by_shard.items():
+            self.layer.hold_chunks(tag, shard, chunks, ttl_ms)
 
     def settled(self, tag: str) -> bool:
         """True if this reader already settled and ended batch ``tag``."""

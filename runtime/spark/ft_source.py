@@ -80,9 +80,11 @@ it raises; see :mod:`ftlayer.outage`).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -92,8 +94,8 @@ from ftlayer.batch_acks import batch_tag
 from ftlayer.chunks import CHUNK_KEY_BYTES, STATE_HEADER
 from ftlayer.config import FTConfig, parse_bool
 from ftlayer.connection import resolved
-from ftlayer.errors import ConfigError, FrameError
-from ftlayer.holds import hold_lease_s
+from ftlayer.errors import ConfigError, FrameError, FTLayerError
+from ftlayer.holds import CARRY_PREFIX, hold_lease_s
 from ftlayer.keys import check_name
 from ftlayer.layer import FTLayer
 from runtime.spark.admission import AvailableNowBase, max_rows, read_all, read_max_rows
@@ -133,6 +135,7 @@ FORMAT = "ftlayer"
 DEFAULT_READ_PAGE_ENTRIES = 8  # first page of a read; later pages adapt (see read())
 MAX_READ_PAGE_ENTRIES = 4096
 READ_TARGET_RECORDS = 10_000  # records per server-side read call that paging aims at
+log = logging.getLogger(__name__)
 DEFAULT_OUTAGE_BUDGET_S = FTConfig().outage_budget_s
 DEFAULT_MAX_BATCH_S = FTConfig().max_batch_s
 # An offset: channel stream key ("ch<c>", "ch<c>s<shard>" with shards) -> Redis stream id ("<ms>-<seq>").
@@ -265,12 +268,14 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         self._last_tails: Offset | None = None  # seen by the last latestOffset, for progress reports
         self.fused: str | None = None  # the first stage, run in the read task (runtime.spark.fused_read)
         self._holds: BatchHolds | None = None  # driver side only: the running batch's hold
+        self._carry: str | None = None  # driver side only: the hold of the unread rest of a cut entry
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_layer"] = None  # rebuilt (and reconnected) in the process that unpickles
         state["_checked"] = False
         state["_holds"] = None  # a thread of the source runner: never shipped to a read task
+        state["_carry"] = None
         return state
 
     # --- Redis access ------------------------------------------------------------
@@ -454,14 +459,17 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
             open_ = still_open
         return capped
 
+    def _entry_chunks(self, c: int, shard: int, entry: str) -> list[bytes]:
+        """The chunk ids stream entry ``entry`` of channel ``c`` in ``shard`` lists, in order ([] if trimmed)."""
+        found: Any = self.layer.client.xrange(self._stream_name(c, shard), entry, entry, count=1)
+        blob: bytes = found[0][1].get(b"c", b"") if found else b""
+        return [blob[i : i + CHUNK_KEY_BYTES] for i in range(0, len(blob) - CHUNK_KEY_BYTES + 1, CHUNK_KEY_BYTES)]
+
     def _cut_entry(self, c: int, shard: int, entry: str, need: int,
                    after: Position | None = None) -> tuple[str | None, int]:
         """The position inside stream entry ``entry`` after its first ``need`` records (those after
         ``after``, if it points into this entry), or ``(None, records there)`` if it has no more."""
-        stream = self._stream_name(c, shard)
-        found: Any = self.layer.client.xrange(stream, entry, entry, count=1)
-        blob: bytes = found[0][1].get(b"c", b"") if found else b""
-        keys = [blob[i : i + CHUNK_KEY_BYTES] for i in range(0, len(blob) - CHUNK_KEY_BYTES + 1, CHUNK_KEY_BYTES)]
+        keys = self._entry_chunks(c, shard, entry)
         store = self.layer.shards[shard].store
         states: list[Any] = store.client.hmget(store.keys.chunks, keys) if keys else []
         begun = after is None
@@ -517,7 +525,35 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         if holds.settled(tag):
             return
         self.layer.store.ride_out(lambda: self.settle(tag))
+        carry = self._carry_tail(end, tag)  # before the batch's hold ends: no gap between the two
         holds.end(tag)
+        # the batch that read the earlier carries committed; a carry left by an earlier run of
+        # the query (it died, this reader is new) goes too
+        if self._carry is not None and self._carry != carry:
+            holds.end(self._carry)
+        self._carry = carry
+        try:
+            self.layer.end_carries(keep=carry)
+        except FTLayerError as exc:  # it lapses within a lease anyway
+            log.warning("could not end the earlier carry holds of %s: %s", self.layer.keys.prefix, exc)
+
+    def _carry_tail(self, end: Mapping[str, str], tag: str) -> str | None:
+        """Hold the unread rest of every entry the batch ending at ``end`` stopped inside (see
+        ``runtime.spark.batch_holds``); returns the carry hold's tag, or None if there is none."""
+        tails: dict[int, list[bytes]] = {}
+        for c, s, k in self.streams:
+            pos = Position.parse(end.get(k, START_ID))
+            if pos.chunk is None:
+                continue
+            keys = self.layer.store.ride_out(partial(self._entry_chunks, c, s, pos.entry))
+            if pos.chunk in keys:  # the cut chunk (its records after the cut) and every chunk after it
+                tails.setdefault(s, []).extend(keys[keys.index(pos.chunk):])
+        if not tails:
+            return None
+        carry = f"{CARRY_PREFIX}{tag}"
+        ttl_ms = int((self.opts.max_batch_s + HOLD_SET_MARGIN_S) * 1000)
+        self.batch_holds().carry(carry, tails, ttl_ms)
+        return carry
 
     def settle(self, tag: str) -> None:
         """What a committed batch ``tag`` settles: nothing here (the Topology path acks in its sink

@@ -193,3 +193,14 @@ def test_reset_timeout_restarts_the_timeout_of_a_records_chunk(held_layer: FTLay
         assert layer.on_timeout().expired == []
     assert layer.on_timeout().expired == [slow]  # its own num_buckets-th rotation after the touch
     assert layer.reset_timeout([slow]) == 0  # failed: no longer pending
+
+
+def test_end_carries_ends_every_carry_but_the_one_kept(held_layer: FTLayer, clock: FakeClock) -> None:
+    """A committed batch makes the carry holds of earlier batches needless (runtime.spark.batch_holds)."""
+    layer = held_layer
+    for tag in ("b7", "carry-b5", "carry-b6"):
+        layer.start_hold(tag, _ms(clock, 60), _ms(clock))
+    assert layer.end_carries(keep="carry-b6") == 1
+    assert sorted(h.tag for h in layer.holds()) == ["b7", "carry-b6"]
+    assert layer.end_carries() == 1
+    assert [h.tag for h in layer.holds()] == ["b7"]

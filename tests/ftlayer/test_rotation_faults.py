@@ -53,7 +53,14 @@ class FaultyRedis(redis.Redis):
                 if mode == "before":
                     msg = "injected: connection lost before the request"
                     raise redis.ConnectionError(msg)
-                super().execute_command(*args, **options)
+                try:
+                    super().execute_command(*args, **options)
+                except redis.exceptions.NoScriptError:
+                    # The server's script cache lost the script (another test on this worker
+                    # restarted or refilled the shared server): redis-py loads it and sends the
+                    # EVALSHA again, and that call, which runs, is the one the fault is for.
+                    queue.insert(0, mode)
+                    raise
                 msg = "injected: connection lost before the reply"
                 raise redis.ConnectionError(msg)
         return super().execute_command(*args, **options)

@@ -128,3 +128,19 @@ def test_webhook_answers_503_under_backpressure(ft_config: FTConfig) -> None:
     finally:
         hooks.end()
         ing.stop()
+
+
+def test_a_null_record_is_refused_and_later_requests_are_confirmed_on_time(ft_config: FTConfig) -> None:
+    """JSON null is not a record (ingest reads None as "nothing yet"): 400, and the requests after
+    it are still answered 200 (a null taken in once shifted every later confirmation by one)."""
+    layer = FTLayer(ft_config, "hook", "nulls", num_channels=2).open()
+    hooks = WebhookSource(reply_timeout_s=5.0)
+    ing = Ingestor(layer, hooks).start()
+    try:
+        assert post(hooks.url, None)[0] == 400
+        assert post(hooks.url + "batch", [{"i": 0}, None])[0] == 400
+        assert [post(hooks.url, {"i": i})[0] for i in range(1, 4)] == [200, 200, 200]
+        assert layer.stats()["persisted"] == 3
+    finally:
+        hooks.end()
+        ing.stop()

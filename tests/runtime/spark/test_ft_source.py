@@ -294,6 +294,40 @@ def test_max_records_per_batch_cuts_inside_one_large_persist_call(
     assert layer.pending_count() == 200
 
 
+def test_the_unread_rest_of_an_entry_a_batch_ended_inside_is_held_until_the_next_batch_commits(
+    layer: FTLayer, ft_config: FTConfig,
+) -> None:
+    """A batch capped inside a persist call's entry: once it committed (its hold ended), the rest
+    of the entry, which no task read, must not time out before the next batch reads it. The
+    reader holds it (a carry hold) until the next batch committed; without that, every unread
+    record of the entry failed at its timeout and was replayed (checked)."""
+    sids = set(persist(layer, 200, chunk=200))  # one call: one entry per channel, one-record chunks
+    reader = reader_for(ft_config, max_records_per_batch="50")
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    read = {r["sid"] for p in reader.partitions(start, end) for r in read_partition(reader, p)}
+    assert 0 < len(read) <= 50
+    reader.commit(end)  # the batch committed and its hold ended
+    for _ in range(ft_config.num_buckets):
+        layer.on_timeout()
+    unread = sids - read
+    assert all(layer.pending_of(list(unread))), "an unread record of the cut entry timed out"
+    assert layer.stats()["failed_timeout"] <= len(read)  # only what the batch read (and did not ack)
+    assert layer.stats()["refiled_held"] > 0
+    carries = {h.tag for h in layer.holds()}
+    assert len(carries) == 1 and next(iter(carries)).startswith("carry-")
+    # the next batch reads the rest under its own hold; once it committed, the first carry ends,
+    # also when a new run of the query (a new reader: the first one died) runs that batch
+    reader.batch_holds().stop()
+    again = reader_for(ft_config, max_records_per_batch="50")
+    end2 = again.latestOffset(end, again.getDefaultReadLimit())
+    read2 = {r["sid"] for p in again.partitions(end, end2) for r in read_partition(again, p)}
+    assert read2 and read2 <= unread
+    again.commit(end2)
+    assert carries.isdisjoint({h.tag for h in layer.holds()})
+    again.batch_holds().stop()
+
+
 def test_empty_channels_still_get_their_partition(layer: FTLayer, ft_config: FTConfig) -> None:
     recs = [make_record(layer, {"i": i}, channel=1) for i in range(5)]
     layer.persist(recs)
