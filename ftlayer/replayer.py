@@ -41,7 +41,7 @@ _SERIALIZER = SemiDeserializedSerializer()
 # how long REPLAY keeps the link from a timed-out record to its copy (keys.replaced): a DataFrame
 # batch committed later than this (a driver down for a day) counts the copy again
 REPLACED_LINK_TTL_S = 24 * 3600
-TIMEOUT_REASON = "timeout"  # the reason EXPIRE gives a record that timed out (ftlayer.scripts)
+TIMEOUT_REASON = "timeout"  # the reason EXPIRE gives a record that timed out (ftlayer/lua/expire.lua)
 _FAILED_HEADER = struct.Struct(">dH")  # FAILED_PREFIX bytes (ftlayer.frames), read by the Lua too
 assert _FAILED_HEADER.size == FAILED_PREFIX
 

@@ -19,7 +19,7 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import ClusterDownError, TryAgainError
 
-from ftlayer import scripts
+from ftlayer import lua_source
 from ftlayer.config import FTConfig, mask_url
 from ftlayer.connection import client_for, is_cluster, redis_url_for, refresh_slots, ride_out
 from ftlayer.errors import AckerError, ChunkIdInUseError, DurabilityError, RedisUnavailableError
@@ -34,7 +34,6 @@ COUNTERS = (
     "late_completions",
 )
 OWNER_TAG = "ftlayer"  # the "by" of an owner record that ftlayer wrote
-_SCRIPT_NAMES = scripts.SCRIPT_NAMES
 log = logging.getLogger(__name__)
 
 # durability mode -> (wait command without its timeout: its counts are the minimums the
@@ -105,19 +104,21 @@ class SourceStore:
         return self._client
 
     def script(self, name: str) -> Script:
-        """A registered script from ``ftlayer.scripts`` (EVALSHA, reloaded after NOSCRIPT)."""
+        """A registered script of ``ftlayer/lua/`` (EVALSHA, reloaded after NOSCRIPT; ``ftlayer.lua_source``)."""
         found = self._scripts.get(name)
         if found is None:
-            if name not in _SCRIPT_NAMES:
+            try:
+                source = lua_source.load(name)
+            except KeyError:
                 msg = f"unknown ftlayer script {name!r}"
-                raise AckerError(msg)
-            found = self.client.register_script(getattr(scripts, name))
+                raise AckerError(msg) from None
+            found = self.client.register_script(source.text)
             self._scripts[name] = found
         return found
 
     @property
     def state_keys(self) -> list[str]:
-        """KEYS[1..11] of the scripts that change record state (``ftlayer.lua_lib.STATE_KEYS``)."""
+        """KEYS[1..11] of the scripts that change record state (``ftlayer/lua/lib/keys.lua``)."""
         k = self.keys
         return [k.chunks, k.chunk_acks, k.chunk_frames, k.partials, k.live,
                 k.gen, k.bcnt, k.failed, k.due, k.stats, k.buckets]
