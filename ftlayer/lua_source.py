@@ -42,13 +42,16 @@ _USER_SCRIPT = re.compile(r"user_script:(\d+)")
 
 @dataclass(frozen=True)
 class Origin:
-    """Where one line of a script's text comes from: a file under ``ftlayer/lua/`` and its line (1-based)."""
+    """Where one line of a script's text comes from: a file under ``ftlayer/lua/`` and its line
+    (1-based), and for a library line the include line that brought it in."""
 
     file: str
     line: int
+    included_at: str = ""
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}"
+        where = f"{self.file}:{self.line}"
+        return f"{where}, included at {self.included_at}" if self.included_at else where
 
 
 @dataclass(frozen=True)
@@ -70,11 +73,12 @@ class LuaSource:
         return self.origins[line - 1] if 1 <= line <= len(self.origins) else None
 
     def explain(self, message: str) -> str:
-        """``message`` (a server error) with each ``user_script:N`` followed by the file and line it is."""
+        """``message`` (a server error) with each ``user_script:N`` followed by the file and line it is:
+        ``user_script:120 [lib/chunk.lua:17, included at flush.lua:12]``."""
 
         def where(m: re.Match[str]) -> str:
             found = self.origin(int(m.group(1)))
-            return m.group(0) if found is None else f"{m.group(0)} ({self.file} -> {found})"
+            return m.group(0) if found is None else f"{m.group(0)} [{found}]"
 
         return _USER_SCRIPT.sub(where, message)
 
@@ -95,7 +99,7 @@ def _expand(path: str) -> list[tuple[str, Origin]]:
             if _INCLUDE.match(lib_line):
                 msg = f"{found.group(1)}:{k}: a library file includes nothing (included from {path}:{n})"
                 raise ValueError(msg)
-            out.append((lib_line, Origin(found.group(1), k)))
+            out.append((lib_line, Origin(found.group(1), k, f"{path}:{n}")))
     return out
 
 

@@ -150,7 +150,8 @@ class SourceStore:
         ]
 
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """Run one script; Redis errors become AckerError / RedisUnavailableError naming the source."""
+        """Run one script; Redis errors become AckerError / RedisUnavailableError naming the source (and
+        for an error inside the script, the ``.lua`` file and line: ``ftlayer.lua_source``)."""
         try:
             return self.ride_out(lambda: self.script(name)(keys=keys, args=args))
         except (redis.ConnectionError, redis.TimeoutError, ClusterDownError, TryAgainError) as exc:
@@ -158,7 +159,7 @@ class SourceStore:
             msg = f"Redis at {where} unreachable during {name} for source {self.keys.prefix!r}: {exc}"
             raise RedisUnavailableError(msg) from exc
         except redis.ResponseError as exc:
-            msg = f"{name} failed for source {self.keys.prefix!r}: {exc}"
+            msg = f"{name} failed for source {self.keys.prefix!r}: {lua_source.load(name).explain(str(exc))}"
             raise AckerError(msg) from exc
 
     def ride_out(self, call: Callable[[], T]) -> T:
@@ -207,7 +208,7 @@ class SourceStore:
             raise RedisUnavailableError(msg) from exc
         for (name, _, _), reply in zip(calls, replies, strict=False):
             if isinstance(reply, redis.ResponseError):
-                msg = f"{name} failed for source {self.keys.prefix!r}: {reply}"
+                msg = f"{name} failed for source {self.keys.prefix!r}: {lua_source.load(name).explain(str(reply))}"
                 raise AckerError(msg) from reply
         mode = self.config.durability
         confirm = replies[-1]
