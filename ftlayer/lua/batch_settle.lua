@@ -1,8 +1,8 @@
 -- batch_settle: ack (or fail) every still-pending record a micro-batch's read tasks emitted.
--- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, batch key (dfb:<tag>),
---       optionally rpl (replaced links, written by REPLAY)
--- ARGV: prefix, mode ('ack' | 'fail'), max list elements to take in this call, fail reason,
---       now ms, backoff initial ms, backoff multiplier, backoff max ms
+-- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, dfb:*, rpl?
+--   dfb:* is the batch key (dfb:<tag>); rpl (optional) the replaced links, written by REPLAY
+-- ARGV: prefix, mode, max_elements, reason, now_ms, backoff_initial_ms, backoff_multiplier, backoff_max_ms
+--   mode: 'ack' | 'fail'; max_elements: list elements to take in this call; reason: the fail reason
 -- Returns: {records settled in this call, list elements left, late completions}. The caller
 -- repeats until nothing is left (bounded work per call: an element names at most a few chunks).
 -- An element is k x [chunk id 6][bitmap length u16][bitmap of the records emitted]. A record no

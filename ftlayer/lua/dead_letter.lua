@@ -1,6 +1,8 @@
 -- dead_letter: set aside one record that never became pending, at most once.
--- KEYS: dlq, stats, guard key (tok:dl:<source_record_id>)
--- ARGV: source_record_id (8 bytes), now ms, reason, frame, guard ttl ms
+-- KEYS: dlq, stats, tok:*
+--   tok:* is the guard key (tok:dl:<source_record_id>)
+-- ARGV: sid, now_ms, reason, frame, guard_ttl_ms
+--   sid: the source_record_id (8 bytes)
 -- Returns: the dlq entry id. A retried call (the guard exists) appends nothing and
 -- returns the entry id of the call that did, so a lost reply cannot add a second entry.
 local prev = redis.call('GET', KEYS[3])

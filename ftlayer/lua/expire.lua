@@ -1,9 +1,10 @@
 -- expire: fail the still-pending records of expired buckets, in bounded chunks of work.
--- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, expq, rd (read watermarks),
---       holds, hld:<tag> of each hold the caller found live (h of them),
---       ch:0 .. ch:<num_channels - 1>
--- ARGV: prefix, now ms, backoff initial ms, backoff multiplier, backoff max ms,
---       max records to examine, max frame bytes to move, time budget ms, h, the h hold tags
+-- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, expq, rd, holds, hld:*[h], ch:*...
+--   rd: read watermarks; hld:<tag> of each of the h holds the caller found live; then the channel
+--   streams ch:0 .. ch:<num_channels - 1>
+-- ARGV: prefix, now_ms, backoff_initial_ms, backoff_multiplier, backoff_max_ms, max_records, max_bytes,
+--       budget_ms, h, hold_tags[h]
+--   max_records: records to examine; max_bytes: frame bytes to move; budget_ms: time budget; the h hold tags
 -- Returns: {failed sids (packed 8-byte), expired buckets still queued}; {'', -1} (nothing done)
 -- if `holds` has a live hold the caller did not declare: it reads `holds` again and calls again.
 -- A record acked or failed earlier is no longer pending and is skipped, so a record that

@@ -1,10 +1,12 @@
 -- flush: apply explicit fails, then XOR deltas, at most once per token.
--- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, token key (a hash per micro-batch)
--- ARGV: prefix, use_token ('1'|'0'), token ttl ms, deltas (n x [sid 8][value 8], sorted by sid so
---       the records of a chunk come together), fails (n x [sid 8][reason len u16, top bit = no
---       replay][reason]), now ms, backoff initial ms, backoff multiplier, backoff max ms, token
---       field (the task's flush in that batch), completing only ('1': apply a delta only if it
---       completes its record, leave the others untouched; optional, default '0')
+-- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, tok:*
+--   tok:* is the token key (a hash per micro-batch)
+-- ARGV: prefix, use_token, token_ttl_ms, deltas, fails, now_ms, backoff_initial_ms, backoff_multiplier,
+--       backoff_max_ms, token_field, completing_only?
+--   use_token: '1'|'0'; deltas: n x [sid 8][value 8], sorted by sid so the records of a chunk come
+--   together; fails: n x [sid 8][reason len u16, top bit = no replay][reason]; token_field: the task's
+--   flush in that batch; completing_only: '1': apply a delta only if it completes its record, leave
+--   the others untouched (optional, default '0')
 -- Returns: {applied (1, or 0 if the token was seen), the deltas that did not complete their record,
 --           as [position u32][status u8] each (status 0: the record is not pending (late), 2: applied,
 --           its tree still open, 3: not applied (completing only)); every other delta completed its

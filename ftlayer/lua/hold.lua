@@ -1,6 +1,8 @@
 -- hold: start, renew or end the hold of a running micro-batch (timeouts follow progress).
--- KEYS: holds, hld:<tag>
--- ARGV: op ('start' | 'renew' | 'end'), tag, deadline ms, started ms
+-- KEYS: holds, hld:*
+--   hld:<tag>: the set of the chunks the batch read
+-- ARGV: op, tag, deadline_ms, started_ms
+--   op: 'start' | 'renew' | 'end'
 -- start: holds[tag] = "<deadline> <started>"; renew: the same, only while holds[tag] exists (a
 -- hold that was ended stays ended, so a late heartbeat cannot revive it); end: delete holds[tag]
 -- and the set of the chunks the batch read.

@@ -1,6 +1,7 @@
 -- lease: acquire or renew the rotator lease.
 -- KEYS: lease
--- ARGV: owner token, ttl ms
+-- ARGV: owner, ttl_ms
+--   owner: the owner token
 -- Returns: 1 if the caller holds the lease now, 0 if another owner does.
 local cur = redis.call('GET', KEYS[1])
 if not cur then

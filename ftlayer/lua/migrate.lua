@@ -1,7 +1,9 @@
 -- migrate: move records of a layout-format-2 source (one `pend` entry each) into chunks.
--- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, pend, ch:0 .. ch:<num_channels - 1>
--- ARGV: prefix, num_channels, chunks (persist input of the records under new ids),
---       olds (per chunk, per index: the record's format-2 sid, 8 bytes)
+-- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, pend, ch:*[num_channels]
+--   ch:*: the channel streams ch:0 .. ch:<num_channels - 1>
+-- ARGV: prefix, num_channels, chunks, olds
+--   chunks: persist input of the records under new ids; olds: per chunk, per index, the record's
+--   format-2 sid, 8 bytes
 -- Returns: records moved; {-1, chunk id} if a new chunk id is in use while some old id is still in
 -- `pend` (nothing written: draw new ids). Per record, atomically: if HDEL removed the old entry,
 -- the record is filed under its new id; else (moved by an earlier call) it is a hole. A retried

@@ -1,6 +1,7 @@
 -- pending: which of the given records are still pending (neither completed nor failed).
 -- KEYS: ck
--- ARGV: prefix, sids (packed 8-byte)
+-- ARGV: prefix, sids
+--   sids: packed 8-byte
 -- Returns: a string with one byte per sid, '1' if pending, else '0'. Read-only; one HGET per chunk.
 local sids, out, cache = ARGV[2], {}, {}
 for pos = 1, #sids - 7, 8 do

@@ -1,13 +1,16 @@
 -- read_channel: the chunks of one channel between two stream positions that still hold pending
 -- records, bounded.
--- KEYS: channel stream, ck, cf, rd (read watermarks), optionally hld:<tag> (the running
---       batch's hold set)
--- ARGV: start id ('-' = from the beginning), chunks of the start entry already read
---       (0 = all of it: the read begins after it; k > 0: it begins at the entry's (k+1)-th chunk),
---       end id (inclusive, '+' = to the end), max stream entries, max records to examine,
---       max frame bytes to return, time budget ms, channel number, hold set ttl ms (with KEYS[5]),
---       start chunk id ('' = none: with skip 0 the read begins at that chunk of the start entry,
---       which it includes), end chunk id ('' = none: the end entry is read up to that chunk, included)
+-- KEYS: ch:*, ck, cf, rd, hld:*?
+--   ch:*: the channel stream; rd: read watermarks; hld:<tag> (optional): the running batch's hold set
+-- ARGV: start_id, start_skip, end_id, max_entries, max_records, max_bytes, budget_ms, channel, hold_ttl_ms,
+--       start_chunk?, end_chunk?
+--   start_id: '-' = from the beginning; start_skip: chunks of the start entry already read (0 = all
+--   of it: the read begins after it; k > 0: it begins at the entry's (k+1)-th chunk); end_id:
+--   inclusive, '+' = to the end; max_entries: stream entries; max_records: records to examine;
+--   max_bytes: frame bytes to return; budget_ms: time budget; hold_ttl_ms: hold set ttl (with
+--   hld:*); start_chunk: chunk id ('' = none: with skip 0 the read begins at that chunk of the start
+--   entry, which it includes); end_chunk: chunk id ('' = none: the end entry is read up to that
+--   chunk, included)
 -- Returns: {cursor id ('' if no entry was read), chunks of the cursor entry read (0 = all),
 -- chunk id, state, frames, chunk id, state, frames, ...}: per chunk still pending, its id, its
 -- `ck` state (header and settled bitmap) and its `cf` frames, as stored. The reader skips the

@@ -1,9 +1,10 @@
 -- replay: re-persist failed records under new ids, or dead-letter them.
--- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, dlq, ch:0 .. ch:<num_channels - 1>,
---       optionally rpl (replaced links)
--- ARGV: prefix, num_channels, replays (persist input: chunks of the new records),
---       olds (per chunk, per index: the failed record's old sid, 8 bytes), dead (n x [old sid 8]), now ms,
---       link ttl ms (with rpl), the old sids among olds that failed by timeout (n x [sid 8], with rpl)
+-- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, dlq, ch:*[num_channels], rpl?
+--   ch:*: the channel streams ch:0 .. ch:<num_channels - 1>; rpl (optional): replaced links
+-- ARGV: prefix, num_channels, replays, olds, dead, now_ms, link_ttl_ms?, timed_out?
+--   replays: persist input, chunks of the new records; olds: per chunk, per index, the failed
+--   record's old sid, 8 bytes; dead: n x [old sid 8]; link_ttl_ms (with rpl); timed_out: the old
+--   sids among olds that failed by timeout (n x [sid 8], with rpl)
 -- Returns: {replayed, dead-lettered}, or {-1, chunk id} if a new chunk id is in use (nothing
 -- written: the caller draws new ids). An old id no longer in `failed` (another replayer took it)
 -- leaves a hole in its new chunk, so each failure is replayed at most once.

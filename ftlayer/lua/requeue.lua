@@ -1,7 +1,9 @@
 -- requeue: move dead letters back into their channel streams as new source records.
--- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, dlq, ch:0 .. ch:<num_channels - 1>
--- ARGV: prefix, num_channels, chunks (persist input of the new records),
---       entry ids (per chunk, per index: [entry id length u16][entry id], length 0 for a hole)
+-- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, dlq, ch:*[num_channels]
+--   ch:*: the channel streams ch:0 .. ch:<num_channels - 1>
+-- ARGV: prefix, num_channels, chunks, entry_ids
+--   chunks: persist input of the new records; entry_ids: per chunk, per index, [entry id length
+--   u16][entry id], length 0 for a hole
 -- Returns: records requeued, or {-1, chunk id} if a new chunk id is in use (nothing written).
 -- Per record, atomically: if XDEL removed the dead letter, its new frame is filed like a new
 -- record (chunk, current bucket, channel stream); an entry already gone (purged, requeued

@@ -1,5 +1,6 @@
 -- rescale: empty the channel streams of a drained shard, so its channel count may change.
--- KEYS: ck, failed, live, channel streams ch:0 .. ch:<recorded count - 1>
+-- KEYS: ck, failed, live, ch:*...
+--   ch:*...: the channel streams ch:0 .. ch:<recorded count - 1>
 -- ARGV: (none)
 -- Returns: {1, 0, 0} if the shard is drained (nothing pending, nothing failed and waiting for a
 -- replay) and its streams are now empty; {0, pending records, failed} if records are still in

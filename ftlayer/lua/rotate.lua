@@ -1,7 +1,8 @@
 -- rotate: open new timeout buckets up to a target generation; queue the expired ones for scanning.
 -- KEYS: gen, lease, expq, bcnt
--- ARGV: owner token ('' = no lease check), num_buckets, expected gen ('' = any),
---       target gen ('' = current gen + 1)
+-- ARGV: owner, num_buckets, expected_gen, target_gen
+--   owner: the owner token ('' = no lease check); expected_gen: '' = any; target_gen: '' = current
+--   gen + 1
 -- Returns: {1, new gen, last expired gen, previous gen} on success; {-1, gen} if the caller
 -- does not hold the lease; {-2, gen} if gen differs from the expected one; {0, gen} if gen
 -- already reached the target (a retry whose first reply was lost: nothing happens twice).

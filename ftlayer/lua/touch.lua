@@ -1,6 +1,7 @@
 -- touch: restart the timeouts of records a slow operator is still processing (Storm's resetTimeout).
 -- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt
--- ARGV: prefix, source record ids (n x 8 bytes)
+-- ARGV: prefix, sids
+--   sids: source record ids, n x 8 bytes
 -- Returns: the chunks re-filed. Timeouts are per chunk: each still-pending chunk the ids fall in
 -- moves to the current bucket with its flags cleared, so none of its records fails before
 -- timeout_s from now unless it is acked or failed first. An id no longer pending is skipped, and

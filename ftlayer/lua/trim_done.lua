@@ -1,6 +1,8 @@
 -- trim_done: drop the head of a channel stream whose chunks are all settled, bounded.
--- KEYS: channel stream, ck
--- ARGV: max stream entries to examine, max chunks to examine, time budget ms
+-- KEYS: ch:*, ck
+--   ch:*: the channel stream
+-- ARGV: max_entries, max_chunks, budget_ms
+--   max_entries: stream entries to examine; max_chunks: chunks to examine; budget_ms: time budget
 -- Returns: {entries removed, 1 if a limit stopped the call before a pending chunk or the
 -- end of the stream (call again to go on), else 0}. Stops at the first entry that still
 -- names a pending chunk. Safe at any time: an entry whose chunks all settled would be read

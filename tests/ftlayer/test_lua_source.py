@@ -8,8 +8,10 @@ from importlib import resources
 import pytest
 
 from ftlayer import lua_source
+from ftlayer.acker_table import FLUSH
 from ftlayer.errors import AckerError
 from ftlayer.layer import FTLayer
+from ftlayer.rotating_map import ROTATE
 from serialization.serializers import make_record
 
 
@@ -62,7 +64,7 @@ def test_a_server_error_in_a_script_names_its_file_and_line(layer: FTLayer) -> N
     store = layer.store
     k = store.keys
     with pytest.raises(AckerError) as err:  # num_buckets 'x': the server's arithmetic on nil
-        store.run("ROTATE", [k.gen, k.lease, k.expq, k.bcnt], ["", "x", "", ""])
+        store.run(ROTATE, [k.gen, k.lease, k.expq, k.bcnt], ["", "x", "", ""])
     line = _line_of("rotate.lua", "for e = math.max(0, g + 1 - n)")
     message = str(err.value)
     assert "arithmetic" in message and "user_script:" in message
@@ -77,7 +79,7 @@ def test_a_server_error_in_a_library_file_names_that_file_its_line_and_the_inclu
     fails = struct.pack(">qH", sid, 4) + b"boom"
     args = [store.keys.prefix, "0", 60_000, b"", fails, store.now_ms(), "x", 2, 60_000, "-", "0"]
     with pytest.raises(AckerError) as err:  # backoff initial 'x': chunk_fail's arithmetic on nil
-        store.run("FLUSH", [*store.state_keys, store.keys.token("-")], args)
+        store.run(FLUSH, [*store.state_keys, store.keys.token("-")], args)
     line = _line_of("lib/chunk.lua", "local delay = b_init * ")
     include = _line_of("flush.lua", "--@include lib/chunk.lua")
     message = str(err.value)
