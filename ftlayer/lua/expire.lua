@@ -34,28 +34,14 @@
 
 --@include lib/clock.lua
 
+--@include lib/entry.lua
+
 local now, b_init, b_mult, b_max = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local max_n, max_b, budget = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local t0, n, bytes, out, stop = clock_ms(), 0, 0, {}, false
 local cur = tonumber(redis.call('GET', K_GEN) or '0')
 local refiled, unread_n = {}, 0
 local marks, unread_after = {}, {}
-
-local function entry_gen(e)
-  local f = e[2]
-  for i = 1, #f - 1, 2 do
-    if f[i] == 'g' then return tonumber(f[i + 1]) end
-  end
-  return nil
-end
-
-local function entry_chunks(e)
-  local f = e[2]
-  for i = 1, #f - 1, 2 do
-    if f[i] == 'c' then return f[i + 1] end
-  end
-  return ''
-end
 
 local function handed_out(key, ch, egen)
   -- has a reader read the entry of channel ch, written in gen egen, that holds chunk key?
@@ -82,8 +68,8 @@ local function handed_out(key, ch, egen)
       local es = redis.call('XRANGE', KEYS[CH_BASE + 1 + ch], after, '+', 'COUNT', 64)
       done = #es < 64
       for _, en in ipairs(es) do
-        if entry_gen(en) ~= m[1] then done = true; break end
-        local ids = entry_chunks(en)
+        local ids, g = entry_fields(en)
+        if not g or tonumber(g) ~= m[1] then done = true; break end
         for q = 1, #ids - KEY_BYTES + 1, KEY_BYTES do set[string.sub(ids, q, q + KEY_BYTES - 1)] = true end
         after = '(' .. en[1]
       end

@@ -26,6 +26,8 @@
 
 --@include lib/clock.lua
 
+--@include lib/entry.lua
+
 local start, skip, last_id = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local max_e, max_n, max_b, budget = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local start_chunk, end_chunk = ARGV[10] or '', ARGV[11] or ''
@@ -50,10 +52,7 @@ while not done and ents < max_e do
   fetch = math.min(fetch * 2, 256)
   for _, e in ipairs(entries) do
     ents = ents + 1
-    local f, ids, g = e[2], '', nil
-    for i = 1, #f - 1, 2 do
-      if f[i] == 'c' then ids = f[i + 1] elseif f[i] == 'g' then g = f[i + 1] end
-    end
+    local ids, g = entry_fields(e)
     local total, pos = math.floor(#ids / KEY_BYTES), 0
     if skip > 0 and e[1] == start then
       pos = skip

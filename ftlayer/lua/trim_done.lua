@@ -12,6 +12,8 @@
 
 --@include lib/clock.lua
 
+--@include lib/entry.lua
+
 local max_e, max_n, budget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local t0, n, ents, fetch, from = clock_ms(), 0, 0, 4, '-'
 local done_upto, keep, more = nil, false, 0
@@ -20,10 +22,7 @@ while not keep and ents < max_e do
   if #entries == 0 then break end
   fetch = math.min(fetch * 2, 256)
   for _, e in ipairs(entries) do
-    local f, ids = e[2], ''
-    for i = 1, #f - 1, 2 do
-      if f[i] == 'c' then ids = f[i + 1] end
-    end
+    local ids = entry_fields(e)
     local left = math.floor(#ids / KEY_BYTES)
     if n > 0 and (n + left > max_n or clock_ms() - t0 >= budget) then more = 1; keep = true; break end
     for p = 1, #ids - KEY_BYTES + 1, KEY_BYTES do

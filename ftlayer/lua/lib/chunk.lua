@@ -1,3 +1,13 @@
+-- Chunks (ftlayer.chunks). chunk_load reads a chunk into a Lua table holding its header fields
+-- and its settled bitmap as a table of byte values; records are settled by flipping a bit of that
+-- table (chunk_settle) and the state is written back once per chunk (chunk_save), or the chunk's
+-- three fields are deleted when its last record settles. The ack value of a pending record is its
+-- initial value (ci, read lazily once per chunk) unless a partial XOR was applied to it, which then
+-- lives in xv (a tree split over several flushes); `partials` counts those per chunk, so a chunk
+-- without any never looks there. A record's frame is found by walking the length prefixes of the
+-- chunk's frames once per chunk (only failing records need frames in a script).
+-- Needs lib/keys.lua and lib/counts.lua before it.
+
 local function chunk_load(key)
   -- the chunk named key as a table, or nil if it is not pending (all settled, or never filed)
   local st = redis.call('HGET', K_CK, key)

@@ -1,3 +1,7 @@
+-- Buckets and counts. Every change to the pending-record count (LIVE) and to a bucket
+-- generation's live-chunk count (bucket_done) is gathered during a script and applied once by
+-- settle_counts, which every script that settles or files records calls before it returns.
+
 local LEFT_BUCKET, LIVE = {}, 0
 local function bucket_done(g)
   -- a chunk filed in bucket g left it (all its records settled, or it was re-filed elsewhere)

@@ -1,3 +1,6 @@
+-- Filing new chunks: PERSIST, REPLAY, REQUEUE and MIGRATE. Input format: ftlayer.chunks.CHUNK_IN_HEADER.
+-- Needs lib/keys.lua, lib/counts.lua and lib/chunk.lua before it.
+
 local function parse_chunks(blob, nch)
   -- split persist input into chunk tables; nil plus an error if one is malformed or off-range
   local out, pos, size, seen = {}, 1, #blob, {}
