@@ -49,11 +49,12 @@ class _Entry:
     base: str  # without the marker: "ck", "tok:*"
     kind: str  # "one", "opt", "count" or "rest"
     count: str = ""  # the ARGV entry giving the count (kind "count")
+    family: str = ""  # "tok:" for "tok:*" (any key of that family); "" for one named key
 
     def matches(self, key: str) -> bool:
-        suffix = key.rpartition("}:")[2]
-        if self.base.endswith(":*"):
-            return suffix.startswith(self.base[:-1])
+        suffix = key[key.rfind("}:") + 2:]  # a key without a hash tag: the whole key
+        if self.family:
+            return suffix.startswith(self.family)
         return suffix == self.base
 
 
@@ -73,7 +74,8 @@ def _parse(script: str, what: str, names: Sequence[str]) -> tuple[_Entry, ...]:
         if kind == "opt" and not all(n.endswith("?") for n in later):
             msg = f"{script}: optional {what} entry {name!r} may only be followed by optional ones"
             raise ValueError(msg)
-        out.append(_Entry(name, found.group(1), kind, found.group(3) or ""))
+        base = found.group(1)
+        out.append(_Entry(name, base, kind, found.group(3) or "", base[:-1] if base.endswith(":*") else ""))
     return tuple(out)
 
 
@@ -121,11 +123,16 @@ class LuaScript:
             self._fail(f"takes {at} ARGV for these counts, {len(args)} given")
         at = 0
         for e in self._keys:
-            if e.kind == "opt" and at >= len(keys):
-                break
-            n = {"one": 1, "opt": 1, "rest": len(keys) - at}.get(e.kind) or self._count(e, values, "KEYS")
-            if at + n > len(keys):
-                self._fail(f"KEYS {e.name} needs {at + n - len(keys)} more key(s) than the {len(keys)} given")
+            if e.kind in ("one", "opt"):
+                if at >= len(keys):
+                    if e.kind == "opt":
+                        break
+                    self._fail(f"KEYS[{at + 1}] ({e.name}) is missing: {len(keys)} given")
+                n = 1
+            else:
+                n = len(keys) - at if e.kind == "rest" else self._count(e, values, "KEYS")
+                if at + n > len(keys):
+                    self._fail(f"KEYS {e.name} needs {at + n - len(keys)} more key(s) than the {len(keys)} given")
             for j in range(at, at + n):
                 if not e.matches(keys[j]):
                     self._fail(f"KEYS[{j + 1}] should be the source's {e.base} key ({e.name}), got {keys[j]!r}")

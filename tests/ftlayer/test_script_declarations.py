@@ -51,6 +51,17 @@ def test_the_file_states_the_declared_keys_and_argv(name: str) -> None:
     script = declared()[name]
     assert _stated(name, "KEYS") == ", ".join(script.keys)
     assert _stated(name, "ARGV") == (", ".join(script.argv) or "(none)")
+    lines = script.source.text.split("\n")
+    first = next(i for i, o in enumerate(script.source.origins) if o.file == script.source.file)
+    heading = []
+    for line in lines[first:]:
+        if not line.startswith("--"):
+            break
+        heading.append(line)
+    assert heading[0].startswith(f"-- {name.lower()}: "), heading[0]
+    assert any(line.startswith("-- Returns: ") for line in heading), f"{script.source.file} states no reply"
+    for what in ("KEYS", "ARGV"):
+        assert any(line.startswith(f"-- {what}: ") for line in heading), f"{script.source.file} states no {what}"
 
 
 @pytest.mark.parametrize("name", lua_source.script_names())
@@ -98,6 +109,8 @@ def test_a_missing_or_extra_key_or_argument_is_refused(layer: FTLayer) -> None:
     store, k = layer.store, layer.store.keys
     with pytest.raises(ScriptCallError, match=r"ROTATE .*takes 4 KEYS for these ARGV, 5 given"):
         ROTATE.check([k.gen, k.lease, k.expq, k.bcnt, k.gen], ["", 6, "", ""])
+    with pytest.raises(ScriptCallError, match=r"ROTATE .*KEYS\[4\] \(bcnt\) is missing: 3 given"):
+        ROTATE.check([k.gen, k.lease, k.expq], ["", 6, "", ""])
     with pytest.raises(ScriptCallError, match=r"ROTATE .*ARGV\[4\] \(target_gen\) is missing"):
         ROTATE.check([k.gen, k.lease, k.expq, k.bcnt], ["", 6, ""])
     with pytest.raises(ScriptCallError, match=r"KEYS ch:\*\[num_channels\] needs 1 more key"):
