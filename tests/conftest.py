@@ -171,7 +171,7 @@ def spark() -> Iterator[Any]:
     from runtime.spark.session import local_session
 
     try:
-        session = local_session("ftlayer-tests")
+        session = local_session("ftlayer-tests", log_level="ERROR")
     except FTLayerError as exc:  # java missing: say so clearly, do not skip
         pytest.fail(str(exc))
     yield session

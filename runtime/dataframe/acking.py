@@ -32,7 +32,6 @@ sink sees it again (at-least-once). ``ftlayer.udf(...).with_column(df, name, *co
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -43,6 +42,7 @@ from ftlayer.errors import ConfigError
 from ftlayer.holds import CARRY_PREFIX
 from ftlayer.keys import query_batch_key
 from ftlayer.layer import FTLayer
+from ftlayer.logs import logger_for
 from runtime.dataframe.plan import is_stateful
 from runtime.dataframe.sink_retry import SinkRetry
 from runtime.dataframe.sources import active_session, config_or_last
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = ["OnError", "acking", "batch_sources", "settle_batch", "settle_tags"]
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 
 BatchFn = Callable[["DataFrame", int], Any]
 OnError = Literal["auto", "replay", "raise"]

@@ -34,7 +34,6 @@ query id of the batch being run.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -44,12 +43,13 @@ from ftlayer.batch_acks import BATCH_KEY_TTL_S, batch_tags, token_tags
 from ftlayer.config import FTConfig
 from ftlayer.connection import client_for
 from ftlayer.keys import query_batch_key, token_batch_key
+from ftlayer.logs import logger_for
 from runtime.spark.connect import batch_job_tag, is_connect, new_batch_token
 from runtime.spark.typed_source import QUERY_ID_PROPERTY
 
 __all__ = ["BatchContext", "current_query_id", "enter", "root_session"]
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 
 LOCAL_URL_ENV = "SPARK_CONNECT_LOCAL_URL"  # set by the Connect server for its foreachBatch worker
 _local = threading.local()

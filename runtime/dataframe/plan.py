@@ -18,20 +18,20 @@ answer is True, the safe one. Answers are cached per query id (a query's plan do
 
 from __future__ import annotations
 
-import logging
 import re
 import threading
 from typing import Any
 
 from ftlayer.config import FTConfig
 from ftlayer.connection import client_for
+from ftlayer.logs import logger_for
 
 __all__ = [
     "STATEFUL_NODES", "WRITER_MARK", "find_query", "forget_stateful", "is_stateful", "mark_writer",
     "plan_is_stateful", "recall_stateful", "remember_stateful",
 ]
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 
 #: Physical operators that write to Spark's state store.
 STATEFUL_NODES = re.compile(

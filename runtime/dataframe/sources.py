@@ -39,7 +39,6 @@ log listener and, with ``metrics_port``, the Prometheus exporter
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -50,6 +49,7 @@ from ftlayer.config import FTConfig
 from ftlayer.connection import resolved
 from ftlayer.errors import ConfigError, RedisUnavailableError
 from ftlayer.layer import FTLayer
+from ftlayer.logs import logger_for
 from ftlayer.service import FTService
 from ftlayer.state import TopologyState, check_reachable_redis
 from runtime.driver.ingest import Ingestor, KeySelector
@@ -69,7 +69,7 @@ __all__ = [
     "session_config", "source", "stop_all", "with_metadata",
 ]
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 _lock = threading.Lock()
 _handles: dict[tuple[str, str, str], SourceHandle] = {}
 _last: list[FTConfig] = []
@@ -254,6 +254,19 @@ def read_stream(spark: SparkSession, topology: str, source_name: str, *, schema:
     handle.start_service()
     handle.observe(spark)
     return handle.read_stream(spark, schema, max_records_per_batch=max_records_per_batch)
+
+
+def register_format(spark: SparkSession) -> None:
+    """Make ``spark.readStream.format("ftlayer")`` available in ``spark`` now; safe to repeat.
+
+    :func:`read_stream` registers it too, and is the usual way in: it also starts the source's
+    FT service (timeouts, replays, dead letters) and the session's listeners. A query that reads
+    the format directly takes the source's options (``redisUrl``, ``namespace``, ``topology``,
+    ``source``, ``numChannels``, optional ``maxRecordsPerBatch``; snake_case spellings are the
+    same options) and needs that service running in some process, for example
+    ``ftlayer.source(topology, name).start_service()`` on the driver.
+    """
+    register(spark)
 
 
 def ingest(topology: str, source_name: str, records: Any, *, config: FTConfig | None = None,

@@ -46,7 +46,6 @@ re-runs after a driver restart calls ``fn`` again.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -56,6 +55,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCom
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError, FTLayerError, SinkWriteError
+from ftlayer.logs import logger_for
 from runtime.dataframe.acking import batch_sources, settle_batch
 from runtime.dataframe.plan import mark_writer, recall_stateful
 from runtime.dataframe.rowfn import MAX_REASON_CHARS
@@ -71,7 +71,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TaskResult", "acking_sink"]
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 
 
 @dataclass

@@ -19,12 +19,13 @@ pyspark send the removal and drop the listener, and joins the thread itself once
 
 from __future__ import annotations
 
-import logging
 from typing import Any
+
+from ftlayer.logs import logger_for
 
 __all__ = ["remove_listener"]
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 
 
 def _is_connect(spark: Any) -> bool:

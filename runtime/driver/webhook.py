@@ -36,7 +36,6 @@ the receiver matches confirmations to requests by counting (a FIFO of waiting re
 from __future__ import annotations
 
 import json
-import logging
 import threading
 from collections import deque
 from collections.abc import Iterable
@@ -44,7 +43,9 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-log = logging.getLogger(__name__)
+from ftlayer.logs import logger_for
+
+log = logger_for(__name__)
 
 
 @dataclass(eq=False)

@@ -36,7 +36,6 @@ Contract and bounds:
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +43,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ftlayer.errors import FTLayerError
+from ftlayer.logs import logger_for
 from runtime.idempotent.extras import import_extra
 from runtime.idempotent.keyed import DEFAULT_KEY, DEFAULT_LINEAGE, keyed_rows
 from runtime.sinks import ExecutorSink, SinkContext
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DeltaConflictError", "DeltaSink", "DeltaSinkError", "DeltaWriter", "delta_sink", "import_deltalake"]
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 
 
 class DeltaSinkError(FTLayerError):
