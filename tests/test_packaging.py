@@ -21,7 +21,10 @@ def test_every_package_directory_is_packaged() -> None:
         for top in ("ftlayer", "serialization", "partitioners", "runtime")
         for p in (ROOT / top).rglob("__init__.py")
     }
-    assert found == listed
+    # the Lua folders are data directories (no __init__.py) that setuptools wants listed as packages
+    data_dirs = {"ftlayer.lua", "ftlayer.lua.lib"}
+    assert found == listed - data_dirs
+    assert data_dirs <= listed
 
 
 def test_every_lua_file_is_package_data() -> None:
