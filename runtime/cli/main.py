@@ -23,7 +23,7 @@ import redis
 from ftlayer import __version__
 from ftlayer.errors import FTLayerError
 from runtime.cli import bench as bench_cli
-from runtime.cli import chaos, dlq, ingest, sources, status
+from runtime.cli import chaos, dlq, doctor, ingest, sources, status
 from runtime.cli import config as config_cli
 from runtime.cli.common import add_connection_options, merge_connection_options
 from runtime.cli.env import add_env_options, env_help_epilog, resolve_env_defaults, unknown_env_warnings
@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_parser(sub)
     dlq.add_parser(sub)
     sources.add_parser(sub)
+    doctor.add_parser(sub)
     config_cli.add_parser(sub)
     ingest.add_parser(sub)
     chaos.add_parser(sub)

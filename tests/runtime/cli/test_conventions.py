@@ -86,7 +86,7 @@ def _commands(parser: argparse.ArgumentParser, path: str = "ftlayer") -> list[tu
 
 def test_every_command_and_subcommand_has_a_description_and_a_help_line() -> None:
     commands = _commands(build_parser())
-    assert {"ftlayer dlq list", "ftlayer dlq requeue", "ftlayer sources reset"} <= {
+    assert {"ftlayer dlq list", "ftlayer dlq requeue", "ftlayer sources reset", "ftlayer doctor"} <= {
         c for c, _, _ in commands}
     for path, parser, line in commands:
         assert parser.description and len(parser.description) > 40, path
@@ -112,7 +112,7 @@ def test_top_level_help_is_short_and_lists_every_command(capsys: Any) -> None:
     code, out, _ = _run(capsys, "--help")
     assert code == 0
     assert len(out.splitlines()) < 60, out
-    for command in ("status", "dlq", "sources", "config", "ingest", "redis", "chaos", "bench"):
+    for command in ("status", "dlq", "sources", "doctor", "config", "ingest", "redis", "chaos", "bench"):
         assert f"    {command} " in out, command
     assert "FTLAYER_BENCH_" not in out.replace("FTLAYER_BENCH_*", "")
     assert "connection (before or after the command)" in out
