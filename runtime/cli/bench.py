@@ -31,7 +31,8 @@ repeated) and reports medians with their spread:
   topology and input, small records and 1 KiB payloads (:mod:`runtime.bench.e2e`), and the
   same for a DataFrame pipeline (:mod:`runtime.bench.e2e_dataframe`).
 
-The summary is merged into ``<out>/results.json`` (default ``docs/bench``), so
+The summary is merged into ``<out>/results.json`` (``--out``, default ``./ftlayer-bench`` in the
+current directory; ``scripts/bench`` passes the checkout's ``docs/bench``), so
 running one benchmark keeps the others' figures; the headline keys are
 ``ft_on_vs_off_ratio``, ``ft_on_vs_plain_ratio`` (and ``ft_on_vs_plain_frozen_ratio``: against plain PySpark
 with ftlayer's worker-heap freeze), ``redis_cpu_us_per_record``, ``acker_vs_raw_ratio``,
@@ -52,7 +53,7 @@ from typing import Any
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
-from runtime.bench.acker import RESULTS, bench_acker, bench_memory, write_results
+from runtime.bench.acker import bench_acker, bench_memory, write_results
 from runtime.cli.env import add_env_options, resolve_env_defaults
 
 BENCHES = ("acker", "redis-cpu", "scaling", "replay", "retry", "latency", "e2e", "e2e-dataframe", "effectively-once",
@@ -69,7 +70,8 @@ DESCRIPTION = (
     "2 client processes on a 1-primary vs a 3-primary Valkey Cluster: cluster_scaling_ratio), effectively-once "
     "(the DataFrame pipeline into Postgres and into Delta, an at-least-once writer vs ftlayer's effectively-once "
     "sink: effectively_once_vs_at_least_once_ratio), masters "
-    "(FT-on e2e throughput on local[2] vs local-cluster[2,1,1024], each in its own process)."
+    "(FT-on e2e throughput on local[2] vs local-cluster[2,1,1024], each in its own process). Results go to "
+    "--out (default ./ftlayer-bench in the current directory)."
 )
 
 
@@ -91,7 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("which", nargs="*", default=None, metavar="BENCH",
                    help=f"benchmarks to run: {', '.join(BENCHES)} or all (default all, about 15 minutes on "
                         "2 cores) [env FTLAYER_BENCH, comma-separated]")
-    p.add_argument("--redis-url", default=_env("FTLAYER_REDIS_URL", ""), metavar="URL",
+    p.add_argument("--redis-url", default=None, metavar="URL",
                    help="Redis to measure; default an embedded valkey-server [env FTLAYER_REDIS_URL]")
     add_env_options(p, "bench")
 
@@ -178,9 +180,13 @@ def run(args: argparse.Namespace) -> int:
     from ftlayer.server import EmbeddedServer
 
     selected = _selected(args)
-    out = Path(args.out or RESULTS.parent)
-    server = None if args.redis_url else EmbeddedServer().start()
-    url = args.redis_url or (server.url if server else "")
+    out = Path(args.out).resolve()
+    if not args.no_write:
+        out.mkdir(parents=True, exist_ok=True)  # before any benchmark: a bad --out fails in a second, not at the end
+        _say(f"results go to {out / 'results.json'} (--out)")
+    given = args.redis_url or _env("FTLAYER_REDIS_URL", "")
+    server = None if given else EmbeddedServer().start()
+    url = given or (server.url if server else "")
     summary: dict[str, Any] = {}
     try:
         if "acker" in selected:
