@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from runtime.cli.main import main
+from runtime.cli.entry import main
 
 if __name__ == "__main__":
     sys.exit(main())
