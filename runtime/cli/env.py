@@ -195,6 +195,14 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
     _bench("--masters-records", "MASTERS_RECORDS", "int", "200000",
            "masters: records of each measured FT-on run on local[2] and on local-cluster[2,1,1024]", lo=1),
     _bench("--masters-repeats", "MASTERS_REPEATS", "int", "2", "masters: alternating rounds per master", lo=1),
+    _bench("--webhook-records", "WEBHOOK_RECORDS", "int", "200000", "webhook: records per round", lo=1),
+    _bench("--webhook-batch", "WEBHOOK_BATCH", "int", "100", "webhook: records per request (a JSON array)", lo=1),
+    _bench("--webhook-connections", "WEBHOOK_CONNECTIONS", "int", "8",
+           "webhook: keep-alive client connections posting at once", lo=1),
+    _bench("--mqtt-records", "MQTT_RECORDS", "int", "50000",
+           "mqtt: QoS 1 messages per round (from 2 publisher processes)", lo=2),
+    _bench("--receiver-repeats", "RECEIVER_REPEATS", "int", "3",
+           "webhook and mqtt: alternating rounds of the raw server or broker and ftlayer's receiver", lo=1),
 )
 
 # Variables read elsewhere than an option default: (name, what reads it).

@@ -27,6 +27,12 @@ Optional hooks of a source object (sources that can confirm upstream):
   upstream here (an HTTP 2xx, an MQTT PUBACK, a committed file offset, a
   queue ack); see :mod:`runtime.driver.webhook`. An exception from ``ack`` stops
   ingest like an exception from the source.
+- ``waits_when_idle = True`` (an attribute): the source's ``poll()`` blocks by
+  itself while nothing comes (a push source waiting on a condition), so ingest
+  polls it again at once after an idle poll instead of sleeping ``linger_s``.
+  A request/response source (the webhook) returns an idle poll as soon as what
+  it handed over waits for its confirmation, and the sleep would add to every
+  answer's latency.
 - ``ingest_paused(reason)``: called when ingest starts waiting (``reason`` says
   why: backpressure, or Redis unreachable) and with None when it goes on, so a
   push source can refuse new work meanwhile (the webhook answers 503).
@@ -403,6 +409,8 @@ class Ingestor:
         batch: list[Any] = []
         monotonic, stopped = time.monotonic, self._stop.is_set  # once per record: no attribute lookups
         batch_size, linger_s = self.batch_size, self.linger_s
+        # a source whose poll() itself waits while idle (waits_when_idle) is polled again at once
+        idle_s = 0.0 if getattr(self.source, "waits_when_idle", False) else linger_s
         started = monotonic()
         self._report("running")
         try:
@@ -416,8 +424,8 @@ class Ingestor:
                     self._persist(batch)
                     done, batch = batch, []
                     self._ack(done)
-                if value is None:
-                    time.sleep(linger_s)
+                if value is None and idle_s:
+                    time.sleep(idle_s)
                 if stopped():
                     break
         except DurabilityError as exc:

@@ -60,6 +60,7 @@ from runtime.driver.webhook_body import WebhookAuth, WebhookError
 log = logging.getLogger(__name__)
 
 STALE_POLL_S = 10.0  # /readyz: ingest must have polled within this long (else no ingest runs the source)
+GATHER_S = 0.002  # poll(): with requests waiting for confirmation, how long more may be gathered before ingest flushes
 
 
 @dataclass(eq=False)
@@ -249,15 +250,19 @@ class WebhookSource:
     def open(self) -> None:
         self._listen()
 
+    waits_when_idle = True  # poll() waits by itself: ingest polls again at once (runtime.driver.ingest)
+
     def poll(self) -> Iterable[Any] | None:
-        """Records of waiting requests (up to ``chunk``, whole requests), [] if none came within
-        50 ms, None once :meth:`end` was called and every request taken was handed over."""
+        """Records of waiting requests (up to ``chunk``, whole requests), None once :meth:`end` was
+        called and every request taken was handed over, else [] if none came within 50 ms, or
+        within ``GATHER_S`` while records handed over wait for their confirmation: an idle poll
+        is what makes ingest persist its batch, and their clients wait for it."""
         with self._lock:
             self._last_poll = time.monotonic()
             if not self._queue:
                 if self._ending:
                     return None
-                self._lock.wait(0.05)
+                self._lock.wait(GATHER_S if self._inflight else 0.05)
             out: list[Any] = []
             while self._queue and (not out or len(out) + len(self._queue[0].values) <= self.chunk):
                 ticket = self._queue.popleft()
