@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 KEEPALIVE_S = 75.0  # idle keep-alive connections are closed after this (longer than most load balancers' 60 s)
 READY_TIMEOUT_S = 2.0  # a ready_check that takes longer counts as failed
+SETTLE_TURNS = 5  # stop(): turns of the loop for a connection accepted already to reach aiohttp
 
 
 class Ticket(Protocol):
@@ -90,6 +91,7 @@ class HttpServer:
         self.max_body_bytes = max_body_bytes
         self.ready_check = ready_check
         self._probe_since: float | None = None  # a ready_check in flight since (monotonic)
+        self._sock = sock
         self.loop = asyncio.new_event_loop()
         app = web.Application(client_max_size=max_body_bytes, middlewares=[_json_errors])
         app.router.add_post(path, self._records)
@@ -109,11 +111,25 @@ class HttpServer:
     def stop(self) -> None:
         """Close the listening socket and every connection, then end the loop's thread."""
         try:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result(30)
+            asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(30)
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(30)
             self.loop.close()
+
+    async def _stop(self) -> None:
+        """Stop accepting, let the connections accepted already reach aiohttp, then its cleanup.
+
+        asyncio (3.11) makes a transport for an accepted connection a turn of the loop after the
+        accept; if the server was closed in between, making it fails (an assertion in
+        ``Server._attach``) and the socket stays open unanswered: its client would wait until its
+        own timeout instead of seeing the connection reset and retrying. So the listening socket
+        is taken out of the loop first, and the cleanup (which closes it) comes once those
+        connections are aiohttp's, which closes them."""
+        self.loop.remove_reader(self._sock)
+        for _ in range(SETTLE_TURNS):
+            await asyncio.sleep(0)
+        await self._runner.cleanup()
 
     # --- handlers -------------------------------------------------------------------------------
     async def _records(self, request: web.Request) -> web.Response:
