@@ -30,14 +30,15 @@ def _go() -> float:
     return time.perf_counter()
 
 
-def _body(batch: int) -> bytes:
+def load_body(batch: int) -> bytes:
+    """The JSON array every request of the HTTP load posts (the ingest-alone figure polls the same records)."""
     return json.dumps([{"i": i, "user": f"u{i % 37}", "v": i * 7} for i in range(batch)]).encode()
 
 
 async def http_load(url: str, records: int, batch: int, connections: int) -> dict[str, Any]:
     import aiohttp
 
-    body = _body(batch)
+    body = load_body(batch)
     target = url.rstrip("/") + "/batch"
     requests = -(-records // batch)
     statuses: dict[int, int] = {}

@@ -7,7 +7,11 @@ raw rate of the same server or broker without ftlayer, measured side by side in 
   intake confirms every request at once: no ingest, no Redis. *ftlayer*: a
   :class:`~runtime.driver.webhook.WebhookSource` with an :class:`~runtime.driver.ingest.Ingestor`
   persisting into Redis; a request is answered 200 once its records are persisted. Both servers run
-  in this process; the figure is records / time from ``go`` to the last 200.
+  in this process; the figure is records / time from ``go`` to the last 200. *ingest alone*: the
+  same records handed to an Ingestor by a plain poll source, no HTTP, persisted in batches of
+  ``batch`` x ``connections`` records (the most the load ever has in flight, so the largest batch
+  the receiver can persist at once): the ceiling ingest's own work (packing, key hash, chunk
+  encoding, the persist call) puts on the receiver under this load.
 - **mqtt**: two load processes publish ``records`` JSON messages at QoS 1 to one Mosquitto
   (persistence on, saved every 10,000 changes, no per-message log). *raw*: a paho-mqtt subscriber at
   QoS 1 (receive maximum 1000, acknowledging on receipt) counts them. *ftlayer*: an
@@ -36,6 +40,7 @@ from typing import Any
 from ftlayer.config import FTConfig
 from ftlayer.layer import FTLayer
 from runtime.bench.common import delete_namespace, summary
+from runtime.bench.load import load_body
 
 Say = Callable[[str], None]
 
@@ -154,19 +159,55 @@ def _ftlayer_webhook(url: str, records: int, batch: int, connections: int) -> fl
         delete_namespace(url, namespace)
 
 
+class _Batches:
+    """A poll source handing out the load's records ``size`` at a time, each followed by an idle poll
+    (so ingest persists every ``size`` records, as the receiver does after a burst of requests)."""
+
+    waits_when_idle = True  # no linger sleep after the idle poll (as the webhook source)
+
+    def __init__(self, records: int, size: int) -> None:
+        body = json.loads(load_body(size))
+        self.polls: list[list[Any]] = [[], body] * -(-records // size)
+
+    def poll(self) -> list[Any] | None:
+        return self.polls.pop() if self.polls else None
+
+
+def _ingest_only(url: str, records: int, batch: int, connections: int) -> float:
+    """records/s of ingest alone on the same records, persisted ``batch`` x ``connections`` at a time
+    (see the module notes)."""
+    from runtime.driver.ingest import Ingestor
+
+    namespace = "benchin" + uuid.uuid4().hex[:8]
+    cfg = FTConfig(redis_url=url, namespace=namespace, max_pending=records * 4)
+    layer = FTLayer(cfg, "bench", "ingest", num_channels=2).open()
+    source = _Batches(records, batch * connections)
+    try:
+        started = time.perf_counter()
+        Ingestor(layer, source, key=lambda v: v["user"]).run()
+        return layer.stats()["persisted"] / (time.perf_counter() - started)
+    finally:
+        delete_namespace(url, namespace)
+
+
 def bench_webhook(url: str, records: int, batch: int, connections: int, repeats: int, *,
                   progress: Say = lambda _m: None) -> dict[str, Any]:
     """Alternating rounds of raw and ftlayer (see the module notes)."""
     raw: list[float] = []
     ft: list[float] = []
+    alone: list[float] = []
     _raw_webhook(min(records, 20 * batch), batch, connections)  # warm-up: imports, first connections
     for r in range(repeats):
         raw.append(_raw_webhook(records, batch, connections))
         ft.append(_ftlayer_webhook(url, records, batch, connections))
-        progress(f"  webhook round {r + 1}: raw {raw[-1]:,.0f}/s, ftlayer {ft[-1]:,.0f}/s")
+        alone.append(_ingest_only(url, records, batch, connections))
+        progress(f"  webhook round {r + 1}: raw {raw[-1]:,.0f}/s, ftlayer {ft[-1]:,.0f}/s "
+                 f"(ingest alone, no HTTP: {alone[-1]:,.0f}/s)")
     return {"records": records, "batch": batch, "connections": connections, "repeats": repeats,
             "raw_records_per_s": summary(raw), "ftlayer_records_per_s": summary(ft),
-            "webhook_vs_raw_ratio": summary([f / r for f, r in zip(ft, raw, strict=True)])}
+            "ingest_only_records_per_s": summary(alone),
+            "webhook_vs_raw_ratio": summary([f / r for f, r in zip(ft, raw, strict=True)]),
+            "webhook_vs_ingest_only_ratio": summary([f / a for f, a in zip(ft, alone, strict=True)])}
 
 
 # --- MQTT --------------------------------------------------------------------------------------

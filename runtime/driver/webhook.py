@@ -60,7 +60,7 @@ from runtime.driver.webhook_body import WebhookAuth, WebhookError
 log = logging.getLogger(__name__)
 
 STALE_POLL_S = 10.0  # /readyz: ingest must have polled within this long (else no ingest runs the source)
-GATHER_S = 0.002  # poll(): with requests waiting for confirmation, how long more may be gathered before ingest flushes
+GATHER_S = 0.0005  # poll(): with requests waiting for confirmation, how long more may be gathered before ingest flushes
 
 
 @dataclass(eq=False)

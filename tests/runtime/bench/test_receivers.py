@@ -27,3 +27,4 @@ def test_receiver_bench_writes_both_ratios(redis_server_url: str, mosquitto_bina
         assert round(figures[f"{name}_vs_raw_ratio"]["median"], 3) == ratio
         assert figures["raw_records_per_s"]["median"] > 0 and figures["ftlayer_records_per_s"]["median"] > 0
     assert data["webhook"]["batch"] == 50 and data["webhook"]["connections"] == 3
+    assert data["webhook"]["ingest_only_records_per_s"]["median"] > 0  # the same records, no HTTP
