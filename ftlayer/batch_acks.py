@@ -43,6 +43,7 @@ import redis
 
 from ftlayer.chunks import chunk_key, index_of
 from ftlayer.keys import query_batch_key
+from ftlayer.lua_script import STATE_KEYS, LuaScript
 from ftlayer.store import SourceStore
 
 __all__ = ["BATCH_KEY_TTL_S", "CHUNKS_PER_ELEMENT", "ELEMENTS_PER_CALL", "BatchAcks", "batch_tag", "batch_tags",
@@ -51,6 +52,13 @@ __all__ = ["BATCH_KEY_TTL_S", "CHUNKS_PER_ELEMENT", "ELEMENTS_PER_CALL", "BatchA
 CHUNKS_PER_ELEMENT = 16  # chunk bitmaps per list element: bounds one element's work in the script
 ELEMENTS_PER_CALL = 16  # list elements per BATCH_SETTLE call: at most 256 chunks per call
 BATCH_KEY_TTL_S = 7 * 24 * 3600  # an unsettled batch key is garbage after this (its records timed out long ago)
+
+# The script this module runs (ftlayer.lua_script: its KEYS and ARGV, checked at each call)
+BATCH_SETTLE = LuaScript(
+    "BATCH_SETTLE", keys=(*STATE_KEYS, "dfb:*", "rpl?"),
+    argv=("prefix", "mode", "max_elements", "reason", "now_ms", "backoff_initial_ms", "backoff_multiplier",
+          "backoff_max_ms"),
+)
 
 
 def batch_tag(end_offset: Mapping[str, str]) -> str:
@@ -125,7 +133,7 @@ class BatchAcks:
         total = 0
         while True:
             settled, left, late = s.run(
-                "BATCH_SETTLE", keys,
+                BATCH_SETTLE, keys,
                 [s.keys.prefix, mode, ELEMENTS_PER_CALL, reason or f"batch {tag} failed", s.now_ms(),
                  *s.backoff_args()],
             )

@@ -26,6 +26,7 @@ __all__ = [
     "PartitioningError",
     "RecordFailError",
     "RedisUnavailableError",
+    "ScriptCallError",
     "SerializationError",
     "SinkWriteError",
     "StateDirBusyError",
@@ -88,6 +89,11 @@ class KeyHashError(FTLayerError, TypeError):
 
 class AckerError(FTLayerError):
     """A flush, persist or replay call against the acker state failed or got a malformed reply."""
+
+
+class ScriptCallError(FTLayerError, TypeError):
+    """A server-side script was called with KEYS or ARGV other than those it declares (a bug in the
+    caller, raised before anything is sent). The message names the script and the key or argument."""
 
 
 class ChunkIdInUseError(AckerError):

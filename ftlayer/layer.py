@@ -39,12 +39,16 @@ from ftlayer.flush_tokens import FlushToken
 from ftlayer.frames import SemiDeserializedRecord
 from ftlayer.holds import CARRY_PREFIX, Hold, Holds
 from ftlayer.keys import SourceKeys
+from ftlayer.lua_script import STATE_KEYS, LuaScript
 from ftlayer.persistence import ChannelBatch
 from ftlayer.replayer import ReplayResult, ReplayRouter
 from ftlayer.rotating_map import ExpiredCallback, RotateResult
 from ftlayer.server_settings import check_server_settings
 from ftlayer.shard import Shard, by_shard, shard_ids, split_by_shard
 from ftlayer.store import Clock, pack_ids, persist_refused_error
+
+# The script this module runs (ftlayer.lua_script: its KEYS and ARGV, checked at each call)
+TOUCH = LuaScript("TOUCH", keys=STATE_KEYS, argv=("prefix", "sids"))
 
 __all__ = ["FTLayer"]
 
@@ -319,7 +323,7 @@ class FTLayer:
         total = 0
         for k, group in by_shard(ids, lambda s: s, self.num_shards).items():
             store = self.shards[k].store
-            total += int(store.run("TOUCH", store.state_keys, [store.keys.prefix, pack_ids(group)]))
+            total += int(store.run(TOUCH, store.state_keys, [store.keys.prefix, pack_ids(group)]))
         return total
 
     # --- holds (ftlayer.holds) -------------------------------------------------------

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,6 +33,7 @@ from ftlayer.errors import FrameError, PartitioningError
 from ftlayer.frames import FAILED_PREFIX, SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.ids import RecordId
 from ftlayer.keyhash import pmod
+from ftlayer.lua_script import STATE_KEYS, LuaScript
 from ftlayer.script_bounds import CALL_MAX_BYTES, CALL_MAX_RECORDS
 from ftlayer.store import SourceStore, in_use_error
 
@@ -40,7 +42,14 @@ _SERIALIZER = SemiDeserializedSerializer()
 # how long REPLAY keeps the link from a timed-out record to its copy (keys.replaced): a DataFrame
 # batch committed later than this (a driver down for a day) counts the copy again
 REPLACED_LINK_TTL_S = 24 * 3600
+TIMEOUT_REASON = "timeout"  # the reason EXPIRE gives a record that timed out (ftlayer/lua/expire.lua)
 _FAILED_HEADER = struct.Struct(">dH")  # FAILED_PREFIX bytes (ftlayer.frames), read by the Lua too
+
+# The script this module runs (ftlayer.lua_script: its KEYS and ARGV, checked at each call)
+REPLAY = LuaScript(
+    "REPLAY", keys=(*STATE_KEYS, "dlq", "ch:*[num_channels]", "rpl?"),
+    argv=("prefix", "num_channels", "replays", "olds", "dead", "now_ms", "link_ttl_ms?", "timed_out?"),
+)
 assert _FAILED_HEADER.size == FAILED_PREFIX
 
 
@@ -165,6 +174,7 @@ class Replayer:
         total = ReplayResult()
         replays: list[tuple[int, SemiDeserializedRecord, int]] = []  # (old sid, record, channel)
         dead: list[bytes] = []
+        timed_out: list[bytes] = []  # old sids of replays that failed by timeout: REPLAY links them
         size = 0
         # one call per chunk of work; in the waiting durability modes each waits before it returns
         for item in todo:
@@ -185,16 +195,19 @@ class Replayer:
                     )
                     raise PartitioningError(msg)
                 replays.append((item.source_record_id, rec, channels[0]))
+                if item.reason == TIMEOUT_REASON:
+                    timed_out.append(old)
                 size += len(item.frame)
             # bounded calls (ftlayer.script_bounds): a replay storm never holds the server long
             if len(replays) + len(dead) >= CALL_MAX_RECORDS or size >= CALL_MAX_BYTES:
-                total = total.plus(self._replay_call(replays, dead))
-                replays, dead, size = [], [], 0
+                total = total.plus(self._replay_call(replays, dead, timed_out))
+                replays, dead, timed_out, size = [], [], [], 0
         if replays or dead:
-            total = total.plus(self._replay_call(replays, dead))
+            total = total.plus(self._replay_call(replays, dead, timed_out))
         return total
 
-    def _replay_call(self, replays: list[tuple[int, SemiDeserializedRecord, int]], dead: list[bytes]) -> ReplayResult:
+    def _replay_call(self, replays: list[tuple[int, SemiDeserializedRecord, int]], dead: list[bytes],
+                     timed_out: Sequence[bytes] = ()) -> ReplayResult:
         """One REPLAY call: re-persist ``replays`` under new ids (new chunks) and dead-letter ``dead``.
 
         New ids are drawn per call; if a drawn chunk id is in use (nothing was written) they are
@@ -204,10 +217,10 @@ class Replayer:
         for _ in range(MAX_DRAWS):
             chunks, olds = _replay_chunks(replays, k.shard, k.num_shards)
             ((replayed, second),) = self.store.run_durable([(
-                "REPLAY",
+                REPLAY,
                 [*self.store.state_keys, k.dlq, *self.store.channel_keys(self.num_channels), k.replaced],
                 [k.prefix, self.num_channels, chunks, olds, b"".join(dead), self.store.now_ms(),
-                 REPLACED_LINK_TTL_S * 1000],
+                 REPLACED_LINK_TTL_S * 1000, b"".join(timed_out)],
             )])
             if int(replayed) >= 0:
                 return ReplayResult(int(replayed), int(second))  # second: dead-lettered

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import sys
 from pathlib import Path
 
@@ -21,3 +22,14 @@ def test_every_package_directory_is_packaged() -> None:
         for p in (ROOT / top).rglob("__init__.py")
     }
     assert found == listed
+
+
+def test_every_lua_file_is_package_data() -> None:
+    """The scripts are read from ``ftlayer/lua/`` at run time (``ftlayer.lua_source``): a wheel must carry them."""
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["ftlayer"]
+    files = [p.relative_to(ROOT / "ftlayer").as_posix() for p in (ROOT / "ftlayer").rglob("*.lua")]
+    assert files
+    # setuptools globs match one path level per '*', as PurePosixPath.match does from the left here
+    missing = [f for f in files if not any(fnmatch.fnmatch(f, pat) and f.count("/") == pat.count("/")
+                                           for pat in patterns)]
+    assert not missing, f"not declared as package data of ftlayer in pyproject.toml: {missing}"
