@@ -16,6 +16,7 @@ __all__ = [
     "ChannelCountMismatchError",
     "ChunkIdInUseError",
     "ConfigError",
+    "ConnectServerError",
     "DurabilityError",
     "EmbeddedServerError",
     "FTLayerError",
@@ -29,6 +30,7 @@ __all__ = [
     "ScriptCallError",
     "SerializationError",
     "SinkWriteError",
+    "SparkConnectUnsupportedError",
     "StateDirBusyError",
     "TopologyError",
     "UnsupportedTypeError",
@@ -198,3 +200,16 @@ class SinkWriteError(FTLayerError):
 class RecordFailError(FTLayerError):
     """A row function raised, and its record could not be failed in Redis within ``outage_budget_s``:
     the Spark task fails instead (so the batch cannot commit and ack the record)."""
+
+
+class SparkConnectUnsupportedError(FTLayerError, TypeError):
+    """An API that needs a classic SparkSession (the JVM through Py4J) was given a Spark Connect session.
+
+    The message names the API, what it needs the JVM for, and what runs on Spark Connect instead
+    (the DataFrame path: ``ftlayer.read_stream`` ... ``ftlayer.acking``; docs/operations.md).
+    """
+
+
+class ConnectServerError(FTLayerError, RuntimeError):
+    """A local Spark Connect server (``runtime.spark.connect_server``) could not be started; the
+    message holds the tail of its log."""

@@ -85,6 +85,9 @@ commands refuse a namespace without it unless ``--force``).
 ``<namespace>:dfq:<query id>:<batch id>`` (set of ``"topology/source tag"`` that the DataFrame
 path's read tasks of that micro-batch filed under; PX expiry) tells an acking point or the
 commit listener which sources' ``dfb:<tag>`` keys belong to a batch.
+``<namespace>:dfk:<token>`` (the same, for a batch read under a batch token instead: on Spark
+Connect the read tasks a ``foreachBatch`` function starts carry no query id, only the job tag
+the acking point set, ``runtime.spark.connect``; PX expiry).
 """
 
 from __future__ import annotations
@@ -269,3 +272,9 @@ def owner_key(namespace: str) -> str:
 def query_batch_key(namespace: str, query_id: str, batch_id: int) -> str:
     """Set of ``"topology/source tag"`` a micro-batch of a streaming query read (DataFrame path)."""
     return f"{namespace}:dfq:{check_name('query id', query_id)}:{int(batch_id)}"
+
+
+def token_batch_key(namespace: str, token: str) -> str:
+    """Set of ``"topology/source tag"`` the read tasks of one acking call read under batch token
+    ``token`` (DataFrame path on Spark Connect; ``runtime.spark.connect``)."""
+    return f"{namespace}:dfk:{check_name('batch token', token)}"

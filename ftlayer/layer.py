@@ -304,12 +304,14 @@ class FTLayer:
         groups = by_shard(records, lambda r: r[0], self.num_shards)
         return sum(self.shards[k].persistence.fail_unreadable(group) for k, group in groups.items())
 
-    def record_batch_reads(self, tag: str, sids: Sequence[int], batch: tuple[str, int] | None = None) -> None:
+    def record_batch_reads(self, tag: str, sids: Sequence[int], batch: tuple[str, int] | None = None,
+                           token: str | None = None) -> None:
         """DataFrame path: file the ids a read task emitted for the micro-batch ``tag`` (and list the
-        tag under Spark's ``batch`` = (query id, batch id), if known); see ``ftlayer.batch_acks``."""
+        tag under Spark's ``batch`` = (query id, batch id), if known, and under the batch token
+        ``token``, if given); see ``ftlayer.batch_acks``."""
         groups = by_shard(sids, lambda s: s, self.num_shards)
         for k, group in groups.items():
-            BatchAcks(self.shards[k].store).record(tag, group, batch)
+            BatchAcks(self.shards[k].store).record(tag, group, batch, token)
 
     def settle_batch(self, tag: str, mode: Literal["ack", "fail"], reason: str = "") -> int:
         """DataFrame path: ack (or fail) every still-pending record the batch ``tag`` emitted."""

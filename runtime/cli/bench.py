@@ -124,7 +124,7 @@ def _on_spark(url: str, selected: list[str], args: argparse.Namespace) -> dict[s
     from runtime.bench.latency_plain import plain_latency
     from runtime.spark.session import local_session
 
-    spark = local_session("ftlayer-bench")
+    spark = local_session("ftlayer-bench", log_level="ERROR")
     cfg = FTConfig(redis_url=url, max_pending=50_000, timeout_s=120.0)
     summary: dict[str, Any] = {}
     if "latency" in selected:

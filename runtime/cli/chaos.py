@@ -50,7 +50,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
     if SCENARIOS[name].needs_spark:
         from runtime.spark.session import local_session, stop_session
 
-        spark = local_session(f"ftlayer-chaos-{name}", master=args.master)
+        spark = local_session(f"ftlayer-chaos-{name}", master=args.master, log_level="ERROR")
     runs: list[dict[str, Any]] = [{}]
     if name in ("kill-redis", "kill-primary"):
         every = SINGLE_SERVER_DURABILITY if name == "kill-redis" else DURABILITY_MODES

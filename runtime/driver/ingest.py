@@ -81,7 +81,6 @@ stay here, the same for both.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -96,12 +95,13 @@ from ftlayer.frames import SemiDeserializedRecord
 from ftlayer.ingest_state import write_state
 from ftlayer.keyhash import NO_KEY_HASH, key_hash
 from ftlayer.layer import FTLayer
+from ftlayer.logs import logger_for
 from partitioners.factory import partitioner_for, source_strategy
 from runtime.sources import AckingSource, PausableSource, PollSource
 from serialization.payload import pack_payload, pack_payloads
 from serialization.serializers import make_record
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 
 KeySelector = Callable[[Any], Any]
 MAX_REPR_CHARS = 4096

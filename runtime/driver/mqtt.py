@@ -57,7 +57,6 @@ Contract (paho-mqtt underneath; :mod:`runtime.driver.mqtt_client` says why that 
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
 from collections import deque
@@ -65,6 +64,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ftlayer.logs import logger_for
 from runtime.driver.mqtt_client import (
     PROTOCOLS,
     BrokerAddress,
@@ -77,7 +77,7 @@ from runtime.driver.mqtt_client import (
 
 __all__ = ["MqttSource", "UnparsedMessage"]
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 GATHER_S = 0.002  # poll(): with messages waiting for their acknowledgement, how long more may be gathered
 
 Format = Literal["json", "text", "bytes"]

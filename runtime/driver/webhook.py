@@ -45,7 +45,6 @@ the receiver matches confirmations to requests by counting (a FIFO of waiting re
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 import ssl
 import threading
@@ -55,9 +54,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftlayer.logs import logger_for
 from runtime.driver.webhook_body import WebhookAuth, WebhookError
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 
 STALE_POLL_S = 10.0  # /readyz: ingest must have polled within this long (else no ingest runs the source)
 GATHER_S = 0.0005  # poll(): with requests waiting for confirmation, how long more may be gathered before ingest flushes

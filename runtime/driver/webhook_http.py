@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import socket
 import ssl
 import threading
@@ -32,9 +31,10 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from ftlayer.logs import logger_for
 from runtime.driver.webhook_body import BodyError, WebhookAuth, body_kind, parse_records
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 
 KEEPALIVE_S = 75.0  # idle keep-alive connections are closed after this (longer than most load balancers' 60 s)
 READY_TIMEOUT_S = 2.0  # a ready_check that takes longer counts as failed

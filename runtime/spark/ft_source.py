@@ -80,7 +80,6 @@ it raises; see :mod:`ftlayer.outage`).
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -98,6 +97,7 @@ from ftlayer.errors import ConfigError, FrameError, FTLayerError
 from ftlayer.holds import CARRY_PREFIX, hold_lease_s
 from ftlayer.keys import check_name
 from ftlayer.layer import FTLayer
+from ftlayer.logs import logger_for
 from runtime.spark.admission import AvailableNowBase, max_rows, read_all, read_max_rows
 from runtime.spark.arrow_codec import (
     SOURCE_COLUMNS,
@@ -110,6 +110,7 @@ from runtime.spark.batch_holds import HOLD_SET_MARGIN_S, BatchHolds
 from runtime.spark.ft_offsets import START_ID, Position, compare_ids, parse_id
 from runtime.spark.ft_offsets import max_id as _max_id
 from runtime.spark.ft_offsets import min_id as _min_id
+from runtime.spark.option_names import SourceOptionMap, camel_case
 from runtime.spark.worker_heap import freeze_worker_heap
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ FORMAT = "ftlayer"
 DEFAULT_READ_PAGE_ENTRIES = 8  # first page of a read; later pages adapt (see read())
 MAX_READ_PAGE_ENTRIES = 4096
 READ_TARGET_RECORDS = 10_000  # records per server-side read call that paging aims at
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 DEFAULT_OUTAGE_BUDGET_S = FTConfig().outage_budget_s
 DEFAULT_MAX_BATCH_S = FTConfig().max_batch_s
 # An offset: channel stream key ("ch<c>", "ch<c>s<shard>" with shards) -> Redis stream id ("<ms>-<seq>").
@@ -179,13 +180,14 @@ class FTSourceOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> FTSourceOptions:
-        """Parse Spark's (case-insensitive, string-valued) options; ConfigError names a bad one."""
-        opts = {str(k).lower(): str(v) for k, v in options.items()}
+        """Parse Spark's (string-valued) options, each under its camelCase or snake_case name in
+        any case (``maxRecordsPerBatch`` = ``max_records_per_batch``); ConfigError names a bad one."""
+        opts = SourceOptionMap(options, "FT source")
 
         def required(name: str) -> str:
             value = opts.get(name, "").strip()
             if not value:
-                msg = f"FT source option {name!r} is required (format {FORMAT!r})"
+                msg = f"FT source option {camel_case(name)!r} ({name}) is required (format {FORMAT!r})"
                 raise ConfigError(msg)
             return value
 
