@@ -71,8 +71,27 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
               "I/N: this process takes the lines whose number modulo N is I, so N processes share "
               "the files without overlap", metavar="I/N"),
     EnvOption("ingest", "--webhook", "FTLAYER_INGEST_WEBHOOK", "str", None,
-              "[HOST:]PORT: receive records over HTTP (POST one JSON record, or POST <path>batch a JSON "
-              "array); answered 200 once persisted; runs until SIGINT/SIGTERM", metavar="[HOST:]PORT"),
+              "[HOST:]PORT: receive records over HTTP/1.1 (POST / one JSON record, POST /batch a JSON array, "
+              "either with Content-Type application/x-ndjson one record per line); answered 200 once persisted, "
+              "503 + Retry-After while ingest waits; GET /healthz, /readyz; runs until SIGINT/SIGTERM",
+              metavar="[HOST:]PORT"),
+    EnvOption("ingest", "--webhook-token", "FTLAYER_INGEST_WEBHOOK_TOKEN", "str", None,
+              "--webhook: every POST must carry Authorization: Bearer TOKEN (401 otherwise); best set in the "
+              "variable, off the command line", metavar="TOKEN"),
+    EnvOption("ingest", "--webhook-hmac-secret", "FTLAYER_INGEST_WEBHOOK_HMAC_SECRET", "str", None,
+              "--webhook: every POST must carry X-Hub-Signature-256: sha256=<hex HMAC-SHA256 of the raw body "
+              "keyed with SECRET> (GitHub's webhook signature; 401 otherwise); best set in the variable",
+              metavar="SECRET"),
+    EnvOption("ingest", "--webhook-tls-cert", "FTLAYER_INGEST_WEBHOOK_TLS_CERT", "str", None,
+              "--webhook: serve HTTPS with this certificate (PEM, chain included); needs --webhook-tls-key "
+              "unless the file holds the key too", metavar="FILE"),
+    EnvOption("ingest", "--webhook-tls-key", "FTLAYER_INGEST_WEBHOOK_TLS_KEY", "str", None,
+              "--webhook: the private key (PEM) of --webhook-tls-cert", metavar="FILE"),
+    EnvOption("ingest", "--max-body-bytes", "FTLAYER_INGEST_MAX_BODY_BYTES", "int", "1048576",
+              "--webhook: largest request body taken (413 beyond it)", metavar="N", lo=1),
+    EnvOption("ingest", "--webhook-reply-timeout-s", "FTLAYER_INGEST_WEBHOOK_REPLY_TIMEOUT_S", "float", "30",
+              "--webhook: a request whose records are not persisted within this long is answered 503 "
+              "(the client retries)", metavar="S", lo=0.1),
     EnvOption("ingest", "--mqtt", "FTLAYER_INGEST_MQTT", "str", None,
               "mqtt://[USER[:PASSWORD]@]HOST[:PORT] (mqtts:// for TLS): subscribe to the --topic filters on this "
               "MQTT broker on a persistent session; a message is acknowledged only once persisted; runs until "
@@ -180,6 +199,14 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
     _bench("--masters-records", "MASTERS_RECORDS", "int", "200000",
            "masters: records of each measured FT-on run on local[2] and on local-cluster[2,1,1024]", lo=1),
     _bench("--masters-repeats", "MASTERS_REPEATS", "int", "2", "masters: alternating rounds per master", lo=1),
+    _bench("--webhook-records", "WEBHOOK_RECORDS", "int", "200000", "webhook: records per round", lo=1),
+    _bench("--webhook-batch", "WEBHOOK_BATCH", "int", "100", "webhook: records per request (a JSON array)", lo=1),
+    _bench("--webhook-connections", "WEBHOOK_CONNECTIONS", "int", "8",
+           "webhook: keep-alive client connections posting at once", lo=1),
+    _bench("--mqtt-records", "MQTT_RECORDS", "int", "50000",
+           "mqtt: QoS 1 messages per round (from 2 publisher processes)", lo=2),
+    _bench("--receiver-repeats", "RECEIVER_REPEATS", "int", "3",
+           "webhook and mqtt: alternating rounds of the raw server or broker and ftlayer's receiver", lo=1),
 )
 
 # Variables read elsewhere than an option default: (name, what reads it).
