@@ -37,6 +37,22 @@ def post(url: str, value: Any, timeout_s: float = 60.0) -> tuple[int | None, flo
         conn.close()
 
 
+def _start_workers(target: Callable[[], None], name: str, count: int) -> list[threading.Thread]:
+    """``count`` started daemon threads running ``target``, named ``<name>-<k>``."""
+    workers = [threading.Thread(target=target, name=f"{name}-{k}", daemon=True) for k in range(count)]
+    for w in workers:
+        w.start()
+    return workers
+
+
+def _join_workers(workers: list[threading.Thread], timeout_s: float) -> bool:
+    """Wait for every worker within ``timeout_s`` in all; True if none is still alive."""
+    deadline = time.monotonic() + timeout_s
+    for w in workers:
+        w.join(max(0.0, deadline - time.monotonic()))
+    return all(not w.is_alive() for w in workers)
+
+
 class RetryingClient:
     """Posts each record until a 2xx comes back, from ``threads`` threads.
 
@@ -118,10 +134,7 @@ class RetryingClient:
                 self._stop.wait(self.pace_s)
 
     def start(self) -> RetryingClient:
-        self._workers = [threading.Thread(target=self._run, name=f"webhook-client-{k}", daemon=True)
-                         for k in range(self.threads)]
-        for w in self._workers:
-            w.start()
+        self._workers = _start_workers(self._run, "webhook-client", self.threads)
         return self
 
     @property
@@ -131,10 +144,7 @@ class RetryingClient:
     def join(self, timeout_s: float) -> bool:
         """Wait until every record is confirmed; False on timeout. Releases a hold."""
         self.release()
-        deadline = time.monotonic() + timeout_s
-        for w in self._workers:
-            w.join(max(0.0, deadline - time.monotonic()))
-        return self.done
+        return _join_workers(self._workers, timeout_s)
 
     def stop(self) -> None:
         self._stop.set()
@@ -249,10 +259,7 @@ class BatchClient:
             conn.close()
 
     def start(self) -> BatchClient:
-        self._workers = [threading.Thread(target=self._run, name=f"webhook-batch-{k}", daemon=True)
-                         for k in range(self.connections)]
-        for w in self._workers:
-            w.start()
+        self._workers = _start_workers(self._run, "webhook-batch", self.connections)
         return self
 
     @property
@@ -262,10 +269,7 @@ class BatchClient:
     def join(self, timeout_s: float) -> bool:
         """Release a hold and wait until every batch is confirmed (or refused); False on timeout."""
         self.release()
-        deadline = time.monotonic() + timeout_s
-        for w in self._workers:
-            w.join(max(0.0, deadline - time.monotonic()))
-        return self.done and not self.errors
+        return _join_workers(self._workers, timeout_s) and not self.errors
 
     def stop(self) -> None:
         self._stop.set()
