@@ -39,6 +39,7 @@ _LAZY: dict[str, str] = {
     # the DataFrame path (readStream ... writeStream with record-level fault tolerance)
     "read_stream": "runtime.dataframe",
     "ingest": "runtime.dataframe",
+    "register_format": "runtime.dataframe",
     "acking": "runtime.dataframe",
     "acking_sink": "runtime.dataframe",
     "udf": "runtime.dataframe",
@@ -82,6 +83,7 @@ __all__ = [
     "postgres_sink",
     "read_stream",
     "redis_sink",
+    "register_format",
     "reset_timeout",
     "source",
     "stop_all",

@@ -52,12 +52,24 @@ from ftlayer.chunks import ChunkState, chunk_key, index_of
 from ftlayer.delta_arrays import DeltaArrays
 from ftlayer.errors import InvalidArgumentError, InvalidIdError
 from ftlayer.flush_tokens import FlushToken, as_token
+from ftlayer.lua_script import STATE_KEYS, LuaScript
 from ftlayer.script_bounds import FLUSH_MAX_RECORDS
 from ftlayer.store import SourceStore, pack_ids
 
 MAX_REASON_BYTES = 8192
 _OTHER = struct.Struct(">IB")  # FLUSH's reply: position of a delta that did not complete, its status
 NO_REPLAY_FLAG = 0x8000  # top bit of a fail's reason length (reasons are < 2**15 bytes): dead-letter at once
+# how long a replaced link (rpl: a timed-out record -> its replay's id, REPLAY) or a FLUSH's no-copy
+# mark lasts: a batch that commits later than this after its records timed out no longer finds them
+REPLACED_LINK_TTL_S = 24 * 3600
+
+# The scripts this module runs (ftlayer.lua_script: their KEYS and ARGV, checked at each call)
+FLUSH = LuaScript(
+    "FLUSH", keys=(*STATE_KEYS, "tok:*", "rpl?"),
+    argv=("prefix", "use_token", "token_ttl_ms", "deltas", "fails", "now_ms", "backoff_initial_ms",
+          "backoff_multiplier", "backoff_max_ms", "token_field", "completing_only?", "link_ttl_ms?"),
+)
+PENDING = LuaScript("PENDING", keys=("ck",), argv=("prefix", "sids"))
 
 
 @dataclass(frozen=True)
@@ -280,7 +292,7 @@ class AckerTable:
         ids = [check_id(sid, where) for sid in source_record_ids]
         out: list[bool] = []
         for i in range(0, len(ids), FLUSH_MAX_RECORDS):
-            reply = self.store.run("PENDING", [self.store.keys.chunks],
+            reply = self.store.run(PENDING, [self.store.keys.chunks],
                                    [self.store.keys.prefix, pack_ids(ids[i : i + FLUSH_MAX_RECORDS])])
             out.extend(b == ord("1") for b in (reply or b""))
         return out
@@ -300,7 +312,10 @@ class AckerTable:
             token.task if token else "-",
             "1" if completing_only else "0",
         ]
-        applied, others, late, failed = store.run("FLUSH", keys, args)
+        if fails:  # a fail of a record whose timeout came first marks it in rpl (see FLUSH)
+            keys.append(store.keys.replaced)
+            args.append(REPLACED_LINK_TTL_S * 1000)
+        applied, others, late, failed = store.run(FLUSH, keys, args)
         acked: list[int] = []
         if applied and deltas:  # every delta completed its record but those listed in `others`
             sids = struct.unpack(f">{len(deltas) // 8}q", deltas)[0::2]

@@ -11,7 +11,10 @@ kept. Instead:
   per chunk (``ftlayer.chunks``), elements of at most :data:`CHUNKS_PER_ELEMENT`
   chunks; plus ``"topology/source tag"`` in the batch's index
   ``dfq:<query id>:<batch id>`` (same round trip), so a driver that knows
-  Spark's query and batch ids finds the tags (:func:`batch_tags`);
+  Spark's query and batch ids finds the tags (:func:`batch_tags`). A read task
+  that Spark gave no query id (Spark Connect runs a ``foreachBatch`` function's
+  jobs outside the query's thread) lists it under the batch token its job
+  carries instead, ``dfk:<token>`` (:func:`token_tags`; ``runtime.spark.connect``);
 - once Spark has **committed** the batch (its commit log entry is written), the
   records are settled with ``mode="ack"``: every listed record still pending
   completes (its rows were written, folded into committed state, or all
@@ -42,15 +45,23 @@ from typing import Literal
 import redis
 
 from ftlayer.chunks import chunk_key, index_of
-from ftlayer.keys import query_batch_key
+from ftlayer.keys import query_batch_key, token_batch_key
+from ftlayer.lua_script import STATE_KEYS, LuaScript
 from ftlayer.store import SourceStore
 
 __all__ = ["BATCH_KEY_TTL_S", "CHUNKS_PER_ELEMENT", "ELEMENTS_PER_CALL", "BatchAcks", "batch_tag", "batch_tags",
-           "chunk_bitmaps"]
+           "chunk_bitmaps", "token_tags"]
 
 CHUNKS_PER_ELEMENT = 16  # chunk bitmaps per list element: bounds one element's work in the script
 ELEMENTS_PER_CALL = 16  # list elements per BATCH_SETTLE call: at most 256 chunks per call
 BATCH_KEY_TTL_S = 7 * 24 * 3600  # an unsettled batch key is garbage after this (its records timed out long ago)
+
+# The script this module runs (ftlayer.lua_script: its KEYS and ARGV, checked at each call)
+BATCH_SETTLE = LuaScript(
+    "BATCH_SETTLE", keys=(*STATE_KEYS, "dfb:*", "rpl?", "dfs:*?"),
+    argv=("prefix", "mode", "max_elements", "reason", "now_ms", "backoff_initial_ms", "backoff_multiplier",
+          "backoff_max_ms"),
+)
 
 
 def batch_tag(end_offset: Mapping[str, str]) -> str:
@@ -90,9 +101,11 @@ class BatchAcks:
         k = self.store.keys
         return f"{k.topology}/{k.source}"
 
-    def record(self, tag: str, sids: Sequence[int], batch: tuple[str, int] | None = None) -> None:
+    def record(self, tag: str, sids: Sequence[int], batch: tuple[str, int] | None = None,
+               token: str | None = None) -> None:
         """File ``sids`` as emitted by a read task of the batch ``tag`` (one round trip); with
-        ``batch`` = (Spark's query id, batch id), also list the tag in that batch's index.
+        ``batch`` = (Spark's query id, batch id), also list the tag in that batch's index, and
+        with ``token`` (a batch token: Spark Connect, ``runtime.spark.connect``) in the token's.
 
         Must return before the rows are handed to Spark, so a written row's
         record is always listed when its batch settles.
@@ -110,6 +123,10 @@ class BatchAcks:
             qkey = query_batch_key(self.store.config.namespace, batch[0], batch[1])
             pipe.sadd(qkey, f"{self.source_name} {tag}")
             pipe.pexpire(qkey, ttl_ms)
+        if token is not None:
+            tkey = token_batch_key(self.store.config.namespace, token)
+            pipe.sadd(tkey, f"{self.source_name} {tag}")
+            pipe.pexpire(tkey, ttl_ms)
         pipe.execute()
 
     def settle(self, tag: str, mode: Literal["ack", "fail"], reason: str = "") -> int:
@@ -125,7 +142,7 @@ class BatchAcks:
         total = 0
         while True:
             settled, left, late = s.run(
-                "BATCH_SETTLE", keys,
+                BATCH_SETTLE, keys,
                 [s.keys.prefix, mode, ELEMENTS_PER_CALL, reason or f"batch {tag} failed", s.now_ms(),
                  *s.backoff_args()],
             )
@@ -136,7 +153,16 @@ class BatchAcks:
 
 def batch_tags(client: redis.Redis, namespace: str, query_id: str, batch_id: int) -> list[tuple[str, str]]:
     """``(topology/source, tag)`` of every source the read tasks of that micro-batch filed ids for."""
-    members: Iterable[bytes | str] = client.smembers(query_batch_key(namespace, query_id, batch_id))
+    return _members(client, query_batch_key(namespace, query_id, batch_id))
+
+
+def token_tags(client: redis.Redis, namespace: str, token: str) -> list[tuple[str, str]]:
+    """``(topology/source, tag)`` of every source the read tasks under batch token ``token`` filed ids for."""
+    return _members(client, token_batch_key(namespace, token))
+
+
+def _members(client: redis.Redis, key: str) -> list[tuple[str, str]]:
+    members: Iterable[bytes | str] = client.smembers(key)
     out = []
     for m in members:
         name, _, tag = (m.decode() if isinstance(m, bytes) else str(m)).partition(" ")

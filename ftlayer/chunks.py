@@ -33,8 +33,8 @@ bytes ``00 00 00 00``. Holes are settled from the start. So the frame of record
 is the record with id ``base + i``.
 
 This module is pure: id math, packing of persist input, and parsing of what
-the scripts store (for readers and inspection). ``ftlayer.scripts`` reads the
-same layouts through names generated from the constants here.
+the scripts store (for readers and inspection). The Lua under ``ftlayer/lua/`` reads the
+same layouts through names generated from the constants here (``ftlayer.lua_layout``).
 """
 
 from __future__ import annotations

@@ -355,8 +355,8 @@ def run_cluster_foreground(
         for port in cluster.primary_ports():
             replica_urls = ", ".join(f"redis://127.0.0.1:{p}" for p in cluster.replica_ports(port))
             print(f"ftlayer:   primary redis://127.0.0.1:{port}  replicas {replica_urls or '-'}", flush=True)
-        print("ftlayer: ftlayer's own scripts do not run on a cluster yet (issue 18); "
-              "use it with a cluster client such as redis.RedisCluster", flush=True)
+        print("ftlayer: point redis_url (FTLAYER_REDIS_URL, --redis-url) at any of these nodes; "
+              "num_shards = 16 spreads each source over the primaries", flush=True)
         while not stop.wait(0.5):
             if not cluster.live_ports():
                 break

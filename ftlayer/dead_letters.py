@@ -21,12 +21,19 @@ from ftlayer.errors import FrameError, FTLayerError
 from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.ids import RecordId
 from ftlayer.keyhash import NO_KEY_HASH, pmod
+from ftlayer.lua_script import STATE_KEYS, LuaScript
 from ftlayer.script_bounds import CALL_MAX_RECORDS
 from ftlayer.store import SourceStore, in_use_error
 
 log = logging.getLogger(__name__)
 _SERIALIZER = SemiDeserializedSerializer()
 _ENTRY_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}(@[0-9]{1,2})?$")
+
+# The scripts this module runs (ftlayer.lua_script: their KEYS and ARGV, checked at each call)
+REQUEUE = LuaScript("REQUEUE", keys=(*STATE_KEYS, "dlq", "ch:*[num_channels]"),
+                    argv=("prefix", "num_channels", "chunks", "entry_ids"))
+DEAD_LETTER = LuaScript("DEAD_LETTER", keys=("dlq", "stats", "tok:*"),
+                        argv=("sid", "now_ms", "reason", "frame", "guard_ttl_ms"))
 
 
 class DeadLetterError(FTLayerError):
@@ -178,7 +185,7 @@ def _requeue_chunk(store: SourceStore, ids: list[str], num_channels: int) -> Req
     for _ in range(MAX_DRAWS):
         chunks, entry_ids = _requeue_input(todo, k.shard, k.num_shards)
         (count,) = store.run_durable([(
-            "REQUEUE",
+            REQUEUE,
             [*store.state_keys, k.dlq, *store.channel_keys(num_channels)],
             [k.prefix, num_channels, chunks, entry_ids],
         )])
@@ -246,7 +253,7 @@ class DeadLetters:
         k = self.store.keys
         sid = struct.pack(">q", record.record_id.source_record_id)
         entry = self.store.run(
-            "DEAD_LETTER",
+            DEAD_LETTER,
             [k.dlq, k.stats, k.token(f"dl:{record.record_id.source_record_id}")],
             [sid, self.store.now_ms(), reason.encode("utf-8", "replace")[:8192], _SERIALIZER.encode(record),
              self.store.token_ttl_ms()],

@@ -16,6 +16,7 @@ __all__ = [
     "ChannelCountMismatchError",
     "ChunkIdInUseError",
     "ConfigError",
+    "ConnectServerError",
     "DurabilityError",
     "EmbeddedServerError",
     "FTLayerError",
@@ -26,8 +27,10 @@ __all__ = [
     "PartitioningError",
     "RecordFailError",
     "RedisUnavailableError",
+    "ScriptCallError",
     "SerializationError",
     "SinkWriteError",
+    "SparkConnectUnsupportedError",
     "StateDirBusyError",
     "TopologyError",
     "UnsupportedTypeError",
@@ -88,6 +91,11 @@ class KeyHashError(FTLayerError, TypeError):
 
 class AckerError(FTLayerError):
     """A flush, persist or replay call against the acker state failed or got a malformed reply."""
+
+
+class ScriptCallError(FTLayerError, TypeError):
+    """A server-side script was called with KEYS or ARGV other than those it declares (a bug in the
+    caller, raised before anything is sent). The message names the script and the key or argument."""
 
 
 class ChunkIdInUseError(AckerError):
@@ -192,3 +200,16 @@ class SinkWriteError(FTLayerError):
 class RecordFailError(FTLayerError):
     """A row function raised, and its record could not be failed in Redis within ``outage_budget_s``:
     the Spark task fails instead (so the batch cannot commit and ack the record)."""
+
+
+class SparkConnectUnsupportedError(FTLayerError, TypeError):
+    """An API that needs a classic SparkSession (the JVM through Py4J) was given a Spark Connect session.
+
+    The message names the API, what it needs the JVM for, and what runs on Spark Connect instead
+    (the DataFrame path: ``ftlayer.read_stream`` ... ``ftlayer.acking``; docs/operations.md).
+    """
+
+
+class ConnectServerError(FTLayerError, RuntimeError):
+    """A local Spark Connect server (``runtime.spark.connect_server``) could not be started; the
+    message holds the tail of its log."""

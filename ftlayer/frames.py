@@ -86,7 +86,7 @@ OFFSET_CHANNEL = 42
 OFFSET_CRC = 44
 OFFSET_PAYLOAD = 48
 
-# The Lua in ftlayer.scripts reads frames through names generated from these constants (ftlayer.lua_lib).
+# The Lua under ftlayer/lua/ reads frames through names generated from these constants (ftlayer.lua_layout).
 # A ``failed`` value is ``failed at, ms f64 (8) | reason length u16 (2) | reason | frame``.
 FAILED_PREFIX = 10
 

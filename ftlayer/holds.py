@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ftlayer.lua_script import LuaScript
 from ftlayer.store import SourceStore
 
 __all__ = ["CARRY_PREFIX", "STALE_AFTER_S", "Hold", "Holds", "hold_lease_s"]
@@ -81,6 +82,10 @@ def parse_hold(tag: bytes | str, raw: bytes | str) -> Hold | None:
 CARRY_PREFIX = "carry-"
 
 
+# The script this module runs (ftlayer.lua_script: its KEYS and ARGV, checked at each call)
+HOLD = LuaScript("HOLD", keys=("holds", "hld:*"), argv=("op", "tag", "deadline_ms", "started_ms"))
+
+
 class Holds:
     """The holds of one source shard (see the module contract). All calls are idempotent."""
 
@@ -89,7 +94,7 @@ class Holds:
 
     def _call(self, op: str, tag: str, deadline_ms: int = 0, started_ms: int = 0) -> bool:
         k = self.store.keys
-        return bool(self.store.run("HOLD", [k.holds, k.held(tag)], [op, tag, deadline_ms, started_ms]))
+        return bool(self.store.run(HOLD, [k.holds, k.held(tag)], [op, tag, deadline_ms, started_ms]))
 
     def start(self, tag: str, deadline_ms: int, started_ms: int) -> None:
         """Hold batch ``tag`` until ``deadline_ms`` (its read tasks add their chunks)."""

@@ -70,10 +70,12 @@ key suffix        type    contents
                           batch's end offset), as [chunk id 6][bitmap length u16][bitmap] per
                           chunk (PX expiry); acked and emptied once Spark committed the batch,
                           or failed by an acking point whose write failed
-``dfs:<tag>``     hash    DataFrame path: chunk id -> bitmap of the records of that chunk a read
-                          task of batch ``tag`` found no longer pending (``*``: the chunk was
-                          gone), so that one of its reads did not hand them on: BATCH_SETTLE does
-                          not complete those late (PX expiry); deleted with ``dfb:<tag>``
+``dfs:<tag>``     hash    DataFrame path, the read notes of batch ``tag`` (READ_CHANNEL): chunk
+                          id -> bitmap of the records of that chunk a read found no longer
+                          pending (``*``: the chunk was gone); ``r<channel>`` -> the reads of
+                          that partition; ``n<chunk id>`` -> channel * 2^24 + the reads that
+                          returned the chunk. BATCH_SETTLE completes late only what every read
+                          handed on (PX expiry); deleted with ``dfb:<tag>``
 ``holds``         hash    running micro-batches: ``tag`` -> ``"<deadline ms> <started ms>"``;
                           a timeout of a chunk in ``hld:<tag>`` falls due while the deadline
                           lies ahead is postponed (``ftlayer.holds``)
@@ -89,6 +91,9 @@ commands refuse a namespace without it unless ``--force``).
 ``<namespace>:dfq:<query id>:<batch id>`` (set of ``"topology/source tag"`` that the DataFrame
 path's read tasks of that micro-batch filed under; PX expiry) tells an acking point or the
 commit listener which sources' ``dfb:<tag>`` keys belong to a batch.
+``<namespace>:dfk:<token>`` (the same, for a batch read under a batch token instead: on Spark
+Connect the read tasks a ``foreachBatch`` function starts carry no query id, only the job tag
+the acking point set, ``runtime.spark.connect``; PX expiry).
 """
 
 from __future__ import annotations
@@ -251,7 +256,7 @@ class SourceKeys:
         return self.key(f"dfb:{check_name('batch tag', tag)}")
 
     def batch_skips(self, tag: str) -> str:
-        """``dfs:<tag>``: records a read of the micro-batch ``tag`` met no longer pending (DataFrame path)."""
+        """``dfs:<tag>``: the read notes of the micro-batch ``tag`` (DataFrame path): what its reads did not hand on."""
         return self.key(f"dfs:{check_name('batch tag', tag)}")
 
     @property
@@ -277,3 +282,9 @@ def owner_key(namespace: str) -> str:
 def query_batch_key(namespace: str, query_id: str, batch_id: int) -> str:
     """Set of ``"topology/source tag"`` a micro-batch of a streaming query read (DataFrame path)."""
     return f"{namespace}:dfq:{check_name('query id', query_id)}:{int(batch_id)}"
+
+
+def token_batch_key(namespace: str, token: str) -> str:
+    """Set of ``"topology/source tag"`` the read tasks of one acking call read under batch token
+    ``token`` (DataFrame path on Spark Connect; ``runtime.spark.connect``)."""
+    return f"{namespace}:dfk:{check_name('batch token', token)}"

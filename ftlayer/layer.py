@@ -39,12 +39,16 @@ from ftlayer.flush_tokens import FlushToken
 from ftlayer.frames import SemiDeserializedRecord
 from ftlayer.holds import CARRY_PREFIX, Hold, Holds
 from ftlayer.keys import SourceKeys
+from ftlayer.lua_script import STATE_KEYS, LuaScript
 from ftlayer.persistence import ChannelBatch
 from ftlayer.replayer import ReplayResult, ReplayRouter
 from ftlayer.rotating_map import ExpiredCallback, RotateResult
 from ftlayer.server_settings import check_server_settings
 from ftlayer.shard import Shard, by_shard, shard_ids, split_by_shard
 from ftlayer.store import Clock, pack_ids, persist_refused_error
+
+# The script this module runs (ftlayer.lua_script: its KEYS and ARGV, checked at each call)
+TOUCH = LuaScript("TOUCH", keys=STATE_KEYS, argv=("prefix", "sids"))
 
 __all__ = ["FTLayer"]
 
@@ -300,12 +304,14 @@ class FTLayer:
         groups = by_shard(records, lambda r: r[0], self.num_shards)
         return sum(self.shards[k].persistence.fail_unreadable(group) for k, group in groups.items())
 
-    def record_batch_reads(self, tag: str, sids: Sequence[int], batch: tuple[str, int] | None = None) -> None:
+    def record_batch_reads(self, tag: str, sids: Sequence[int], batch: tuple[str, int] | None = None,
+                           token: str | None = None) -> None:
         """DataFrame path: file the ids a read task emitted for the micro-batch ``tag`` (and list the
-        tag under Spark's ``batch`` = (query id, batch id), if known); see ``ftlayer.batch_acks``."""
+        tag under Spark's ``batch`` = (query id, batch id), if known, and under the batch token
+        ``token``, if given); see ``ftlayer.batch_acks``."""
         groups = by_shard(sids, lambda s: s, self.num_shards)
         for k, group in groups.items():
-            BatchAcks(self.shards[k].store).record(tag, group, batch)
+            BatchAcks(self.shards[k].store).record(tag, group, batch, token)
 
     def settle_batch(self, tag: str, mode: Literal["ack", "fail"], reason: str = "") -> int:
         """DataFrame path: ack (or fail) every still-pending record the batch ``tag`` emitted."""
@@ -319,7 +325,7 @@ class FTLayer:
         total = 0
         for k, group in by_shard(ids, lambda s: s, self.num_shards).items():
             store = self.shards[k].store
-            total += int(store.run("TOUCH", store.state_keys, [store.keys.prefix, pack_ids(group)]))
+            total += int(store.run(TOUCH, store.state_keys, [store.keys.prefix, pack_ids(group)]))
         return total
 
     # --- holds (ftlayer.holds) -------------------------------------------------------

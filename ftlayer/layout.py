@@ -49,11 +49,16 @@ from ftlayer.errors import ConfigError, FrameError
 from ftlayer.frames import OFFSET_CHANNEL, SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.ids import RecordId, new_ids
 from ftlayer.keys import FORMAT_VERSION
+from ftlayer.lua_script import STATE_KEYS, LuaScript
 
 if TYPE_CHECKING:
     from ftlayer.store import SourceStore
 
 log = logging.getLogger(__name__)
+
+# The script this module runs (ftlayer.lua_script: its KEYS and ARGV, checked at each call)
+MIGRATE = LuaScript("MIGRATE", keys=(*STATE_KEYS, "pend", "ch:*[num_channels]"),
+                    argv=("prefix", "num_channels", "chunks", "olds"))
 
 
 
@@ -181,7 +186,7 @@ def _move(store: SourceStore, entries: list[tuple[bytes, bytes]], num_channels: 
         old_of = dict(zip(sids, olds, strict=True))
         old_blob = b"".join(struct.pack(f">{c.records}q", *(old_of[s] for s in c.sids)) for c in packed)
         reply = store.run(
-            "MIGRATE",
+            MIGRATE,
             [*store.state_keys, k.pend, *store.channel_keys(num_channels)],
             [k.prefix, num_channels, b"".join(c.blob for c in packed), old_blob],
         )

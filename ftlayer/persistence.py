@@ -41,6 +41,7 @@ from ftlayer.chunks import MAX_DRAWS, PackedChunk, pack_chunks, pending_spans, r
 from ftlayer.errors import ChannelCountMismatchError, FrameError, InvalidArgumentError
 from ftlayer.frames import NO_CHANNEL, SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.layout import ensure_layout
+from ftlayer.lua_script import STATE_KEYS, LuaScript
 from ftlayer.script_bounds import (
     CALL_MAX_BYTES,
     CALL_MAX_CHUNKS,
@@ -54,6 +55,18 @@ from ftlayer.store import SourceStore, persist_refused_error
 
 _SERIALIZER = SemiDeserializedSerializer()
 log = logging.getLogger(__name__)
+
+# The scripts this module runs (ftlayer.lua_script: their KEYS and ARGV, checked at each call)
+PERSIST = LuaScript("PERSIST", keys=(*STATE_KEYS, "tok:*", "ch:*[num_channels]"),
+                    argv=("prefix", "num_channels", "chunks", "token_ttl_ms"))
+READ_CHANNEL = LuaScript(
+    "READ_CHANNEL", keys=("ch:*", "ck", "cf", "rd", "hld:*?", "dfs:*?"),
+    argv=("start_id", "start_skip", "end_id", "max_entries", "max_records", "max_bytes", "budget_ms", "channel",
+          "hold_ttl_ms", "start_chunk?", "end_chunk?", "skips_ttl_ms?", "first_call?"),
+)
+TRIM_DONE = LuaScript("TRIM_DONE", keys=("ch:*", "ck"), argv=("max_entries", "max_chunks", "budget_ms"))
+RESCALE = LuaScript("RESCALE", keys=("ck", "failed", "live", "ch:*..."), argv=())
+META_CAS = LuaScript("META_CAS", keys=("meta",), argv=("field", "expected", "value"))
 
 
 def persist_token(store: SourceStore, blob: bytes) -> str:
@@ -203,13 +216,13 @@ class PersistenceLayer:
                 pending = failed = 0
                 for st in stores:
                     sk = st.keys
-                    reply = st.run("RESCALE", [sk.chunks, sk.failed, sk.live,
+                    reply = st.run(RESCALE, [sk.chunks, sk.failed, sk.live,
                                                *(sk.channel(c) for c in range(recorded))], [])
                     pending, failed = pending + int(reply[1]), failed + int(reply[2])
                 if pending or failed:
                     check_channel_count(recorded, self.num_channels, f"{k.topology}/{k.source}",
                                         pending=pending, failed=failed)
-                if not int(self.store.run("META_CAS", [k.meta], ["num_channels", recorded, self.num_channels])):
+                if not int(self.store.run(META_CAS, [k.meta], ["num_channels", recorded, self.num_channels])):
                     continue
                 log.warning("source %s/%s: channel count changed from %d to %d (the source was drained)",
                             k.topology, k.source, recorded, self.num_channels)
@@ -271,7 +284,7 @@ class PersistenceLayer:
         for _ in range(MAX_DRAWS):
             blobs = [b"".join(c.blob for c in chunks[groups[g][0] : groups[g][1]]) for g in todo]
             calls = [
-                ("PERSIST", [*self.store.state_keys, persist_token(self.store, blob), *channels],
+                (PERSIST, [*self.store.state_keys, persist_token(self.store, blob), *channels],
                  [self.store.keys.prefix, self.num_channels, blob, ttl_ms])
                 for blob in blobs
             ]
@@ -310,6 +323,7 @@ class PersistenceLayer:
         hold: str | None = None,
         hold_ttl_ms: int = 3_600_000,
         skips_ttl_ms: int | None = None,
+        first_call: bool = True,
         start_chunk: bytes = b"",
         end_chunk: bytes = b"",
         cuts: Mapping[bytes, tuple[int, int]] | None = None,
@@ -329,7 +343,11 @@ class PersistenceLayer:
         ``lo < i <= hi`` (``runtime.spark.ft_offsets``). With ``skips_ttl_ms`` (and ``hold``: the
         DataFrame path's read tasks) the records of the chunks read that are no longer pending are
         noted in ``dfs:<hold>`` for that long: this read does not hand them on, so the batch's
-        settle must not complete them late (``BATCH_SETTLE``).
+        settle must not complete them late (``BATCH_SETTLE``). ``dfs:<hold>`` also counts the reads
+        of the channel (``first_call``: this call begins a read, a task's first page) and, per
+        chunk returned, the reads that returned it: a chunk some read of its partition did not
+        return (its records all settled and its entry trimmed before that read) is not completed
+        late either.
         """
         k = self.store.keys
         keys = [k.channel(channel), k.chunks, k.chunk_frames, k.read_marks]
@@ -342,8 +360,8 @@ class PersistenceLayer:
             keys.append(k.held(hold))
         if hold is not None and skips_ttl_ms is not None:
             keys.append(k.batch_skips(hold))
-            args.append(skips_ttl_ms)
-        reply = self.store.run("READ_CHANNEL", keys, args)
+            args.extend([skips_ttl_ms, "1" if first_call else "0"])
+        reply = self.store.run(READ_CHANNEL, keys, args)
         last = reply[0].decode() if reply and reply[0] else ""
         rest = reply[2:]
         return ChannelBatch(channel, last, list(zip(rest[::3], rest[1::3], rest[2::3], strict=True)), int(reply[1]),
@@ -424,7 +442,7 @@ class PersistenceLayer:
         for c in range(self.num_channels):
             for _ in range(max_calls):
                 count, more = self.store.run(
-                    "TRIM_DONE", [k.channel(c), k.chunks], [max_entries, TRIM_MAX_RECORDS, SCRIPT_BUDGET_MS]
+                    TRIM_DONE, [k.channel(c), k.chunks], [max_entries, TRIM_MAX_RECORDS, SCRIPT_BUDGET_MS]
                 )
                 removed += int(count)
                 if not int(more):

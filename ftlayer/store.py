@@ -19,11 +19,11 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import ClusterDownError, TryAgainError
 
-from ftlayer import scripts
 from ftlayer.config import FTConfig, mask_url
 from ftlayer.connection import client_for, is_cluster, redis_url_for, refresh_slots, ride_out
 from ftlayer.errors import AckerError, ChunkIdInUseError, DurabilityError, RedisUnavailableError
 from ftlayer.keys import FORMAT_VERSION, SourceKeys, owner_key, sources_key
+from ftlayer.lua_script import LuaScript
 
 Clock = Callable[[], float]
 T = TypeVar("T")
@@ -34,7 +34,6 @@ COUNTERS = (
     "late_completions",
 )
 OWNER_TAG = "ftlayer"  # the "by" of an owner record that ftlayer wrote
-_SCRIPT_NAMES = scripts.SCRIPT_NAMES
 log = logging.getLogger(__name__)
 
 # durability mode -> (wait command without its timeout: its counts are the minimums the
@@ -104,20 +103,17 @@ class SourceStore:
                                       outage_budget_s=self.outage_budget_s)
         return self._client
 
-    def script(self, name: str) -> Script:
-        """A registered script from ``ftlayer.scripts`` (EVALSHA, reloaded after NOSCRIPT)."""
-        found = self._scripts.get(name)
+    def script(self, script: LuaScript) -> Script:
+        """``script`` registered on this process's client (EVALSHA, reloaded after NOSCRIPT)."""
+        found = self._scripts.get(script.name)
         if found is None:
-            if name not in _SCRIPT_NAMES:
-                msg = f"unknown ftlayer script {name!r}"
-                raise AckerError(msg)
-            found = self.client.register_script(getattr(scripts, name))
-            self._scripts[name] = found
+            found = self.client.register_script(script.source.text)
+            self._scripts[script.name] = found
         return found
 
     @property
     def state_keys(self) -> list[str]:
-        """KEYS[1..11] of the scripts that change record state (``ftlayer.lua_lib.STATE_KEYS``)."""
+        """KEYS[1..11] of the scripts that change record state, in the order of ``ftlayer.lua_script.STATE_KEYS``."""
         k = self.keys
         return [k.chunks, k.chunk_acks, k.chunk_frames, k.partials, k.live,
                 k.gen, k.bcnt, k.failed, k.due, k.stats, k.buckets]
@@ -148,16 +144,19 @@ class SourceStore:
             c.replay_backoff_max_s * 1000,
         ]
 
-    def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """Run one script; Redis errors become AckerError / RedisUnavailableError naming the source."""
+    def run(self, script: LuaScript, keys: list[str], args: list[Any]) -> Any:
+        """Run one script; Redis errors become AckerError / RedisUnavailableError naming the source (and
+        for an error inside the script, the ``.lua`` file and line: ``ftlayer.lua_source``). KEYS and ARGV
+        that do not fit the script's declaration raise ScriptCallError before anything is sent."""
+        script.check(keys, args)
         try:
-            return self.ride_out(lambda: self.script(name)(keys=keys, args=args))
+            return self.ride_out(lambda: self.script(script)(keys=keys, args=args))
         except (redis.ConnectionError, redis.TimeoutError, ClusterDownError, TryAgainError) as exc:
             where = mask_url(self._url or "<explicit client>")
-            msg = f"Redis at {where} unreachable during {name} for source {self.keys.prefix!r}: {exc}"
+            msg = f"Redis at {where} unreachable during {script.name} for source {self.keys.prefix!r}: {exc}"
             raise RedisUnavailableError(msg) from exc
         except redis.ResponseError as exc:
-            msg = f"{name} failed for source {self.keys.prefix!r}: {exc}"
+            msg = f"{script.name} failed for source {self.keys.prefix!r}: {script.source.explain(str(exc))}"
             raise AckerError(msg) from exc
 
     def ride_out(self, call: Callable[[], T]) -> T:
@@ -175,7 +174,7 @@ class SourceStore:
         node = cluster.get_node_from_key(self.keys.chunks)  # type: ignore[no-untyped-call]
         return cluster.get_redis_connection(node)
 
-    def run_durable(self, calls: Sequence[tuple[str, list[str], list[Any]]]) -> list[Any]:
+    def run_durable(self, calls: Sequence[tuple[LuaScript, list[str], list[Any]]]) -> list[Any]:
         """Run scripts that persist records, then wait until the durability mode's promise holds.
 
         In 'none' and 'everysec' this is :meth:`run` per call. In 'waitaof',
@@ -190,23 +189,25 @@ class SourceStore:
         """
         wait = _WAITS.get(self.config.durability)
         if wait is None or not calls:
-            return [self.run(name, keys, args) for name, keys, args in calls]
+            return [self.run(script, keys, args) for script, keys, args in calls]
+        for script, keys, args in calls:
+            script.check(keys, args)
         command, what = wait
         timeout_ms = self.config.waitaof_timeout_ms
         try:
             pipe = self.node_client().pipeline(transaction=False)
-            for name, keys, args in calls:
-                self.script(name)(keys=keys, args=args, client=pipe)
+            for script, keys, args in calls:
+                self.script(script)(keys=keys, args=args, client=pipe)
             pipe.execute_command(*command, timeout_ms)  # type: ignore[no-untyped-call]
             replies = pipe.execute(raise_on_error=False)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._refresh_slots()
             where = mask_url(self._url or "<explicit client>")
-            msg = f"Redis at {where} unreachable during {calls[0][0]} for source {self.keys.prefix!r}: {exc}"
+            msg = f"Redis at {where} unreachable during {calls[0][0].name} for source {self.keys.prefix!r}: {exc}"
             raise RedisUnavailableError(msg) from exc
-        for (name, _, _), reply in zip(calls, replies, strict=False):
+        for (script, _, _), reply in zip(calls, replies, strict=False):
             if isinstance(reply, redis.ResponseError):
-                msg = f"{name} failed for source {self.keys.prefix!r}: {reply}"
+                msg = f"{script.name} failed for source {self.keys.prefix!r}: {script.source.explain(str(reply))}"
                 raise AckerError(msg) from reply
         mode = self.config.durability
         confirm = replies[-1]

@@ -22,7 +22,6 @@ Redis outage (shorter than the budget) ``drained()`` is False, not an error.
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 from types import TracebackType
@@ -32,11 +31,12 @@ import redis
 
 from ftlayer.errors import FTLayerError, IngestStoppedError, RedisUnavailableError
 from ftlayer.layer import FTLayer
+from ftlayer.logs import logger_for
 from ftlayer.service import FTService
 from runtime.driver.ingest import Ingestor
 from runtime.driver.observe import TopologyObservers
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 
 __all__ = ["FTProgress", "FTQuery", "Progress"]
 

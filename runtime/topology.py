@@ -45,6 +45,7 @@ from runtime.query import FTQuery
 from runtime.sinks import CallableSink, ExecutorSink, ForeachBatchSink
 from runtime.sources import is_source
 from runtime.spark.compile import Compiler
+from runtime.spark.connect import refuse_connect
 from runtime.trigger import trigger_from
 
 __all__ = ["FTQuery", "Stream", "Topology"]
@@ -95,6 +96,11 @@ class Stream:
         if not isinstance(sink, (ExecutorSink, ForeachBatchSink)):
             sink = CallableSink(sink)
         self._topology._add(SinkNode, [self._node], sink=sink)
+
+
+# what the Topology API uses the JVM for (its message on a Spark Connect session)
+_CONNECT_NEEDS = ("its driver-side ForeachBatchSink reads Spark's query id from sparkContext, FT-off counts come back "
+                  "through Spark accumulators, and it is tested on classic sessions only")
 
 
 class Topology:
@@ -183,8 +189,10 @@ class Topology:
 
         Refuses first (TopologyError naming the stream, before anything runs) a
         graph with no source, no sink, a stream that is never sunk, or a
-        ForeachBatchSink next to another sink (runtime.topology_checks).
+        ForeachBatchSink next to another sink (runtime.topology_checks); and a Spark Connect
+        session (SparkConnectUnsupportedError: the DataFrame path runs there, this API does not).
         """
+        refuse_connect(spark, f"Topology({self.name!r}).start", _CONNECT_NEEDS)
         trigger = trigger_from(processing_time=processingTime, available_now=availableNow, once=once,
                                trigger_interval_s=trigger_interval_s)
         name = query_name if query_name is not None else f"ftlayer-{self.name}"

@@ -38,6 +38,19 @@ if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
              "the MQTT tests will fail." >&2
     fi
 fi
+# scripts/test lints the server-side Lua (ftlayer/lua/) with luacheck, from Debian's lua-check;
+# install it when missing, as root with apt-get, as mosquitto above.
+if ! command -v luacheck >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "ftlayer: installing luacheck (lua-check, the Lua linter of scripts/test) with apt-get" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q lua-check >/dev/null 2>&1 \
+            || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q lua-check >/dev/null; } \
+            || echo "ftlayer: WARNING: could not install lua-check; scripts/test will fail at luacheck" >&2
+    else
+        echo "ftlayer: WARNING: 'luacheck' is not installed (Debian: apt-get install lua-check);" \
+             "scripts/test will fail at luacheck." >&2
+    fi
+fi
 if ! command -v java >/dev/null 2>&1; then
     echo "ftlayer: WARNING: 'java' is not on PATH. Spark 4.x needs Java 17 or 21" \
          "(Debian: apt-get install openjdk-17-jre-headless). Spark tests and the demo will fail." >&2

@@ -75,6 +75,7 @@ __all__ = [
     "MAX_PAYLOAD_BYTES",
     "MAX_TUPLE_DEPTH",
     "pack_payload",
+    "pack_payloads",
     "unpack_many",
     "unpack_payload",
 ]
@@ -264,6 +265,20 @@ def pack_payload(value: Any) -> bytes:
         msg = f"payload of {len(data)} bytes exceeds MAX_PAYLOAD_BYTES ({MAX_PAYLOAD_BYTES})"
         raise SerializationError(msg)
     return data
+
+
+def pack_payloads(values: Sequence[Any]) -> list[bytes]:
+    """:func:`pack_payload` of every value, in order (ingest's batches): the same bytes and the same
+    errors, for the first value that fails; about half the cost per small record, since the packer
+    runs over the batch in one ``map`` and the checks are made once on the largest result."""
+    packer = _PACKERS.packer
+    try:
+        out = list(map(packer.pack, values))
+    except Exception:  # name the first value that fails, as pack_payload does (this raises)
+        return [pack_payload(v) for v in values]
+    if out and max(map(len, out)) > min(_PACKER_KEEP_BYTES, MAX_PAYLOAD_BYTES):
+        return [pack_payload(v) for v in values]  # rare: pack_payload's size rules, one by one
+    return out
 
 
 # --- unpacking -----------------------------------------------------------------

@@ -86,9 +86,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    # before the session-scoped spark fixture would start the JVM
-    if "spark" in getattr(item, "fixturenames", ()) and item.get_closest_marker("spark") is None:
-        pytest.fail(f"{item.nodeid} uses the spark fixture but {NOT_MARKED_SPARK}", pytrace=False)
+    # before the session-scoped spark (or Spark Connect server) fixture would start the JVM
+    for name in ("spark", "connect_server"):
+        if name in getattr(item, "fixturenames", ()) and item.get_closest_marker("spark") is None:
+            pytest.fail(f"{item.nodeid} uses the {name} fixture but {NOT_MARKED_SPARK}", pytrace=False)
 
 
 def _jvm_started() -> bool:
@@ -170,7 +171,7 @@ def spark() -> Iterator[Any]:
     from runtime.spark.session import local_session
 
     try:
-        session = local_session("ftlayer-tests")
+        session = local_session("ftlayer-tests", log_level="ERROR")
     except FTLayerError as exc:  # java missing: say so clearly, do not skip
         pytest.fail(str(exc))
     yield session

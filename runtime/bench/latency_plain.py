@@ -74,6 +74,11 @@ def _paced_source_class() -> Any:
     return PacedRows
 
 
+def _batch_after(progress: Any, since_wall: float) -> bool:
+    """Whether a finished batch with input started at or after ``since_wall`` (epoch seconds)."""
+    return int(_batches(list(progress), since_wall)["count"]) > 0
+
+
 def plain_latency(
     spark: Any,
     url: str,
@@ -133,6 +138,14 @@ def plain_latency(
     started = time.time()
     try:
         time.sleep(warmup_s + duration_s + 5 * trigger_interval_s + 5.0)
+        # on a loaded machine one long batch can span the whole window: wait (bounded) until a
+        # batch with input has started after it and finished, so the batch figures see the window
+        window_end = started + warmup_s + duration_s
+        deadline = time.monotonic() + 60.0
+        while not _batch_after(query.recentProgress, window_end) and time.monotonic() < deadline:
+            if query.exception() is not None:
+                break
+            time.sleep(0.1)
         failure = query.exception()
         if failure is not None:
             raise failure

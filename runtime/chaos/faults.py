@@ -21,7 +21,6 @@ durability window around a Redis kill).
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import threading
@@ -34,10 +33,11 @@ import redis
 import xxhash
 
 from ftlayer.errors import FailRecord
+from ftlayer.logs import logger_for
 from runtime.sinks import ExecutorSink, SinkContext
 from runtime.testing import CollectingSink, FaultLog
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 
 
 class BatchKill(BaseException):

@@ -36,6 +36,7 @@ from runtime.chaos import executors as chaos_executors
 from runtime.chaos import ingest_procs as chaos_ingest
 from runtime.chaos import mqtt as chaos_mqtt
 from runtime.chaos import procs as chaos_procs
+from runtime.chaos import receivers as chaos_receivers
 from runtime.chaos import scenarios as chaos_scenarios
 from runtime.chaos import webhook as chaos_webhook
 from runtime.chaos.base import ChaosError, ScenarioContext, new_workdir
@@ -43,7 +44,8 @@ from runtime.chaos.targets import SINKS, open_target
 from runtime.checker import Report
 
 # scenarios that start (and kill) a Redis server of their own
-OWN_SERVER = frozenset({"kill-redis", "long-outage", "kill-primary"})
+OWN_SERVER = frozenset({"kill-redis", "long-outage", "kill-primary", "mqtt-ingest-kill", "mqtt-broker-kill",
+                        "webhook-keepalive"})
 # scenarios whose output is not the chaos rows (the aggregate writes counts)
 NO_TARGET = frozenset({"aggregate"})
 
@@ -85,6 +87,14 @@ SCENARIOS: dict[str, Scenario] = {
                                     "load, restarted on the same port", needs_spark=False),
     "mqtt-driver-kill": Scenario(chaos_mqtt.mqtt_driver_kill, 1500, "an MQTT-fed driver (a real Mosquitto it "
                                  "starts) SIGKILLed under load, restarted with the same client id", needs_spark=False),
+    "mqtt-ingest-kill": Scenario(chaos_receivers.mqtt_ingest_kill, 2000, "`ftlayer ingest --mqtt` SIGKILLed "
+                                 "mid-stream with messages in hand (a real Mosquitto, a QoS 1 publisher), restarted "
+                                 "with the same client id"),
+    "mqtt-broker-kill": Scenario(chaos_receivers.mqtt_broker_kill, 1500, "the Mosquitto broker SIGKILLed while "
+                                 "`ftlayer ingest --mqtt` holds unpersisted messages, restarted on its data"),
+    "webhook-keepalive": Scenario(chaos_receivers.webhook_keepalive, 3000, "`ftlayer ingest --webhook` SIGKILLed "
+                                  "with batched requests in flight on keep-alive connections, restarted on the "
+                                  "same port"),
     "drop-connections": Scenario(chaos_scenarios.drop_connections, 3000, "CLIENT KILL every 200 ms"),
     "duplicate-flushes": Scenario(chaos_scenarios.duplicate_flushes, 2000, "every flush sent twice"),
     "delayed-acks": Scenario(chaos_scenarios.delayed_acks, 2000, "acks delayed past the timeout"),

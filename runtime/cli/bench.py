@@ -27,11 +27,15 @@ repeated) and reports medians with their spread:
 - ``masters``: FT-on end-to-end throughput on ``local[2]`` and on
   ``local-cluster[2,1,1024]`` (two executor JVMs), each run in its own process
   (:mod:`runtime.bench.masters`).
+- ``webhook`` and ``mqtt``: records/s through ftlayer's receivers (persisting into Redis before
+  confirming) next to the same aiohttp server confirming at once and a plain QoS 1 subscriber of the
+  same Mosquitto; ``webhook_vs_raw_ratio``, ``mqtt_vs_raw_ratio`` (:mod:`runtime.bench.receivers`).
 - ``e2e``: FT on vs FT off vs hand-written Structured Streaming on the same
   topology and input, small records and 1 KiB payloads (:mod:`runtime.bench.e2e`), and the
   same for a DataFrame pipeline (:mod:`runtime.bench.e2e_dataframe`).
 
-The summary is merged into ``<out>/results.json`` (default ``docs/bench``), so
+The summary is merged into ``<out>/results.json`` (``--out``, default ``./ftlayer-bench`` in the
+current directory; ``scripts/bench`` passes the checkout's ``docs/bench``), so
 running one benchmark keeps the others' figures; the headline keys are
 ``ft_on_vs_off_ratio``, ``ft_on_vs_plain_ratio`` (and ``ft_on_vs_plain_frozen_ratio``: against plain PySpark
 with ftlayer's worker-heap freeze), ``redis_cpu_us_per_record``, ``acker_vs_raw_ratio``,
@@ -52,11 +56,11 @@ from typing import Any
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
-from runtime.bench.acker import RESULTS, bench_acker, bench_memory, write_results
+from runtime.bench.acker import bench_acker, bench_memory, write_results
 from runtime.cli.env import add_env_options, resolve_env_defaults
 
 BENCHES = ("acker", "redis-cpu", "scaling", "replay", "retry", "latency", "e2e", "e2e-dataframe", "effectively-once",
-           "cluster", "masters")
+           "cluster", "masters", "webhook", "mqtt")
 DESCRIPTION = (
     "Run the benchmarks, print a JSON summary and merge it into results.json. Each benchmark measures its "
     "variants side by side in one run (alternating, repeated) and reports medians with their spread: "
@@ -69,7 +73,11 @@ DESCRIPTION = (
     "2 client processes on a 1-primary vs a 3-primary Valkey Cluster: cluster_scaling_ratio), effectively-once "
     "(the DataFrame pipeline into Postgres and into Delta, an at-least-once writer vs ftlayer's effectively-once "
     "sink: effectively_once_vs_at_least_once_ratio), masters "
-    "(FT-on e2e throughput on local[2] vs local-cluster[2,1,1024], each in its own process)."
+    "(FT-on e2e throughput on local[2] vs local-cluster[2,1,1024], each in its own process), webhook (records/s "
+    "through the webhook receiver persisting into Redis vs the same aiohttp server confirming at once, keep-alive "
+    "batched clients: webhook_vs_raw_ratio), mqtt (records/s through the MQTT source persisting into Redis vs a plain "
+    "QoS 1 subscriber of the same Mosquitto: mqtt_vs_raw_ratio). Results go to --out (default ./ftlayer-bench in "
+    "the current directory)."
 )
 
 
@@ -91,7 +99,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("which", nargs="*", default=None, metavar="BENCH",
                    help=f"benchmarks to run: {', '.join(BENCHES)} or all (default all, about 15 minutes on "
                         "2 cores) [env FTLAYER_BENCH, comma-separated]")
-    p.add_argument("--redis-url", default=_env("FTLAYER_REDIS_URL", ""), metavar="URL",
+    p.add_argument("--redis-url", default=None, metavar="URL",
                    help="Redis to measure; default an embedded valkey-server [env FTLAYER_REDIS_URL]")
     add_env_options(p, "bench")
 
@@ -118,7 +126,7 @@ def _on_spark(url: str, selected: list[str], args: argparse.Namespace) -> dict[s
     from runtime.bench.latency_plain import plain_latency
     from runtime.spark.session import local_session
 
-    spark = local_session("ftlayer-bench")
+    spark = local_session("ftlayer-bench", log_level="ERROR")
     cfg = FTConfig(redis_url=url, max_pending=50_000, timeout_s=120.0)
     summary: dict[str, Any] = {}
     if "latency" in selected:
@@ -173,14 +181,40 @@ def _on_spark(url: str, selected: list[str], args: argparse.Namespace) -> dict[s
     return summary
 
 
+def _receivers(url: str, selected: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """webhook and mqtt: ftlayer's receivers vs the raw server or broker, alternating rounds."""
+    from runtime.bench.receivers import bench_mqtt, bench_webhook
+
+    summary: dict[str, Any] = {}
+    if "webhook" in selected:
+        _say(f"webhook: {args.webhook_records:,} records per round in batches of {args.webhook_batch} on "
+             f"{args.webhook_connections} keep-alive connections, {args.receiver_repeats} alternating rounds of raw "
+             "aiohttp / ftlayer's receiver")
+        hook = bench_webhook(url, args.webhook_records, args.webhook_batch, args.webhook_connections,
+                             args.receiver_repeats, progress=_say)
+        summary["webhook"] = hook
+        summary["webhook_vs_raw_ratio"] = round(hook["webhook_vs_raw_ratio"]["median"], 3)
+    if "mqtt" in selected:
+        _say(f"mqtt: {args.mqtt_records:,} QoS 1 messages per round, {args.receiver_repeats} alternating rounds of a "
+             "plain subscriber / ftlayer's MQTT source")
+        mqtt = bench_mqtt(url, args.mqtt_records, args.receiver_repeats, progress=_say)
+        summary["mqtt"] = mqtt
+        summary["mqtt_vs_raw_ratio"] = round(mqtt["mqtt_vs_raw_ratio"]["median"], 3)
+    return summary
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the selected benchmarks; print the JSON summary; merge it into results.json unless --no-write."""
     from ftlayer.server import EmbeddedServer
 
     selected = _selected(args)
-    out = Path(args.out or RESULTS.parent)
-    server = None if args.redis_url else EmbeddedServer().start()
-    url = args.redis_url or (server.url if server else "")
+    out = Path(args.out).resolve()
+    if not args.no_write:
+        out.mkdir(parents=True, exist_ok=True)  # before any benchmark: a bad --out fails in a second, not at the end
+        _say(f"results go to {out / 'results.json'} (--out)")
+    given = args.redis_url or _env("FTLAYER_REDIS_URL", "")
+    server = None if given else EmbeddedServer().start()
+    url = given or (server.url if server else "")
     summary: dict[str, Any] = {}
     try:
         if "acker" in selected:
@@ -241,6 +275,8 @@ def run(args: argparse.Namespace) -> int:
             masters = bench_masters(url, args.masters_records, args.masters_repeats, progress=_say)
             summary["e2e_masters"] = masters
             summary["local_cluster_vs_local_ratio"] = round(masters["local_cluster_vs_local_ratio"]["median"], 3)
+        if "webhook" in selected or "mqtt" in selected:
+            summary.update(_receivers(url, selected, args))
         if {"latency", "e2e", "e2e-dataframe", "effectively-once"} & set(selected):
             summary.update(_on_spark(url, selected, args))
     finally:

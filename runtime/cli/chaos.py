@@ -20,7 +20,7 @@ from ftlayer.connection import client_for, resolved
 from runtime.chaos.base import new_workdir
 from runtime.chaos.runner import OWN_SERVER, SCENARIOS, run_scenario
 from runtime.cli.common import connection_options, load_config
-from runtime.cli.env import add_env_options
+from runtime.cli.env import add_env_options, command_env_epilog
 
 
 def add_parser(sub: Any) -> None:
@@ -33,6 +33,7 @@ def add_parser(sub: Any) -> None:
         description="Run a chaos scenario on a local SparkSession (local[2,4], or --master) and print the checker's "
                     "report. Exit status 0 if nothing was lost or leaked and the scenario's expectations "
                     "held, 1 otherwise. Scenarios: " + "; ".join(f"{k}: {v.summary}" for k, v in SCENARIOS.items()),
+        epilog=command_env_epilog("chaos"),
     )
     p.add_argument("scenario", choices=sorted(SCENARIOS), help="the scenario to run")
     add_env_options(p, "chaos")
@@ -50,7 +51,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
     if SCENARIOS[name].needs_spark:
         from runtime.spark.session import local_session, stop_session
 
-        spark = local_session(f"ftlayer-chaos-{name}", master=args.master)
+        spark = local_session(f"ftlayer-chaos-{name}", master=args.master, log_level="ERROR")
     runs: list[dict[str, Any]] = [{}]
     if name in ("kill-redis", "kill-primary"):
         every = SINGLE_SERVER_DURABILITY if name == "kill-redis" else DURABILITY_MODES

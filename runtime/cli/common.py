@@ -34,27 +34,115 @@ class CLIError(FTLayerError):
     """An operator command cannot do what it was asked; the message says what to do instead."""
 
 
-def connection_options(namespace_help: str | None = None) -> argparse.ArgumentParser:
-    """A parent parser with --redis-url, --namespace and --config (each help names its env var).
+# The connection options' destinations; ``ftlayer --namespace x status`` stores the ones given before
+# the command under ``before_<dest>`` (see :func:`merge_connection_options`).
+CONNECTION_OPTIONS: tuple[tuple[str, str], ...] = (
+    ("--redis-url", "redis_url"), ("--namespace", "namespace"), ("--config", "config"),
+)
+BEFORE = "before_"
+
+
+def add_connection_options(
+    parser: argparse.ArgumentParser, namespace_help: str | None = None, *, before_command: bool = False
+) -> None:
+    """Add --redis-url, --namespace and --config to ``parser`` (each help names its env var).
 
     ``namespace_help`` replaces the --namespace help for a command whose default differs.
+    ``before_command``: the top-level parser's copies, stored under ``before_<dest>`` so that a
+    subcommand's own default (None) cannot overwrite them; :func:`merge_connection_options`
+    joins the two.
     """
-    p = argparse.ArgumentParser(add_help=False)
-    g = p.add_argument_group("connection")
+    title = "connection (before or after the command)" if before_command else "connection"
+    g = parser.add_argument_group(title)
+    prefix = BEFORE if before_command else ""
     g.add_argument(
-        "--redis-url", default=None, metavar="URL",
+        "--redis-url", default=None, metavar="URL", dest=prefix + "redis_url",
         help="redis:// or rediss:// URL of the server the topology uses; user and password are "
              "allowed and never printed [env FTLAYER_REDIS_URL]",
     )
     g.add_argument(
-        "--namespace", default=None,
+        "--namespace", default=None, metavar="NAMESPACE", dest=prefix + "namespace",
         help=namespace_help or "key prefix the topology was started with; default 'ftlayer' [env FTLAYER_NAMESPACE]",
     )
     g.add_argument(
-        "--config", default=None, metavar="PATH",
+        "--config", default=None, metavar="PATH", dest=prefix + "config",
         help="ftlayer TOML config file; default ./ftlayer.toml if it exists [env FTLAYER_CONFIG]",
     )
+
+
+def connection_options(namespace_help: str | None = None) -> argparse.ArgumentParser:
+    """A parent parser with the connection options (:func:`add_connection_options`)."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_connection_options(p, namespace_help)
     return p
+
+
+def merge_connection_options(args: argparse.Namespace, command_parser: argparse.ArgumentParser) -> None:
+    """Join the connection options given before the command with those given after it.
+
+    Given after the command wins (the later one, as with a repeated option). One given before a
+    command that does not take it is a usage error of that command (``command_parser.error``:
+    its usage, exit 2), not silently ignored.
+    """
+    takes = {a.dest for a in command_parser._actions}
+    for flag, dest in CONNECTION_OPTIONS:
+        before = getattr(args, BEFORE + dest, None)
+        if hasattr(args, BEFORE + dest):
+            delattr(args, BEFORE + dest)
+        if before is None:
+            continue
+        if dest not in takes:
+            command_parser.error(f"{flag} does not apply to {command_parser.prog}")
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, before)
+
+
+OUTPUTS = ("table", "json")
+
+
+def add_output_option(parser: argparse.ArgumentParser) -> None:
+    """``-o/--output table|json`` (default table), and ``--json`` as the older spelling of ``-o json``.
+
+    Both store ``args.output``; the last one given wins.
+    """
+    parser.add_argument(
+        "-o", "--output", choices=OUTPUTS, default="table",
+        help="table: aligned columns for people (default); json: one document with stable keys, for scripts",
+    )
+    parser.add_argument("--json", dest="output", action="store_const", const="json", help="the same as -o json")
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``1.5h``, ``3d`` or ``2w`` as seconds (>= 0); an argparse type.
+
+    Raises :class:`argparse.ArgumentTypeError` (a usage error: the command's usage, exit 2).
+    """
+    raw = text.strip().lower()
+    unit = raw[-1:] if raw[-1:] in _UNITS else "s"
+    number = raw[:-1] if raw[-1:] in _UNITS else raw
+    try:
+        value = float(number) * _UNITS[unit]
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        msg = f"invalid duration {text!r}: expected a number of seconds or one with a unit, like 90s, 15m, 2h, 3d"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1; an argparse type (a usage error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        msg = f"invalid value {text!r}: expected an integer >= 1"
+        raise argparse.ArgumentTypeError(msg)
+    return value
 
 
 def source_options(parser: argparse.ArgumentParser) -> None:

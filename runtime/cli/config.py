@@ -6,7 +6,7 @@ conf a job would get (``spark-submit --conf``), and ``--redis-url`` / ``--namesp
 "command line". It prints one row per option: name, value, origin (``default``, ``file PATH``,
 ``env NAME``, ``Spark conf KEY`` or ``command line``). The Redis URL's password is masked. It never
 connects to anything. A bad value fails like the job would, naming where it came from (exit 2).
-``--json`` prints ``{"version": 1, "config_file": ..., "options": {name: {"value", "origin"}}}``.
+``-o json`` (or ``--json``) prints ``{"version": 1, "config_file": ..., "options": {name: {"value", "origin"}}}``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from ftlayer.config import SPARK_PREFIX, FTConfig, config_file_path, mask_url
-from runtime.cli.common import CLIError, connection_options, render_table
+from runtime.cli.common import CLIError, add_output_option, connection_options, render_table
 
 JSON_VERSION = 1
 
@@ -54,7 +54,7 @@ def run_config(args: argparse.Namespace) -> int:
     """The ``config`` command (see the module contract). Returns the exit code."""
     config, origins = explain(args)
     path = config_file_path(args.config, os.environ)
-    if args.json:
+    if args.output == "json":
         doc = {
             "version": JSON_VERSION,
             "config_file": str(path) if path is not None else None,
@@ -82,5 +82,5 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--conf", action="append", default=[], metavar="spark.ftlayer.OPTION=VALUE",
                    help="Spark conf as a job would get it from spark-submit --conf (repeatable)")
-    p.add_argument("--json", action="store_true", help="print JSON with stable keys")
+    add_output_option(p)
     p.set_defaults(func=run_config)

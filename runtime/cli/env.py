@@ -3,7 +3,8 @@
 Every command-line option with an environment default is a row of :data:`ENV_OPTIONS`; the
 config options' variables (``FTLAYER_<OPTION>``) come from :class:`ftlayer.config.FTConfig`.
 From these two tables come: each option's help text (``[env NAME]`` and the default), the
-environment section of ``ftlayer --help``, and the list of known names that
+environment section of ``ftlayer --help`` (the config options' variables only: a command's own
+variables are in that command's help), and the list of known names that
 :func:`unknown_env_warnings` checks the environment against.
 
 Contract of the lazy defaults: an option added with :func:`add_env_option` has a placeholder
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -69,8 +71,27 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
               "I/N: this process takes the lines whose number modulo N is I, so N processes share "
               "the files without overlap", metavar="I/N"),
     EnvOption("ingest", "--webhook", "FTLAYER_INGEST_WEBHOOK", "str", None,
-              "[HOST:]PORT: receive records over HTTP (POST one JSON record, or POST <path>batch a JSON "
-              "array); answered 200 once persisted; runs until SIGINT/SIGTERM", metavar="[HOST:]PORT"),
+              "[HOST:]PORT: receive records over HTTP/1.1 (POST / one JSON record, POST /batch a JSON array, "
+              "either with Content-Type application/x-ndjson one record per line); answered 200 once persisted, "
+              "503 + Retry-After while ingest waits; GET /healthz, /readyz; runs until SIGINT/SIGTERM",
+              metavar="[HOST:]PORT"),
+    EnvOption("ingest", "--webhook-token", "FTLAYER_INGEST_WEBHOOK_TOKEN", "str", None,
+              "--webhook: every POST must carry Authorization: Bearer TOKEN (401 otherwise); best set in the "
+              "variable, off the command line", metavar="TOKEN"),
+    EnvOption("ingest", "--webhook-hmac-secret", "FTLAYER_INGEST_WEBHOOK_HMAC_SECRET", "str", None,
+              "--webhook: every POST must carry X-Hub-Signature-256: sha256=<hex HMAC-SHA256 of the raw body "
+              "keyed with SECRET> (GitHub's webhook signature; 401 otherwise); best set in the variable",
+              metavar="SECRET"),
+    EnvOption("ingest", "--webhook-tls-cert", "FTLAYER_INGEST_WEBHOOK_TLS_CERT", "str", None,
+              "--webhook: serve HTTPS with this certificate (PEM, chain included); needs --webhook-tls-key "
+              "unless the file holds the key too", metavar="FILE"),
+    EnvOption("ingest", "--webhook-tls-key", "FTLAYER_INGEST_WEBHOOK_TLS_KEY", "str", None,
+              "--webhook: the private key (PEM) of --webhook-tls-cert", metavar="FILE"),
+    EnvOption("ingest", "--max-body-bytes", "FTLAYER_INGEST_MAX_BODY_BYTES", "int", "1048576",
+              "--webhook: largest request body taken (413 beyond it)", metavar="N", lo=1),
+    EnvOption("ingest", "--webhook-reply-timeout-s", "FTLAYER_INGEST_WEBHOOK_REPLY_TIMEOUT_S", "float", "30",
+              "--webhook: a request whose records are not persisted within this long is answered 503 "
+              "(the client retries)", metavar="S", lo=0.1),
     EnvOption("ingest", "--mqtt", "FTLAYER_INGEST_MQTT", "str", None,
               "mqtt://[USER[:PASSWORD]@]HOST[:PORT] (mqtts:// for TLS): subscribe to the --topic filters on this "
               "MQTT broker on a persistent session; a message is acknowledged only once persisted; runs until "
@@ -143,7 +164,9 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
     EnvOption("chaos", "--keep", "FTLAYER_CHAOS_KEEP", "flag", None,
               "keep the temporary work directory and the generated namespace's Redis keys (default: remove "
               "them; a --namespace you name is never deleted)"),
-    _bench("--out", "OUT", "str", None, "directory of results.json and the PNG plots; default docs/bench"),
+    _bench("--out", "OUT", "str", "./ftlayer-bench",
+           "directory of results.json and the PNG plots, created if missing; a relative path is taken from the "
+           "current directory (scripts/bench passes the checkout's docs/bench)"),
     _bench("--no-write", "NO_WRITE", "flag", None, "print only; leave results.json and the plots alone"),
     _bench("--records", "RECORDS", "int", "100000",
            "acker: records per round and pending records of the memory figure; redis-cpu: half its records"),
@@ -176,13 +199,22 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
     _bench("--masters-records", "MASTERS_RECORDS", "int", "200000",
            "masters: records of each measured FT-on run on local[2] and on local-cluster[2,1,1024]", lo=1),
     _bench("--masters-repeats", "MASTERS_REPEATS", "int", "2", "masters: alternating rounds per master", lo=1),
+    _bench("--webhook-records", "WEBHOOK_RECORDS", "int", "200000", "webhook: records per round", lo=1),
+    _bench("--webhook-batch", "WEBHOOK_BATCH", "int", "100", "webhook: records per request (a JSON array)", lo=1),
+    _bench("--webhook-connections", "WEBHOOK_CONNECTIONS", "int", "8",
+           "webhook: keep-alive client connections posting at once", lo=1),
+    _bench("--mqtt-records", "MQTT_RECORDS", "int", "50000",
+           "mqtt: QoS 1 messages per round (from 2 publisher processes)", lo=2),
+    _bench("--receiver-repeats", "RECEIVER_REPEATS", "int", "3",
+           "webhook and mqtt: alternating rounds of the raw server or broker and ftlayer's receiver", lo=1),
 )
 
 # Variables read elsewhere than an option default: (name, what reads it).
 OTHER_ENV_VARS: tuple[tuple[str, str], ...] = (
     (CONFIG_FILE_ENV, "the ftlayer TOML config file (default ./ftlayer.toml if it exists)"),
     ("FTLAYER_BENCH", "ftlayer bench: the benchmarks to run when none is named, comma-separated"),
-    ("FTLAYER_CHAOS_DUPLICATE_FLUSH", "chaos: send every flush twice (in the process that flushes)"),
+    ("FTLAYER_CHAOS_DUPLICATE_FLUSH", "ftlayer chaos: =1 sends every flush twice (read in the process that "
+                                      "flushes; the duplicate-flush scenario sets it)"),
     ("FTLAYER_TEST_REDIS_URL", "tests: use this server instead of an embedded one"),
     ("FTLAYER_TEST_WORKERS", "scripts/test: pytest-xdist workers (default 3; 0 runs the tests in one process)"),
     ("FTLAYER_VENV", "scripts/*: the virtualenv to create or reuse"),
@@ -326,18 +358,29 @@ def unknown_env_warnings(env: Mapping[str, str] | None = None) -> list[str]:
     out: list[str] = []
     for name in sorted(n for n in env if n.startswith(ENV_PREFIX) and n not in known):
         close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
-        hint = f"; did you mean {close[0]}?" if close else " (see ftlayer --help for the known ones)"
+        hint = f"; did you mean {close[0]}?" if close else " (ftlayer --help and each command's --help name them)"
         out.append(f"unknown environment variable {name} is ignored{hint}")
     return out
 
 
 def env_help_epilog() -> str:
-    """The environment section of ``ftlayer --help``, built from the two tables."""
-    lines = ["environment variables (FTConfig options; precedence: defaults < ftlayer.toml < env < "
-             "spark.ftlayer.* conf < command line):"]
-    lines += [f"  {name}" for name, _ in config_env_vars()]
-    lines.append("command defaults (see each command's --help):")
-    lines += [f"  {o.env:<34} ftlayer {o.command} {o.flag}" for o in ENV_OPTIONS]
-    lines.append("other:")
-    lines += [f"  {name:<34} {text}" for name, text in OTHER_ENV_VARS]
-    return "\n".join(lines)
+    """The environment section of ``ftlayer --help``: the config options' variables only.
+
+    The commands' own variables (bench, chaos, ingest: most of :data:`ENV_OPTIONS`) are listed
+    by each command's ``--help``, next to the option each one sets; the top-level help only says so.
+    """
+    names = ", ".join(name for name, _ in config_env_vars())
+    return "\n".join([
+        "environment variables: every config option has one (precedence: defaults < ftlayer.toml <",
+        "env < spark.ftlayer.* conf < command line; 'ftlayer config' shows the effective values and",
+        "where each came from, docs/configuration.md what each means):",
+        textwrap.fill(names, width=96, initial_indent="  ", subsequent_indent="  "),
+        "Each command's --help names the variable behind each of its options (FTLAYER_BENCH_*,",
+        "FTLAYER_CHAOS_*, FTLAYER_INGEST_*, ...). Exit status: 0 done, 1 not (entirely) done, 2 error.",
+    ])
+
+
+def command_env_epilog(command: str) -> str:
+    """The variables of :data:`OTHER_ENV_VARS` that ``command`` reads besides its options' (help epilog)."""
+    rows = [(name, text.split(": ", 1)[1]) for name, text in OTHER_ENV_VARS if text.startswith(f"ftlayer {command}:")]
+    return ("Also read from the environment: " + "; ".join(f"{name}: {text}" for name, text in rows)) if rows else ""

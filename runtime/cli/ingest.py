@@ -4,6 +4,7 @@
 
     ftlayer ingest clicks events events.jsonl --key user          # files (or - for stdin), then exit
     ftlayer ingest clicks events --webhook 8080 --key user        # HTTP until SIGINT / SIGTERM
+                                                                  # (runtime.cli.ingest_webhook)
     ftlayer ingest clicks events --mqtt mqtt://broker:1883 --topic 'sensors/#' --key user   # MQTT, until a signal
     ftlayer ingest clicks events big.jsonl --worker 0/2 &         # two processes share one file
     ftlayer ingest clicks events big.jsonl --worker 1/2 &
@@ -30,12 +31,9 @@ embedded server would live and die with this process.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from ftlayer.config import FTConfig, mask_url
@@ -45,6 +43,7 @@ from ftlayer.state import state_root
 from runtime.cli.common import CLIError, connection_options, load_config
 from runtime.cli.env import add_env_options
 from runtime.cli.ingest_mqtt import check_no_mqtt_options, mqtt_source, run_mqtt, topic_key
+from runtime.cli.ingest_webhook import check_no_webhook_options, run_webhook
 from runtime.driver.file_source import LinesSource
 from runtime.driver.ingest import Ingestor
 
@@ -84,19 +83,6 @@ def parse_worker(text: str) -> tuple[int, int]:
     return worker
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    """``[HOST:]PORT`` as ``(host, port)``; the host defaults to 127.0.0.1."""
-    host, sep, port = text.rpartition(":")
-    try:
-        number = int(port)
-    except ValueError:
-        number = -1
-    if not 0 <= number <= 65535:
-        msg = f"--webhook {text!r}: expected [HOST:]PORT with a port in 0..65535"
-        raise CLIError(msg)
-    return (host if sep and host else "127.0.0.1"), number
-
-
 def _key_selector(field: str | None) -> Any:
     if field is None:
         return None
@@ -131,13 +117,15 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     mqtt = mqtt_source(args, config) if args.mqtt else None
     if mqtt is None:
         check_no_mqtt_options(args)
+    if not args.webhook:
+        check_no_webhook_options(args)
     worker = parse_worker(args.worker)
     channels = args.num_channels or config.num_channels
     layer = FTLayer(config, args.topology, args.source, num_channels=channels).open()
     shards = layer.write_shards(*worker) if worker[1] > 1 else list(range(layer.num_shards))
     key = _key_selector(args.key)
     if args.webhook:
-        return _run_webhook(args, layer, key)
+        return run_webhook(args, layer, key, run=_run)
     if mqtt is not None:
         return run_mqtt(mqtt, layer, key if not args.key_topic else topic_key(mqtt), run=_run)
     offsets = _offsets_dir(args, config)
@@ -152,31 +140,6 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
           + (f", shards {shards}" if layer.num_shards > 1 else ""), flush=True)
     ingestor = Ingestor(layer, source, key=key)
     return _run(ingestor, source_label="files", resumed=source.skipped_offsets)
-
-
-def _run_webhook(args: argparse.Namespace, layer: FTLayer, key: Any) -> int:
-    from runtime.driver.webhook import WebhookSource
-
-    host, port = parse_listen(args.webhook)
-    try:
-        hooks = WebhookSource(host, port)
-    except OSError as exc:
-        msg = f"--webhook {args.webhook}: cannot listen on {host}:{port}: {exc}"
-        raise CLIError(msg) from exc
-    print(f"ftlayer ingest: {layer.keys.prefix} listening on {hooks.url} (POST one JSON record, or "
-          f"POST {hooks.url}batch a JSON array); Ctrl-C or SIGTERM ends it", flush=True)
-    ending = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        ending.set()
-        hooks.end()  # take no more; the source ends once what it took is persisted
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
-    try:
-        return _run(Ingestor(layer, hooks, key=key), source_label="webhook", resumed={})
-    finally:
-        hooks.close()
 
 
 def _run(ingestor: Ingestor, *, source_label: str, resumed: dict[str, int]) -> int:

@@ -1,22 +1,31 @@
 """The ``ftlayer`` command line. Every option's help names its environment variable.
 
 Contract: no command prints a Python traceback for a bad option, a bad environment variable, an
-unreachable or misconfigured server: each ends with one ``ftlayer: error: ...`` line (or the
-subcommand's usage for a bad option) and exit status 2. Unknown ``FTLAYER_*`` variables are
-reported on stderr with the closest known name, and otherwise ignored.
+unreachable or misconfigured server, a file it cannot write: each ends with one
+``ftlayer: error: ...`` line (or the subcommand's usage for a bad option) and exit status 2.
+Ctrl-C ends a command with one line and status 130; a closed standard output (``| head``) ends it
+quietly with status 141. Unknown ``FTLAYER_*`` variables are reported on stderr with the closest
+known name, and otherwise ignored. The connection options (``--redis-url``, ``--namespace``,
+``--config``) may come before or after the command; after wins. ``python -m ftlayer`` is the same
+command line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Sequence
+
+import redis
 
 from ftlayer import __version__
 from ftlayer.errors import FTLayerError
 from runtime.cli import bench as bench_cli
-from runtime.cli import chaos, dlq, ingest, status
+from runtime.cli import chaos, dlq, doctor, ingest, sources, status
 from runtime.cli import config as config_cli
+from runtime.cli.common import add_connection_options, merge_connection_options
 from runtime.cli.env import add_env_options, env_help_epilog, resolve_env_defaults, unknown_env_warnings
 
 
@@ -59,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"ftlayer {__version__}")
+    add_connection_options(parser, before_command=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p_redis = sub.add_parser(
         "redis", help="run the embedded valkey-server in the foreground",
@@ -68,12 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_redis.add_argument("--port", type=int, default=None, help="port; default a free one")
     p_redis.add_argument(
         "--cluster", action="store_true",
-        help="run a test Valkey Cluster instead: 3 primaries with 1 replica each, free ports; "
-             "ftlayer's scripts do not run on it yet",
+        help="run a test Valkey Cluster instead: 3 primaries with 1 replica each on free ports, AOF on; "
+             "prints every node's URL: point redis_url at any of them",
     )
     p_redis.set_defaults(func=_cmd_redis)
     status.add_parser(sub)
     dlq.add_parser(sub)
+    sources.add_parser(sub)
+    doctor.add_parser(sub)
     config_cli.add_parser(sub)
     ingest.add_parser(sub)
     chaos.add_parser(sub)
@@ -94,11 +106,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra = []
     if extra:
         args.cli_parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    merge_connection_options(args, args.cli_parser)
     try:
         return int(args.func(resolve_env_defaults(args)))
     except FTLayerError as exc:
-        print(f"ftlayer: error: {exc}", file=sys.stderr)
-        return 2
+        return _error(str(exc))
+    except redis.RedisError as exc:  # the commands name the (masked) URL; this is the last resort
+        return _error(f"Redis: {exc}")
+    except BrokenPipeError:
+        # the reader went away (ftlayer dlq list | head): no traceback, and none at exit either
+        with contextlib.suppress(OSError, ValueError):  # stdout no file (captured): nothing flushes into a pipe
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except OSError as exc:  # a file or directory the command cannot read or write
+        return _error(str(exc))
+    except KeyboardInterrupt:
+        print("ftlayer: interrupted", file=sys.stderr)
+        return 130
+
+
+def _error(message: str) -> int:
+    """The one line every failed command ends with; exit status 2."""
+    print(f"ftlayer: error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -17,7 +17,7 @@ Contract:
   an upper bound, accurate to one rotation interval; ``None`` when nothing is
   pending or the bucket's start time is unknown (a source registered by an
   older ftlayer, until a few rotations have passed).
-- ``--json`` prints one object with the stable keys of :func:`to_json`
+- ``-o json`` (or ``--json``) prints one object with the stable keys of :func:`to_json`
   (indented; one compact object per line with ``--watch``): ``version``,
   ``namespace``, ``redis_url`` (masked), ``time_ms``, ``rate_window_s`` and
   ``sources``, a list of objects with ``topology``, ``source``,
@@ -51,6 +51,7 @@ from ftlayer.config import FTConfig, mask_url
 from ftlayer.status import Snapshot, SourceStatus, sample
 from runtime.cli.common import (
     CLIError,
+    add_output_option,
     connect_configured,
     connection_options,
     format_duration,
@@ -196,7 +197,7 @@ def render_human(config: FTConfig, prev: Snapshot | None, cur: Snapshot) -> str:
 
 
 def _emit(args: argparse.Namespace, config: FTConfig, prev: Snapshot | None, cur: Snapshot, frame: int) -> None:
-    if args.json:
+    if args.output == "json":
         doc = to_json(config, prev, cur)
         print(json.dumps(doc) if args.watch is not None else json.dumps(doc, indent=2), flush=True)
         return
@@ -255,7 +256,7 @@ def add_parser(sub: Any) -> None:
         ),
     )
     source_options(p)
-    p.add_argument("--json", action="store_true", help="print JSON with stable keys instead of tables")
+    add_output_option(p)
     p.add_argument(
         "--interval", type=float, default=1.0, metavar="SECONDS",
         help="seconds between the two samples the rates are computed from; 0 skips rates (default 1)",

@@ -21,7 +21,15 @@ from __future__ import annotations
 
 from runtime.dataframe.acking import acking, settle_batch
 from runtime.dataframe.rowfn import map_in_pandas, udf
-from runtime.dataframe.sources import SourceHandle, ingest, read_stream, source, stop_all, with_metadata
+from runtime.dataframe.sources import (
+    SourceHandle,
+    ingest,
+    read_stream,
+    register_format,
+    source,
+    stop_all,
+    with_metadata,
+)
 from runtime.dataframe.writer import acking_sink
 
 __all__ = [
@@ -31,6 +39,7 @@ __all__ = [
     "ingest",
     "map_in_pandas",
     "read_stream",
+    "register_format",
     "settle_batch",
     "source",
     "stop_all",

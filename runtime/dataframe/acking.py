@@ -32,8 +32,7 @@ sink sees it again (at-least-once). ``ftlayer.udf(...).with_column(df, name, *co
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from ftlayer.batch_acks import batch_tags
@@ -43,17 +42,18 @@ from ftlayer.errors import ConfigError
 from ftlayer.holds import CARRY_PREFIX
 from ftlayer.keys import query_batch_key
 from ftlayer.layer import FTLayer
+from ftlayer.logs import logger_for
 from runtime.dataframe.plan import is_stateful
 from runtime.dataframe.sink_retry import SinkRetry
-from runtime.dataframe.sources import config_or_last
-from runtime.spark.typed_source import QUERY_ID_PROPERTY
+from runtime.dataframe.sources import active_session, config_or_last
+from runtime.spark.connect import session_id
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["OnError", "acking", "batch_sources", "settle_batch"]
+__all__ = ["OnError", "acking", "batch_sources", "settle_batch", "settle_tags"]
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 
 BatchFn = Callable[["DataFrame", int], Any]
 OnError = Literal["auto", "replay", "raise"]
@@ -65,16 +65,12 @@ def batch_sources(config: FTConfig, query_id: str, batch_id: int) -> list[str]:
     return sorted({name for name, _ in batch_tags(client, config.namespace, query_id, batch_id)})
 
 
-def settle_batch(config: FTConfig, query_id: str, batch_id: int, mode: Literal["ack", "fail"],
-                 reason: str = "") -> int:
-    """Ack or fail the still-pending records of one batch of one query, over every source it read.
-
-    Acking ends the batch's holds too (it is done), and the carry holds of the batches before
-    it. Idempotent; returns the records settled.
-    """
-    client = client_for(config.redis_url, config.connect_timeout_s)
+def settle_tags(config: FTConfig, tags: Sequence[tuple[str, str]], mode: Literal["ack", "fail"],
+                reason: str = "") -> int:
+    """Ack or fail the still-pending records of the batch tags ``(topology/source, tag)``; acking
+    ends their holds too, and the carry holds of the batches before them. Idempotent; returns the
+    records settled."""
     total = 0
-    tags = batch_tags(client, config.namespace, query_id, batch_id)
     for name, tag in tags:
         topology, _, source = name.partition("/")
         layer = FTLayer(config, topology, source, outage_budget_s=config.outage_budget_s)
@@ -84,43 +80,82 @@ def settle_batch(config: FTConfig, query_id: str, batch_id: int, mode: Literal["
             # the carries of earlier batches (runtime.spark.batch_holds) are needless now; the
             # reader ends them at its next latestOffset, which a query that stops never makes
             layer.end_carries(keep=f"{CARRY_PREFIX}{tag}")
+    return total
+
+
+def settle_batch(config: FTConfig, query_id: str, batch_id: int, mode: Literal["ack", "fail"],
+                 reason: str = "") -> int:
+    """Ack or fail the still-pending records of one batch of one query, over every source it read.
+
+    Acking ends the batch's holds too (it is done), and the carry holds of the batches before
+    it. Idempotent; returns the records settled.
+    """
+    client = client_for(config.redis_url, config.connect_timeout_s)
+    total = settle_tags(config, batch_tags(client, config.namespace, query_id, batch_id), mode, reason)
     if mode == "ack":  # the batch is done: its index goes too (no leak after a drain)
         client.delete(query_batch_key(config.namespace, query_id, batch_id))
     return total
 
 
+class AckingFn:
+    """What :func:`acking` returns: the ``foreachBatch`` function (see the module notes).
+
+    A class so that it can take along what it needs when Spark Connect pickles it to the server
+    (``__getstate__``, in the user's process): the config with its Redis URL resolved (the
+    server's Python worker opened no source) and the id of the session that starts the query
+    (``runtime.dataframe.batch_context``). On a classic session it is never pickled.
+    """
+
+    def __init__(self, fn: BatchFn, config: FTConfig | None, on_error: OnError, stateful: bool | None) -> None:
+        if on_error not in ("auto", "replay", "raise"):
+            msg = f"acking(on_error={on_error!r}): expected 'auto', 'replay' or 'raise'"
+            raise ConfigError(msg)
+        self.fn, self.config, self.on_error, self.stateful = fn, config, on_error, stateful
+        self.root: str | None = None  # Spark Connect: the session that starts the query
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["config"] = config_or_last(self.config)
+        state["root"] = self.root or session_id(active_session())
+        return state
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        from runtime.dataframe.batch_context import enter
+
+        cfg = config_or_last(self.config)
+        ctx = enter(df, batch_id, self.root)
+        try:
+            if ctx.query_id is None and ctx.token is None:
+                msg = "ftlayer.acking must wrap a writeStream.foreachBatch function (no streaming query id)"
+                raise ConfigError(msg)
+            retry = SinkRetry(cfg, ctx.label, lambda: sorted({name for name, _ in ctx.tags(cfg)}),
+                              what=f"batch {batch_id} of query {ctx.label}")
+            error = retry.run(lambda: self.fn(df, batch_id))
+            if error is None:
+                ctx.publish(cfg)
+                return
+            mode = self.on_error
+            if mode == "auto":
+                keeps_state = self.stateful
+                if keeps_state is None:
+                    keeps_state = ctx.query_id is None or is_stateful(df.sparkSession, ctx.query_id, also=ctx.root)
+                mode = "raise" if keeps_state else "replay"
+            if mode == "raise":
+                log.error("foreachBatch function failed on batch %d of query %s; the query stops without "
+                          "committing the batch (restart it on its checkpoint to re-run it)", batch_id, ctx.label)
+                raise error
+            reason = f"batch {batch_id} write failed: {type(error).__name__}: {error}"[:1000]
+            failed = settle_tags(cfg, ctx.tags(cfg), "fail", reason)
+            log.error("foreachBatch function failed on batch %d of query %s after %d attempts; its %d records are "
+                      "replayed", batch_id, ctx.label, retry.attempts, failed, exc_info=error)
+        finally:
+            ctx.close(cfg)
+
+
 def acking(fn: BatchFn, *, config: FTConfig | None = None, on_error: OnError = "auto",
-           stateful: bool | None = None) -> Callable[[DataFrame, int], None]:
+           stateful: bool | None = None) -> AckingFn:
     """Wrap a ``foreachBatch`` function: retried in place when it fails, acked at Spark's commit.
 
     See the module notes for ``on_error`` and ``stateful`` (None: detected from the query).
     """
-    if on_error not in ("auto", "replay", "raise"):
-        msg = f"acking(on_error={on_error!r}): expected 'auto', 'replay' or 'raise'"
-        raise ConfigError(msg)
-
-    def run(df: DataFrame, batch_id: int) -> None:
-        cfg = config_or_last(config)
-        query_id = df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
-        if not query_id:
-            msg = "ftlayer.acking must wrap a writeStream.foreachBatch function (no streaming query id)"
-            raise ConfigError(msg)
-        retry = SinkRetry(cfg, query_id, lambda: batch_sources(cfg, query_id, batch_id),
-                          what=f"batch {batch_id} of query {query_id}")
-        error = retry.run(lambda: fn(df, batch_id))
-        if error is None:
-            return
-        mode = on_error
-        if mode == "auto":
-            keeps_state = stateful if stateful is not None else is_stateful(df.sparkSession, query_id)
-            mode = "raise" if keeps_state else "replay"
-        if mode == "raise":
-            log.error("foreachBatch function failed on batch %d of query %s; the query stops without "
-                      "committing the batch (restart it on its checkpoint to re-run it)", batch_id, query_id)
-            raise error
-        reason = f"batch {batch_id} write failed: {type(error).__name__}: {error}"[:1000]
-        failed = settle_batch(cfg, query_id, batch_id, "fail", reason)
-        log.error("foreachBatch function failed on batch %d of query %s after %d attempts; its %d records are "
-                  "replayed", batch_id, query_id, retry.attempts, failed, exc_info=error)
-
-    return run
+    return AckingFn(fn, config, on_error, stateful)

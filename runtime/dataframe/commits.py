@@ -20,7 +20,6 @@ process (:meth:`CommitListener.watch`). Errors are logged, never raised into Spa
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Any
 
@@ -31,14 +30,16 @@ from ftlayer.config import FTConfig
 from ftlayer.connection import client_for
 from ftlayer.keys import query_batch_key
 from ftlayer.layer import FTLayer
+from ftlayer.logs import logger_for
 from runtime.dataframe.acking import settle_batch
 from runtime.dataframe.observe import reads_ftlayer
 from runtime.dataframe.plan import WRITER_MARK, forget_stateful, remember_stateful
 from runtime.driver.json_listener import JsonEventListener
+from runtime.driver.listener_removal import remove_listener
 
 __all__ = ["CommitListener", "attach", "detach_if_idle", "listener_of"]
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 _ATTR = "_ftlayer_commit_listener"
 _lock = threading.Lock()
 
@@ -158,4 +159,4 @@ def detach_if_idle(spark: Any) -> None:
         if listener is None or listener.configs:
             return
         setattr(spark, _ATTR, None)
-    spark.streams.removeListener(listener)
+    remove_listener(spark, listener)

@@ -11,26 +11,27 @@ offset log, reading the same still-pending records.
 
 :func:`is_stateful` answers from the running query: its last progress report lists its state
 operators; before the first report, the physical plan of the batch being run is looked at
-(classic PySpark: through the JVM). When neither can be read (e.g. Spark Connect), the answer is
-True, the safe one. Answers are cached per query id (a query's plan does not change).
+(classic PySpark: through the JVM). When neither can be read (Spark Connect before the query's
+first progress report, or a query it cannot tell, ``runtime.dataframe.batch_context``), the
+answer is True, the safe one. Answers are cached per query id (a query's plan does not change).
 """
 
 from __future__ import annotations
 
-import logging
 import re
 import threading
 from typing import Any
 
 from ftlayer.config import FTConfig
 from ftlayer.connection import client_for
+from ftlayer.logs import logger_for
 
 __all__ = [
     "STATEFUL_NODES", "WRITER_MARK", "find_query", "forget_stateful", "is_stateful", "mark_writer",
     "plan_is_stateful", "recall_stateful", "remember_stateful",
 ]
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 
 #: Physical operators that write to Spark's state store.
 STATEFUL_NODES = re.compile(
@@ -60,10 +61,11 @@ def _from_jvm(query: Any) -> bool | None:
         return None
 
 
-def find_query(spark: Any, query_id: str) -> Any:
+def find_query(spark: Any, query_id: str, also: Any = None) -> Any:
     """The StreamingQuery ``query_id``: foreachBatch hands out a clone of the session, whose query
-    manager does not know the query, so the active and the default sessions are asked too."""
-    candidates = [spark]
+    manager does not know the query, so the active and the default sessions are asked too, and
+    ``also`` (on Spark Connect: the session that started the query, ``runtime.dataframe.batch_context``)."""
+    candidates = [spark, *([also] if also is not None else [])]
     try:
         from pyspark.sql import SparkSession
 
@@ -82,14 +84,15 @@ def find_query(spark: Any, query_id: str) -> Any:
     return None
 
 
-def is_stateful(spark: Any, query_id: str) -> bool:
-    """True if the streaming query ``query_id`` of ``spark`` keeps state (see the module notes)."""
+def is_stateful(spark: Any, query_id: str, also: Any = None) -> bool:
+    """True if the streaming query ``query_id`` of ``spark`` (or of session ``also``) keeps state
+    (see the module notes)."""
     with _lock:
         known = _cache.get(query_id)
     if known is not None:
         return known
     answer: bool | None = None
-    query = find_query(spark, query_id)
+    query = find_query(spark, query_id, also)
     if query is not None:
         progress = query.lastProgress
         if progress is not None:

@@ -28,13 +28,13 @@ config is the one given, else the last source opened in the driver process
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError, RecordFailError
 from ftlayer.layer import FTLayer
+from ftlayer.logs import logger_for
 from runtime.dataframe.sources import config_or_last, parse_schema
 from runtime.spark.payload_columns import METADATA_COLUMN
 
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FTUdf", "fail_record", "map_in_pandas", "udf"]
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 MAX_REASON_CHARS = 1000
 _layers: dict[tuple[str, str, str], FTLayer] = {}  # per executor process
 

@@ -24,7 +24,6 @@ settled meanwhile), the acking writer retries ``fn`` on the task's rows. Contrac
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Sequence
 
@@ -33,10 +32,11 @@ from ftlayer.config import FTConfig
 from ftlayer.connection import client_for
 from ftlayer.errors import FTLayerError
 from ftlayer.keys import SourceKeys
+from ftlayer.logs import logger_for
 
 __all__ = ["BACKOFF_INITIAL_S", "BACKOFF_MAX_S", "SinkRetry", "breakers", "close_breakers"]
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 
 BACKOFF_INITIAL_S, BACKOFF_MAX_S = 0.5, 10.0
 MIN_BREAKER_LEASE_S = 10.0  # an open breaker lasts this long, or one retry budget, after the last failure

@@ -39,7 +39,6 @@ log listener and, with ``metrics_port``, the Prometheus exporter
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -50,11 +49,12 @@ from ftlayer.config import FTConfig
 from ftlayer.connection import resolved
 from ftlayer.errors import ConfigError, RedisUnavailableError
 from ftlayer.layer import FTLayer
+from ftlayer.logs import logger_for
 from ftlayer.service import FTService
 from ftlayer.state import TopologyState, check_reachable_redis
 from runtime.driver.ingest import Ingestor, KeySelector
-from runtime.driver.metrics import MetricsExporter
 from runtime.spark.conf import effective_config
+from runtime.spark.connect import active_connect_session, check_server_reaches
 from runtime.spark.ft_source import FORMAT, source_options
 from runtime.spark.payload_columns import METADATA_COLUMN, metadata_type
 from runtime.spark.typed_source import register
@@ -63,12 +63,14 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+    from runtime.driver.metrics import MetricsExporter
+
 __all__ = [
     "SourceHandle", "active_session", "config_or_last", "ingest", "last_config", "open_waiting", "read_stream",
-    "session_config", "source", "stop_all", "with_metadata",
+    "register_format", "session_config", "source", "stop_all", "with_metadata",
 ]
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 _lock = threading.Lock()
 _handles: dict[tuple[str, str, str], SourceHandle] = {}
 _last: list[FTConfig] = []
@@ -141,6 +143,8 @@ class SourceHandle:
             progress_listener(spark).add(self.layer)
             self._observed = spark
         if self.exporter is None:
+            from runtime.driver.metrics import MetricsExporter  # driver-side: executors need no prometheus_client
+
             self.exporter = MetricsExporter([self.layer], self.config).start()
 
     def stats(self) -> dict[str, int]:
@@ -195,13 +199,14 @@ def open_waiting(layer: FTLayer, config: FTConfig) -> FTLayer:
 
 def active_session() -> Any:
     """The active SparkSession of this thread, else the process's default one (the one
-    ``SparkSession.builder.getOrCreate()`` returns; Spark keeps "active" per thread); None if
-    there is none, or no pyspark."""
+    ``SparkSession.builder.getOrCreate()`` returns; Spark keeps "active" per thread), classic or
+    Spark Connect; None if there is none, or no pyspark."""
     try:
         from pyspark.sql import SparkSession
     except ImportError:
         return None
-    return SparkSession.getActiveSession() or getattr(SparkSession, "_instantiatedSession", None)
+    found = SparkSession.getActiveSession() or getattr(SparkSession, "_instantiatedSession", None)
+    return found if found is not None else active_connect_session()
 
 
 def session_config(config: FTConfig | None, spark: Any = None) -> FTConfig:
@@ -218,6 +223,7 @@ def _resolve(config: FTConfig, topology: str, spark: Any) -> FTConfig:
         return config
     if spark is not None:
         check_reachable_redis(str(spark.conf.get("spark.master", "local") or "local"), config)
+        check_server_reaches(spark, config)
     server = TopologyState.open(config, topology).embedded_server(config)
     _embedded[config.namespace] = server.url
     return config.replace(redis_url=server.url)
@@ -251,6 +257,19 @@ def read_stream(spark: SparkSession, topology: str, source_name: str, *, schema:
     handle.start_service()
     handle.observe(spark)
     return handle.read_stream(spark, schema, max_records_per_batch=max_records_per_batch)
+
+
+def register_format(spark: SparkSession) -> None:
+    """Make ``spark.readStream.format("ftlayer")`` available in ``spark`` now; safe to repeat.
+
+    :func:`read_stream` registers it too, and is the usual way in: it also starts the source's
+    FT service (timeouts, replays, dead letters) and the session's listeners. A query that reads
+    the format directly takes the source's options (``redisUrl``, ``namespace``, ``topology``,
+    ``source``, ``numChannels``, optional ``maxRecordsPerBatch``; snake_case spellings are the
+    same options) and needs that service running in some process, for example
+    ``ftlayer.source(topology, name).start_service()`` on the driver.
+    """
+    register(spark)
 
 
 def ingest(topology: str, source_name: str, records: Any, *, config: FTConfig | None = None,

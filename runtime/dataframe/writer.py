@@ -46,7 +46,6 @@ re-runs after a driver restart calls ``fn`` again.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -56,11 +55,13 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCom
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError, FTLayerError, SinkWriteError
+from ftlayer.logs import logger_for
 from runtime.dataframe.acking import batch_sources, settle_batch
 from runtime.dataframe.plan import mark_writer, recall_stateful
 from runtime.dataframe.rowfn import MAX_REASON_CHARS
 from runtime.dataframe.sink_retry import SinkRetry, close_breakers
 from runtime.dataframe.sources import config_or_last
+from runtime.spark.connect import is_connect
 from runtime.spark.payload_columns import METADATA_COLUMN
 from runtime.spark.typed_source import batch_identity
 
@@ -70,7 +71,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TaskResult", "acking_sink"]
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 
 
 @dataclass
@@ -228,8 +229,9 @@ def acking_sink(spark: SparkSession, fn: Callable[[Iterator[Any]], Any], *, name
     ``fn(rows)`` is called once per write task with an iterator of :class:`pyspark.sql.Row`
     (``arrow=True``: of ``pyarrow.RecordBatch``); it must be picklable (closures are fine). The
     format name is ``name`` or ``ftlayer-sink-<fn's name>``. Call it on the thread that starts
-    the query: it also makes ``spark`` the JVM's active session there, where Spark looks the
-    format up. See the module notes for when records are acked. ``config`` defaults to the
+    the query: on a classic session it also makes ``spark`` the JVM's active session there, where
+    Spark looks the format up (a Spark Connect server does that itself). See the module notes for
+    when records are acked. ``config`` defaults to the
     last ftlayer source opened in this process. ``stateful`` says whether the query keeps state
     (None: learnt from its progress reports); it decides what a write that still fails after its
     retries does (module notes).
@@ -251,8 +253,9 @@ def acking_sink(spark: SparkSession, fn: Callable[[Iterator[Any]], Any], *, name
             return writer
 
     spark.dataSource.register(_Sink)
-    # Spark looks a streaming sink's format up in the JVM thread's *active* session, which a py4j
-    # thread may not have (DATA_SOURCE_NOT_FOUND although registered): make it this session.
-    jvm: Any = spark._jvm
-    jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+    if not is_connect(spark):  # a Connect server runs each request with its session active
+        # Spark looks a streaming sink's format up in the JVM thread's *active* session, which a py4j
+        # thread may not have (DATA_SOURCE_NOT_FOUND although registered): make it this session.
+        jvm: Any = spark._jvm
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
     return fmt

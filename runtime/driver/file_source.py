@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import sys
 from collections import deque
@@ -33,7 +32,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any, Literal
 
-log = logging.getLogger(__name__)
+from ftlayer.logs import logger_for
+
+log = logger_for(__name__)
 
 STDIN = "-"
 Format = Literal["json", "text"]

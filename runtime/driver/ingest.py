@@ -15,6 +15,12 @@ round-robin) and persists it in batches of at most ``flush_batch_size`` (or
 waiting at most ``linger_s`` to fill a batch. A record becomes visible to
 Spark only after its batch is persisted. Backpressure: while ``max_pending``
 records are pending, the thread waits, so a fast source cannot flood Redis.
+Pending records are counted (a round trip) before a batch when the count is
+older than ``PENDING_RECOUNT_S`` or when the last count plus what this thread
+persisted since could have reached ``max_pending``; in between, that sum is an
+upper bound of what this thread added, so a lone ingest thread never persists
+past ``max_pending`` by more than one batch, and several writers of one source
+overshoot by at most what the others persist in ``PENDING_RECOUNT_S``.
 
 Optional hooks of a source object (sources that can confirm upstream):
 
@@ -27,6 +33,12 @@ Optional hooks of a source object (sources that can confirm upstream):
   upstream here (an HTTP 2xx, an MQTT PUBACK, a committed file offset, a
   queue ack); see :mod:`runtime.driver.webhook`. An exception from ``ack`` stops
   ingest like an exception from the source.
+- ``waits_when_idle = True`` (an attribute): the source's ``poll()`` blocks by
+  itself while nothing comes (a push source waiting on a condition), so ingest
+  polls it again at once after an idle poll instead of sleeping ``linger_s``.
+  A request/response source (the webhook) returns an idle poll as soon as what
+  it handed over waits for its confirmation, and the sleep would add to every
+  answer's latency.
 - ``ingest_paused(reason)``: called when ingest starts waiting (``reason`` says
   why: backpressure, or Redis unreachable) and with None when it goes on, so a
   push source can refuse new work meanwhile (the webhook answers 503).
@@ -69,7 +81,6 @@ stay here, the same for both.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -84,12 +95,13 @@ from ftlayer.frames import SemiDeserializedRecord
 from ftlayer.ingest_state import write_state
 from ftlayer.keyhash import NO_KEY_HASH, key_hash
 from ftlayer.layer import FTLayer
+from ftlayer.logs import logger_for
 from partitioners.factory import partitioner_for, source_strategy
 from runtime.sources import AckingSource, PausableSource, PollSource
-from serialization.payload import pack_payload
+from serialization.payload import pack_payload, pack_payloads
 from serialization.serializers import make_record
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 
 KeySelector = Callable[[Any], Any]
 MAX_REPR_CHARS = 4096
@@ -103,6 +115,10 @@ PAUSE_BACKOFF = ExponentialBackoff(cap=2.0, base=0.0125)
 # ends within it loses nothing (a query restarted after its source's primary died stops the
 # ingest thread while the new primary's replica is still catching up)
 STOP_GRACE_S = 5.0
+# how old a count of pending records may be before the next batch counts again (module notes):
+# counting before every batch was a second round trip per persist, a third of a small batch's
+# time (the webhook's batches are a few requests)
+PENDING_RECOUNT_S = 0.05
 
 
 def source_iterator(source: Any, stop: threading.Event) -> Iterator[Any]:
@@ -246,6 +262,10 @@ class Ingestor:
         self.pauses = 0  # how many times it started waiting for Redis to come back
         self.durability_retries = 0  # persists retried because no replica confirmed them (replicated modes)
         self._pause_kind: str | None = None
+        # pending at the last count plus what this thread persisted since (an upper bound of the
+        # pending count while this thread is the source's only writer), and when it was counted
+        self._pending_bound: int | None = None
+        self._counted_at = 0.0
         self.stop_grace_s = STOP_GRACE_S
         self._stop = threading.Event()
         self._stopped_at: float | None = None  # monotonic time of stop(): its grace runs from here
@@ -308,9 +328,9 @@ class Ingestor:
         (see the module contract) and left out.
         """
         key = self.key
-        try:  # the fast path: no per-value error handling
-            payloads = [pack_payload(v) for v in values]
-            hashes = [NO_KEY_HASH] * len(values) if key is None else [key_hash(key(v)) for v in values]
+        try:  # the fast path: no per-value error handling, the loops in C (map)
+            payloads = pack_payloads(values)
+            hashes = [NO_KEY_HASH] * len(values) if key is None else list(map(key_hash, map(key, values)))
         except Exception:  # a key selector or value failed: sort the batch out one by one
             payloads, hashes = [], []
             for value in values:
@@ -379,19 +399,28 @@ class Ingestor:
         if payloads:
             self._retrying("persist", lambda: self.destination.put(payloads, hashes, channels))
             self.ingested += len(payloads)
+            if self._pending_bound is not None:
+                self._pending_bound += len(payloads)
 
     def _wait_for_room(self) -> None:
-        """Wait while ``max_pending`` records are pending (backpressure) or Redis cannot say."""
+        """Wait while ``max_pending`` records are pending (backpressure) or Redis cannot say; no
+        round trip while a recent count shows room (see the module notes)."""
+        bound = self._pending_bound
+        if (bound is not None and bound < self.max_pending and self._pause_kind is None
+                and time.monotonic() - self._counted_at < PENDING_RECOUNT_S):
+            return
         failures = 0
         while not self._stop.is_set():
             try:
                 pending = self.destination.pending_count()
             except RETRYABLE as exc:
                 failures += 1
+                self._pending_bound = None
                 self._pause("outage", f"counting pending records: {type(exc).__name__}: {exc}")
                 self._stop.wait(PAUSE_BACKOFF.compute(failures))
                 continue
             failures = 0
+            self._pending_bound, self._counted_at = pending, time.monotonic()
             if pending < self.max_pending:
                 self._resume()
                 return
@@ -403,6 +432,8 @@ class Ingestor:
         batch: list[Any] = []
         monotonic, stopped = time.monotonic, self._stop.is_set  # once per record: no attribute lookups
         batch_size, linger_s = self.batch_size, self.linger_s
+        # a source whose poll() itself waits while idle (waits_when_idle) is polled again at once
+        idle_s = 0.0 if getattr(self.source, "waits_when_idle", False) else linger_s
         started = monotonic()
         self._report("running")
         try:
@@ -416,8 +447,8 @@ class Ingestor:
                     self._persist(batch)
                     done, batch = batch, []
                     self._ack(done)
-                if value is None:
-                    time.sleep(linger_s)
+                if value is None and idle_s:
+                    time.sleep(idle_s)
                 if stopped():
                     break
         except DurabilityError as exc:

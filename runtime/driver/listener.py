@@ -53,6 +53,7 @@ from ftlayer.layer import FTLayer
 from ftlayer.status import sample
 from ftlayer.store import SourceStore
 from runtime.driver.json_listener import JsonEventListener
+from runtime.driver.listener_removal import remove_listener
 
 LOGGER_NAME = "ftlayer.progress"
 QUIET_S = 0.3  # detach: no callback may have started this long before it returns
@@ -248,5 +249,5 @@ def detach(spark: Any, listener: FTProgressListener) -> None:
     cutting one off, which the JVM would log as an ERROR with a Py4J stack trace.
     """
     listener.close()
-    spark.streams.removeListener(listener)
+    remove_listener(spark, listener)
     listener.wait_idle()

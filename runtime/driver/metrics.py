@@ -46,7 +46,6 @@ Contract:
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 import time
@@ -60,10 +59,11 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError
 from ftlayer.layer import FTLayer
+from ftlayer.logs import logger_for
 from ftlayer.status import SourceStatus, sample
 from ftlayer.store import SourceStore
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 
 LABELS = ("namespace", "topology", "source")
 # (metric name without _total, stats counter, help)

@@ -57,7 +57,6 @@ Contract (paho-mqtt underneath; :mod:`runtime.driver.mqtt_client` says why that 
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
 from collections import deque
@@ -65,6 +64,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ftlayer.logs import logger_for
 from runtime.driver.mqtt_client import (
     PROTOCOLS,
     BrokerAddress,
@@ -77,7 +77,8 @@ from runtime.driver.mqtt_client import (
 
 __all__ = ["MqttSource", "UnparsedMessage"]
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
+GATHER_S = 0.002  # poll(): with messages waiting for their acknowledgement, how long more may be gathered
 
 Format = Literal["json", "text", "bytes"]
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry interval that means "never"
@@ -334,16 +335,20 @@ class MqttSource:
         props.ReceiveMaximum = self.max_inflight
         return {"clean_start": False, "properties": props}
 
+    waits_when_idle = True  # poll() waits by itself: ingest polls again at once (runtime.driver.ingest)
+
     def poll(self) -> Iterable[Any] | None:
-        """Values of received messages (up to ``chunk``), [] if none came within 50 ms, None once
-        :meth:`end` was called and everything handed over was acknowledged."""
+        """Values of received messages (up to ``chunk``), None once :meth:`end` was called and everything
+        handed over was acknowledged, else [] if none came within 50 ms, or within ``GATHER_S`` while
+        messages handed over wait for their acknowledgement: the broker sends no more than
+        ``max_inflight`` unacknowledged, and an idle poll is what makes ingest persist its batch."""
         with self._lock:
             if self._error is not None:
                 raise self._error
             if not self._queue:
                 if self._ending:
                     return [] if self._inflight else None
-                self._lock.wait(0.05)
+                self._lock.wait(GATHER_S if self._inflight else 0.05)
             out: list[Any] = []
             while self._queue and len(out) < self.chunk:
                 entry = self._queue.popleft()

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from ftlayer.config import FTConfig
 from ftlayer.layer import FTLayer
-from runtime.driver.metrics import MetricsExporter
 
 if TYPE_CHECKING:  # runtime.driver.listener imports pyspark; this module stays importable without it
     from runtime.driver.listener import FTProgressListener
+    from runtime.driver.metrics import MetricsExporter
 
 
 class TopologyObservers:
@@ -51,6 +51,8 @@ class TopologyObservers:
 
         listener = attach(spark, layers, query_name=query_name) if listen else None
         try:
+            from runtime.driver.metrics import MetricsExporter  # driver-side: executors need no prometheus_client
+
             exporter = MetricsExporter(layers, config).start()
         except BaseException:
             if listener is not None:

@@ -18,7 +18,6 @@ A StreamingQueryListener limited to one query name. Contract:
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,10 +33,11 @@ from pyspark.sql.streaming.listener import (
 from ftlayer.errors import FTLayerError
 from ftlayer.flush_tokens import delete_batch_tokens, stale_batches
 from ftlayer.layer import FTLayer
+from ftlayer.logs import logger_for
 from ftlayer.store import SourceStore
 from runtime.driver.json_listener import JsonEventListener
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 
 
 def last_committed_batch(checkpoint: str) -> int | None:

@@ -2,16 +2,20 @@
 
 ::
 
-    hooks = WebhookSource(port=8080)                 # POST http://127.0.0.1:8080/ with a JSON body
+    hooks = WebhookSource(port=8080, token="s3cret")   # POST http://127.0.0.1:8080/ with a JSON body
     topo.source("events", hooks, key=lambda e: e["user"]).map(...).sink(...)
     query = topo.start(spark)
     ...
-    hooks.end()                                      # stop taking records; the source ends when drained
+    hooks.end()                                        # stop taking records; the source ends when drained
 
-Protocol (HTTP/1.0, one request per connection, stdlib ``http.server`` in daemon threads):
+The server is aiohttp (HTTP/1.1 keep-alive, optional TLS; :mod:`runtime.driver.webhook_http` says
+why) on an event loop in a thread of its own; ingest pulls from it like any poll source.
+
+Protocol (the full table: docs/sources.md):
 
 - ``POST <path>`` with a JSON body: one record (the decoded value). ``POST <path>batch`` with a
-  JSON array: one record per element, confirmed together.
+  JSON array: one record per element. Either with ``Content-Type: application/x-ndjson``: one
+  record per line. A request's records are confirmed together.
 - **200** ``{"accepted": n}``: every record of the request is persisted (durable as the
   ``durability`` mode promises) or, if ingest refused it (its key selector raised), dead-lettered
   with the reason. It is the source's ``ack`` hook (see :mod:`runtime.driver.ingest`) that answers.
@@ -20,8 +24,13 @@ Protocol (HTTP/1.0, one request per connection, stdlib ``http.server`` in daemon
   unreachable), ``max_queued`` records wait already, the source is ending, or no confirmation came
   within ``reply_timeout_s``. The client must retry; a retry after a 503 can deliver the record
   twice (at-least-once), never lose it.
-- **400** (body is not JSON, is ``null`` or holds one, or ``/batch`` got no array) and **413** (body over
-  ``max_body_bytes``): do not retry.
+- **400** (a body that is not JSON, a ``null`` record, a batch that is not an array, a bad NDJSON
+  line, named), **401** (``token`` or ``hmac_secret`` set and the request's ``Authorization:
+  Bearer`` or ``X-Hub-Signature-256`` is missing or wrong), **413** (body over ``max_body_bytes``),
+  **415** (another Content-Type), **404**, **405**: do not retry.
+- ``GET /healthz``: 200 while the process serves; ``GET /readyz``: 200 when a request would be
+  taken now (ingest polls this source, is not paused, the source is not ending, and
+  ``ready_check``, e.g. a Redis PING, passes within 2 s), else 503 with the reason.
 
 Guarantee: a record confirmed with 2xx is never lost, whatever happens to the driver afterwards
 (it is in Redis). A client that retries every non-2xx answer and every connection error until it
@@ -35,16 +44,23 @@ the receiver matches confirmations to requests by counting (a FIFO of waiting re
 
 from __future__ import annotations
 
-import json
-import logging
+import asyncio
+import socket
+import ssl
 import threading
+import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-log = logging.getLogger(__name__)
+from ftlayer.logs import logger_for
+from runtime.driver.webhook_body import WebhookAuth, WebhookError
+
+log = logger_for(__name__)
+
+STALE_POLL_S = 10.0  # /readyz: ingest must have polled within this long (else no ingest runs the source)
+GATHER_S = 0.0005  # poll(): with requests waiting for confirmation, how long more may be gathered before ingest flushes
 
 
 @dataclass(eq=False)
@@ -52,17 +68,43 @@ class _Ticket:
     """One request's records: handed to ingest, then confirmed by ``ack`` (or abandoned)."""
 
     values: list[Any]
-    remaining: int = 0
-    done: threading.Event = field(default_factory=threading.Event)
-    ok: bool = False
+    future: asyncio.Future[bool]
+    loop: asyncio.AbstractEventLoop
+    remaining: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.remaining = len(self.values)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+def _settle(tickets: list[_Ticket], ok: bool) -> None:
+    """Resolve the tickets' futures (on their loop's thread)."""
+    for ticket in tickets:
+        if not ticket.future.done():
+            ticket.future.set_result(ok)
+
+
+def _settle_soon(tickets: list[_Ticket], ok: bool) -> None:
+    """:func:`_settle` from any thread: one wake-up of each loop involved."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[_Ticket]] = {}
+    for ticket in tickets:
+        by_loop.setdefault(ticket.loop, []).append(ticket)
+    for loop, group in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle, group, ok)
+        except RuntimeError:  # the loop is closed: nobody waits for these answers any more
+            log.debug("webhook: %d answers dropped with a closed server", len(group))
+
+
+def tls_context(cert: str, key: str | None = None) -> ssl.SSLContext:
+    """A server TLS context from a PEM certificate (chain) and its private key (``key`` None: in ``cert``);
+    :class:`WebhookError` naming the files if they cannot be loaded."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        msg = f"cannot load the TLS certificate {cert}" + (f" and key {key}" if key else "") + f": {exc}"
+        raise WebhookError(msg) from exc
+    return context
 
 
 class WebhookSource:
@@ -70,7 +112,10 @@ class WebhookSource:
 
     The server listens from construction (``port=0`` picks a free port; :attr:`url` names it)
     until :meth:`close`; :meth:`open` after a close listens again on the same port, so a restarted
-    topology can take the same object.
+    topology can take the same object. ``token`` / ``hmac_secret``: the credentials every POST must
+    carry (see :mod:`runtime.driver.webhook_body`); ``tls``: a server :class:`ssl.SSLContext`
+    (:func:`tls_context`); ``ready_check``: a callable that raises when the records could not be
+    persisted now (``GET /readyz``; the CLI pings Redis).
     """
 
     def __init__(
@@ -84,101 +129,71 @@ class WebhookSource:
         retry_after_s: int = 1,
         max_body_bytes: int = 1 << 20,
         chunk: int = 1000,
+        token: str | None = None,
+        hmac_secret: str | bytes | None = None,
+        tls: ssl.SSLContext | None = None,
+        ready_check: Callable[[], object] | None = None,
+        backlog: int = 1024,
     ) -> None:
         self.host = host
         self.port = port
-        self.path = path if path.endswith("/") else path + "/"
+        self.path = ("/" + path.strip("/") + "/").replace("//", "/")
         self.max_queued = max_queued
         self.reply_timeout_s = reply_timeout_s
         self.retry_after_s = retry_after_s
         self.max_body_bytes = max_body_bytes
         self.chunk = chunk
+        secret = hmac_secret.encode() if isinstance(hmac_secret, str) else hmac_secret
+        self.auth = WebhookAuth(token=token or None, hmac_secret=secret or None)
+        self.tls = tls
+        self.ready_check = ready_check
+        self.backlog = backlog
         self.confirmed = 0  # records answered 2xx
         self.refused = 0  # requests answered 503
+        self.answers: dict[int, int] = {}  # HTTP status -> requests answered with it
         self._lock = threading.Condition()
         self._queue: deque[_Ticket] = deque()  # taken, not yet polled
         self._queued = 0  # records in _queue
         self._inflight: deque[_Ticket] = deque()  # polled, waiting for ack, in poll order
         self._paused: str | None = None
         self._ending = False
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._last_poll: float | None = None  # monotonic time of ingest's last poll
+        self._server: Any = None  # runtime.driver.webhook_http.HttpServer while listening
         self._listen()
 
     # --- the server -------------------------------------------------------------------
     @property
     def url(self) -> str:
         """The URL to POST single records to (``url + "batch"`` for arrays)."""
-        return f"http://{self.host}:{self.port}{self.path}"
+        scheme = "https" if self.tls is not None else "http"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self.port}{self.path}"
 
     def _listen(self) -> None:
         if self._server is not None:
             return
-        source = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # the http.server name
-                source._handle(self)
-
-            def log_message(self, format: str, *args: Any) -> None:  # the stdlib signature
-                log.debug("webhook %s: " + format, source.url, *args)
-
-        self._server = _Server((self.host, self.port), Handler)
-        self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(target=self._server.serve_forever, name="ftlayer-webhook", daemon=True)
-        self._thread.start()
-
-    def _read_values(self, req: BaseHTTPRequestHandler) -> list[Any] | None:
-        """The request's records, or None after answering 404/413/400."""
-        route = req.path.split("?", 1)[0]
-        if route not in (self.path, self.path + "batch"):
-            self._reply(req, 404, {"error": f"POST to {self.path} or {self.path}batch"})
-            return None
         try:
-            length = int(req.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
-        if length < 0 or length > self.max_body_bytes:
-            self._reply(req, 413, {"error": f"body must have a Content-Length of at most {self.max_body_bytes}"})
-            return None
+            from runtime.driver.webhook_http import HttpServer  # aiohttp: the [webhook] extra
+        except ImportError as exc:
+            msg = "the webhook receiver needs aiohttp: pip install 'ftlayer[webhook]'"
+            raise WebhookError(msg) from exc
+
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
         try:
-            value = json.loads(req.rfile.read(length))
-        except ValueError as exc:
-            self._reply(req, 400, {"error": f"body is not JSON: {exc}"})
-            return None
-        values = value if route.endswith("batch") else [value]
-        if not isinstance(values, list):
-            self._reply(req, 400, {"error": "a batch body must be a JSON array"})
-            return None
-        if any(v is None for v in values):
-            # ingest reads None as "nothing yet": taken, it would shift every later confirmation
-            self._reply(req, 400, {"error": "null is not a record"})
-            return None
-        return values
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart rebinds at once
+            sock.bind((self.host, self.port))
+            sock.listen(self.backlog)
+            sock.setblocking(False)
+            self.port = int(sock.getsockname()[1])
+            self._server = HttpServer(self, sock, path=self.path, auth=self.auth, max_body_bytes=self.max_body_bytes,
+                                      ssl_context=self.tls, ready_check=self.ready_check)
+        except BaseException:
+            sock.close()
+            raise
 
-    def _handle(self, req: BaseHTTPRequestHandler) -> None:
-        values = self._read_values(req)
-        if values is None:
-            return
-        if not values:
-            self._reply(req, 200, {"accepted": 0})
-            return
-        ticket = self._offer(values)
-        if isinstance(ticket, str):
-            self._busy(req, ticket)
-            return
-        if ticket.done.wait(self.reply_timeout_s) and ticket.ok:
-            with self._lock:
-                self.confirmed += len(values)
-            self._reply(req, 200, {"accepted": len(values)})
-            return
-        with self._lock:
-            if ticket in self._queue:  # never polled: withdraw it, so a retry makes no duplicate
-                self._queue.remove(ticket)
-                self._queued -= len(ticket.values)
-        self._busy(req, "not confirmed in time" if not ticket.done.is_set() else "ingest stopped before persist")
-
-    def _offer(self, values: list[Any]) -> _Ticket | str:
+    # --- what the HTTP side calls (runtime.driver.webhook_http.Intake) -----------------------------
+    def offer(self, values: list[Any], loop: asyncio.AbstractEventLoop) -> _Ticket | str:
         """Queue a request's records, or say why not (503)."""
         with self._lock:
             if self._ending or self._server is None:
@@ -187,43 +202,67 @@ class WebhookSource:
                 return f"ingest paused: {self._paused}"
             if self._queued + len(values) > self.max_queued and self._queued > 0:
                 return f"{self._queued} records queued (max_queued {self.max_queued})"
-            ticket = _Ticket(values)
+            ticket = _Ticket(values, loop.create_future(), loop)
             self._queue.append(ticket)
             self._queued += len(values)
             self._lock.notify_all()
             return ticket
 
-    def _busy(self, req: BaseHTTPRequestHandler, why: str) -> None:
+    def withdraw(self, ticket: Any) -> None:
+        """The answer gave up waiting: take back the records if ingest never polled them (a retry
+        then makes no duplicate); polled ones stay in flight and are persisted anyway."""
         with self._lock:
-            self.refused += 1
-        self._reply(req, 503, {"error": why}, retry_after=self.retry_after_s)
+            if ticket in self._queue:
+                self._queue.remove(ticket)
+                self._queued -= len(ticket.values)
 
-    @staticmethod
-    def _reply(req: BaseHTTPRequestHandler, status: int, doc: dict[str, Any], retry_after: int | None = None) -> None:
-        data = json.dumps(doc).encode()
-        try:
-            req.send_response(status)
-            req.send_header("Content-Type", "application/json")
-            req.send_header("Content-Length", str(len(data)))
-            if retry_after is not None:
-                req.send_header("Retry-After", str(retry_after))
-            req.end_headers()
-            req.wfile.write(data)
-        except OSError:  # the client went away; it will retry
-            log.debug("webhook client of %s went away before its %d answer", req.path, status)
+    def answered(self, status: int, records: int) -> None:
+        with self._lock:
+            self.answers[status] = self.answers.get(status, 0) + 1
+            if status == 200:
+                self.confirmed += records
+            elif status == 503:
+                self.refused += 1
+
+    def readiness(self) -> str | None:
+        """Why a request would not be taken now, or None (``GET /readyz``; see the module notes)."""
+        with self._lock:
+            if self._ending:
+                return "the source is ending"
+            if self._paused is not None:
+                return f"ingest paused: {self._paused}"
+            if self._last_poll is None:
+                return "no ingest has polled this source yet"
+            idle = time.monotonic() - self._last_poll
+            if idle > STALE_POLL_S:
+                return f"ingest has not polled this source for {idle:.0f} s"
+            if self._queued >= self.max_queued:
+                return f"{self._queued} records queued (max_queued {self.max_queued})"
+        return None
+
+    def health(self) -> dict[str, Any]:
+        with self._lock:
+            return {"queued": self._queued, "inflight": sum(t.remaining for t in self._inflight),
+                    "confirmed": self.confirmed, "refused": self.refused, "paused": self._paused,
+                    "ending": self._ending}
 
     # --- the source protocol (runtime.driver.ingest) ---------------------------------------------
     def open(self) -> None:
         self._listen()
 
+    waits_when_idle = True  # poll() waits by itself: ingest polls again at once (runtime.driver.ingest)
+
     def poll(self) -> Iterable[Any] | None:
-        """Records of waiting requests (up to ``chunk``, whole requests), [] if none came within
-        50 ms, None once :meth:`end` was called and every request taken was handed over."""
+        """Records of waiting requests (up to ``chunk``, whole requests), None once :meth:`end` was
+        called and every request taken was handed over, else [] if none came within 50 ms, or
+        within ``GATHER_S`` while records handed over wait for their confirmation: an idle poll
+        is what makes ingest persist its batch, and their clients wait for it."""
         with self._lock:
+            self._last_poll = time.monotonic()
             if not self._queue:
                 if self._ending:
                     return None
-                self._lock.wait(0.05)
+                self._lock.wait(GATHER_S if self._inflight else 0.05)
             out: list[Any] = []
             while self._queue and (not out or len(out) + len(self._queue[0].values) <= self.chunk):
                 ticket = self._queue.popleft()
@@ -235,6 +274,7 @@ class WebhookSource:
     def ack(self, values: list[Any]) -> None:
         """Ingest's confirmation: ``values`` (the next ones in poll order) are safe; answer 2xx."""
         n = len(values)
+        done: list[_Ticket] = []
         with self._lock:
             while n and self._inflight:
                 ticket = self._inflight[0]
@@ -242,9 +282,8 @@ class WebhookSource:
                 ticket.remaining -= take
                 n -= take
                 if ticket.remaining == 0:
-                    self._inflight.popleft()
-                    ticket.ok = True
-                    ticket.done.set()
+                    done.append(self._inflight.popleft())
+        _settle_soon(done, True)
 
     def ingest_paused(self, reason: str | None) -> None:
         """Ingest waits (backpressure, Redis unreachable): answer new requests 503 until it goes on."""
@@ -259,14 +298,12 @@ class WebhookSource:
 
     def close(self) -> None:
         """Stop listening; requests still waiting get 503 (the client retries them)."""
-        server, self._server = self._server, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
         with self._lock:
+            server, self._server = self._server, None
             waiting = list(self._inflight) + list(self._queue)
             self._inflight.clear()
             self._queue.clear()
             self._queued = 0
-        for ticket in waiting:
-            ticket.done.set()  # ok stays False: 503
+        _settle_soon(waiting, False)  # answered 503 before the connections close
+        if server is not None:
+            server.stop()

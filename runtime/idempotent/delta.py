@@ -43,6 +43,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ftlayer.errors import FTLayerError
+from ftlayer.logs import logger_for
 from runtime.idempotent.extras import import_extra
 from runtime.idempotent.keyed import DEFAULT_KEY, DEFAULT_LINEAGE, keyed_rows
 from runtime.sinks import ExecutorSink, SinkContext
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DeltaConflictError", "DeltaSink", "DeltaSinkError", "DeltaWriter", "delta_sink", "import_deltalake"]
 
-_QUERY_ID_PROPERTY = "sql.streaming.queryId"  # runtime.spark.typed_source: stable across restarts
+log = logger_for(__name__)
 
 
 class DeltaSinkError(FTLayerError):
@@ -197,6 +198,9 @@ def delta_sink(table_uri: str, *, key: str = DEFAULT_KEY, lineage: str = DEFAULT
     checkpoint, so a new checkpoint, which counts batches from 0 again, is never skipped): a
     batch re-run after a restart that already committed is skipped without a merge. Skipping is
     safe because a re-run batch reads a subset of its first run's records (``runtime.spark.ft_source``).
+    On Spark Connect the query id is the one ``ftlayer.acking`` found for the batch
+    (``runtime.dataframe.batch_context``); when it could not tell it, the batch is merged
+    without a txn id (idempotent on the lineage ids, only not skipped).
 
     With delta-spark (the JVM Delta, not available to these tests) the same is a merge run by
     Spark itself, without the collect; the target table must exist::
@@ -216,12 +220,19 @@ def delta_sink(table_uri: str, *, key: str = DEFAULT_KEY, lineage: str = DEFAULT
     writer = DeltaWriter(table_uri, key=key, storage_options=storage_options)
 
     def write_batch(df: DataFrame, batch_id: int) -> None:
+        from runtime.dataframe.batch_context import current_query_id
+        from runtime.spark.connect import is_connect
+
         selected = keyed_rows(df, f"delta_sink({table_uri!r})", key=key, lineage=lineage, columns=columns)
         rows = selected.toArrow()
         txn = None
         if app_id is not None:
-            query_id = df.sparkSession.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY)
-            txn = (f"{app_id}/{query_id}" if query_id else app_id, batch_id)
+            query_id = current_query_id(df)
+            if query_id is None and is_connect(df):  # a new checkpoint's batch 0 must not be skipped
+                log.warning("delta_sink(app_id=%r): the query id of batch %d is not known on this Spark Connect "
+                            "session; merging without a txn id (idempotent, just not skipped)", app_id, batch_id)
+            else:
+                txn = (f"{app_id}/{query_id}" if query_id else app_id, batch_id)
         writer.write(rows, txn=txn)
 
     return write_batch

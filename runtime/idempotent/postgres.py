@@ -21,7 +21,6 @@ updated. psycopg 3 is imported only when a writer connects (``pip install 'ftlay
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -29,6 +28,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ftlayer.errors import FTLayerError
+from ftlayer.logs import logger_for
 from runtime.idempotent.extras import import_extra
 from runtime.idempotent.keyed import DEFAULT_KEY, DEFAULT_LINEAGE, keyed_rows
 from runtime.sinks import ExecutorSink, SinkContext
@@ -46,7 +46,7 @@ __all__ = [
     "postgres_sink",
 ]
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 
 
 

@@ -21,12 +21,12 @@ harmless. Returns of both: the number of fields newly written.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from ftlayer.logs import logger_for
 from runtime.idempotent.keyed import DEFAULT_LINEAGE, keyed_rows
 from runtime.sinks import RedisUrlSink, SinkContext
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RedisOnceSink", "redis_sink", "write_once"]
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 _KEY = "_lineage_id"  # the column keyed_rows puts the lineage id in; not written into the value
 _PIPELINE_ROWS = 1000
 

@@ -24,17 +24,17 @@ renewed lapses, which costs a replay (a duplicate), never a record.
 from __future__ import annotations
 
 import collections
-import logging
 import threading
 import time
 from collections.abc import Callable
 
 from ftlayer.errors import FTLayerError
 from ftlayer.layer import FTLayer
+from ftlayer.logs import logger_for
 
 __all__ = ["HOLD_SET_MARGIN_S", "BatchHolds"]
 
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 
 HOLD_SET_MARGIN_S = 600.0  # a hold set outlives the longest hold by this much (then expires)
 _REMEMBERED = 64  # settled tags remembered, so a batch is settled once per reader

@@ -3,10 +3,13 @@
 
 Contract: :func:`ftlayer_conf` reads the session's runtime conf, which holds the static conf the
 session was built with plus every key set on it since, and returns only the ``spark.ftlayer.*``
-keys, as strings. It is read when a topology starts (see ``runtime.topology.Compiler``), so a key
-set after ``start()`` changes nothing for that query. :func:`effective_config` applies them to a
-config with :meth:`ftlayer.config.FTConfig.with_spark_conf`: Spark conf beats defaults, the file
-and ``FTLAYER_*`` env, but not options set in code.
+keys, as strings. On a Spark Connect session that is the server-side session's conf (the
+server's ``--conf`` plus the client's builder ``.config`` and ``spark.conf.set``), read over
+Connect, never through a JVM. It is read when a topology starts (see
+``runtime.topology.Compiler``), so a key set after ``start()`` changes nothing for that query.
+:func:`effective_config` applies them to a config with
+:meth:`ftlayer.config.FTConfig.with_spark_conf`: Spark conf beats defaults, the file and
+``FTLAYER_*`` env, but not options set in code.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ def ftlayer_conf(spark: Any) -> dict[str, str]:
     # RuntimeConfig.getAll is new in Spark 4.0: a method in some releases, a property in others (4.3)
     get_all = getattr(spark.conf, "getAll", None)
     found = get_all() if callable(get_all) else get_all
-    # Spark < 4.0: only the static conf the session was built with
+    # Spark < 4.0 (classic only: ftlayer needs pyspark 4, whose Connect client has getAll): the static conf
     items = dict(found).items() if found is not None else spark.sparkContext.getConf().getAll()
     return {str(k): str(v) for k, v in items if str(k).startswith(SPARK_PREFIX)}
 

@@ -57,6 +57,7 @@ from ftlayer.errors import ConfigError
 from runtime.driver.feed import DEFAULT_READ_BYTES, FeedServer, recv_message, send_message
 from runtime.spark.admission import AvailableNowBase, max_rows, read_all, read_max_rows
 from runtime.spark.arrow_codec import SOURCE_COLUMNS, SOURCE_SCHEMA_DDL, arrow_schema
+from runtime.spark.option_names import SourceOptionMap
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -89,7 +90,7 @@ class FeedOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> FeedOptions:
-        opts = {str(k).lower(): str(v).strip() for k, v in options.items()}
+        opts = SourceOptionMap({k: str(v).strip() for k, v in options.items()}, "feed source")
         for name in ("address", "token", "feed_id", "num_channels"):
             if not opts.get(name):
                 msg = f"feed source option {name!r} is required (format {FORMAT!r})"

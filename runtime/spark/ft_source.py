@@ -80,7 +80,6 @@ it raises; see :mod:`ftlayer.outage`).
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -98,6 +97,7 @@ from ftlayer.errors import ConfigError, FrameError, FTLayerError
 from ftlayer.holds import CARRY_PREFIX, hold_lease_s
 from ftlayer.keys import check_name
 from ftlayer.layer import FTLayer
+from ftlayer.logs import logger_for
 from runtime.spark.admission import AvailableNowBase, max_rows, read_all, read_max_rows
 from runtime.spark.arrow_codec import (
     SOURCE_COLUMNS,
@@ -110,6 +110,7 @@ from runtime.spark.batch_holds import HOLD_SET_MARGIN_S, BatchHolds
 from runtime.spark.ft_offsets import START_ID, Position, compare_ids, parse_id
 from runtime.spark.ft_offsets import max_id as _max_id
 from runtime.spark.ft_offsets import min_id as _min_id
+from runtime.spark.option_names import SourceOptionMap, camel_case
 from runtime.spark.worker_heap import freeze_worker_heap
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ FORMAT = "ftlayer"
 DEFAULT_READ_PAGE_ENTRIES = 8  # first page of a read; later pages adapt (see read())
 MAX_READ_PAGE_ENTRIES = 4096
 READ_TARGET_RECORDS = 10_000  # records per server-side read call that paging aims at
-log = logging.getLogger(__name__)
+log = logger_for(__name__)
 DEFAULT_OUTAGE_BUDGET_S = FTConfig().outage_budget_s
 DEFAULT_MAX_BATCH_S = FTConfig().max_batch_s
 # An offset: channel stream key ("ch<c>", "ch<c>s<shard>" with shards) -> Redis stream id ("<ms>-<seq>").
@@ -179,13 +180,14 @@ class FTSourceOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> FTSourceOptions:
-        """Parse Spark's (case-insensitive, string-valued) options; ConfigError names a bad one."""
-        opts = {str(k).lower(): str(v) for k, v in options.items()}
+        """Parse Spark's (string-valued) options, each under its camelCase or snake_case name in
+        any case (``maxRecordsPerBatch`` = ``max_records_per_batch``); ConfigError names a bad one."""
+        opts = SourceOptionMap(options, "FT source")
 
         def required(name: str) -> str:
             value = opts.get(name, "").strip()
             if not value:
-                msg = f"FT source option {name!r} is required (format {FORMAT!r})"
+                msg = f"FT source option {camel_case(name)!r} ({name}) is required (format {FORMAT!r})"
                 raise ConfigError(msg)
             return value
 
@@ -601,12 +603,14 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         start_chunk = first.chunk or b""
         after = first.entry
         skip = 0  # chunks of entry `after` already read: a read call is bounded and may stop inside an entry
+        first_call = True  # this read's first call counts the read (dfs:<tag>, DataFrame path)
         while True:
             batch = layer.read_channel(c, shard=shard, after="-" if after == START_ID else after, until=last.entry,
                                        max_entries=page, skip=skip, hold=tag, hold_ttl_ms=hold_ttl_ms,
                                        skips_ttl_ms=skips_ttl_ms if tag is not None else None,
-                                       start_chunk=start_chunk, end_chunk=last.chunk or b"", cuts=cuts)
-            start_chunk = b""  # the start bound is the first call's only
+                                       first_call=first_call, start_chunk=start_chunk,
+                                       end_chunk=last.chunk or b"", cuts=cuts)
+            start_chunk, first_call = b"", False  # the start bound is the first call's only
             blob, starts, lengths, sids = batch.spans()
             if sids:
                 yield from self._arrow(blob, starts, lengths, sids)

@@ -16,14 +16,18 @@ __all__ = ["local_session", "stop_session"]
 LOCAL_CLUSTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]$")
 
 
-def local_session(app_name: str, master: str = "local[2,4]", conf: Mapping[str, str] | None = None) -> Any:
-    """A local SparkSession (2 cores, up to 4 attempts per task), quiet logs, Arrow on.
+def local_session(app_name: str, master: str = "local[2,4]", conf: Mapping[str, str] | None = None, *,
+                  log_level: str | None = None) -> Any:
+    """A local SparkSession (2 cores, up to 4 attempts per task), Arrow on.
 
     ``master`` may also be ``local-cluster[N,C,M]``: a standalone master and N workers inside
     the driver's JVM, each with C cores and M MiB, launching an executor JVM of its own (the
     executors then get 3/4 of M, leaving room for the worker's bookkeeping). ``conf`` adds
     Spark conf entries (e.g. :func:`runtime.spark.spark_logs.log_to_file`); like
-    every entry here, they apply only if this call creates the session.
+    every entry here, they apply only if this call creates the session. ``log_level`` (e.g.
+    ``"ERROR"``) sets Spark's log level with ``setLogLevel``; by default Spark's level is left
+    as the session's log4j configuration has it (a process-wide setting ftlayer does not change
+    unless asked).
     Raises FTLayerError with a clear message when ``java`` is missing.
     """
     if shutil.which("java") is None:
@@ -51,7 +55,8 @@ def local_session(app_name: str, master: str = "local[2,4]", conf: Mapping[str, 
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
         .getOrCreate()
     )
-    session.sparkContext.setLogLevel("ERROR")
+    if log_level is not None:
+        session.sparkContext.setLogLevel(log_level)
     return session
 
 

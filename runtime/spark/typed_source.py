@@ -16,7 +16,10 @@ What ``read()`` adds, per page of a channel:
   (:meth:`ftlayer.batch_acks.BatchAcks.record`: one round trip, before the
   rows are handed to Spark) under the batch's tag (its partition carries it),
   and the tag is listed under the query id and batch id that Spark puts in the
-  task's local properties (``sql.streaming.queryId``, ``streaming.sql.batchId``).
+  task's local properties (``sql.streaming.queryId``, ``streaming.sql.batchId``),
+  or, when they are missing (Spark Connect runs the jobs of a ``foreachBatch``
+  function outside the query's thread), under the batch token among the task's
+  job tags (``runtime.spark.connect``).
 
 **Acked at Spark's commit.** A read task never acks. Once Spark has written the
 batch's commit log entry, it calls this reader's ``latestOffset(start)`` (or
@@ -37,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.types import StructType
 
 from ftlayer.errors import ConfigError
+from runtime.spark.connect import JOB_TAGS_PROPERTY, token_from_job_tags
 from runtime.spark.ft_source import (
     REGISTERED_ATTR,
     ChannelPartition,
@@ -89,6 +93,9 @@ class TypedStreamReader(FTStreamReader):
 
         ctx = TaskContext.get()
         ident = batch_identity(ctx.getLocalProperty) if ctx is not None else None
+        token = None
+        if ctx is not None and ident is None:  # no query id from Spark (a foreachBatch job on Spark Connect)
+            token = token_from_job_tags(ctx.getLocalProperty(JOB_TAGS_PROPERTY))
         tag = getattr(partition, "tag", None)
         layer = self.layer
         source = f"{self.opts.topology}/{self.opts.source}"
@@ -97,7 +104,7 @@ class TypedStreamReader(FTStreamReader):
             if bad:
                 layer.xor({}, fails=bad)
             if tag is not None:
-                layer.record_batch_reads(tag, emitted, ident)
+                layer.record_batch_reads(tag, emitted, ident, token)
             if batch.num_rows:
                 yield batch
 

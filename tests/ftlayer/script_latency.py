@@ -16,7 +16,6 @@ raises its own: both then get the CPU when they ask for it.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import subprocess
@@ -26,7 +25,7 @@ from types import TracebackType
 
 import redis
 
-from ftlayer import scripts
+from ftlayer import lua_source
 from ftlayer.server import EmbeddedServer
 
 PRIORITY = -10
@@ -113,11 +112,7 @@ class PingProbe:
         return max(self.samples_ms)
 
 
-_BY_SHA = {
-    hashlib.sha1(text.encode()).hexdigest(): name
-    for name, text in vars(scripts).items()
-    if name.isupper() and not name.startswith("_") and isinstance(text, str)
-}
+_BY_SHA = {lua_source.load(name).sha: name for name in lua_source.script_names()}
 
 
 class ScriptTimes:

@@ -19,7 +19,7 @@ from ftlayer.config import FTConfig
 from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.ids import RecordId
 from ftlayer.layer import FTLayer
-from ftlayer.persistence import persist_token
+from ftlayer.persistence import PERSIST, persist_token
 from ftlayer.script_bounds import SCRIPT_MAX_BYTES, split_call
 from ftlayer.server import EmbeddedServer
 from ftlayer.service import FTService
@@ -49,7 +49,7 @@ def persist_raw(layer: FTLayer, n: int, *, per_call: int = 20_000, channel: int 
         args = [layer.store.keys.prefix, num_channels, blob, 60_000]
         token = persist_token(layer.store, blob)
         keys = [*layer.store.state_keys, token, *layer.store.channel_keys(num_channels)]
-        count, _ = layer.store.run("PERSIST", keys, args)
+        count, _ = layer.store.run(PERSIST, keys, args)
         assert int(count) == len(recs)
         sids.extend(r.record_id.source_record_id for r in recs)
     return sids

@@ -15,6 +15,7 @@ import pytest
 
 from ftlayer.config import FTConfig
 from ftlayer.layer import FTLayer
+from ftlayer.replayer import REPLAY
 from ftlayer.server import free_port
 from runtime.driver.ingest import Ingestor
 from serialization.serializers import make_record
@@ -89,8 +90,8 @@ def test_a_retried_replay_call_dead_letters_once(make_layer: Callable[..., FTLay
     # ARGV: prefix, channels, no replays (chunks), no olds, the dead, now
     args = [k.prefix, layer.num_channels, b"", b"", struct.pack(">q", rec.record_id.source_record_id), store.now_ms()]
     replay_keys = [*store.state_keys, k.dlq, *store.channel_keys(layer.num_channels)]
-    assert store.run("REPLAY", replay_keys, args) == [0, 1]
-    assert store.run("REPLAY", replay_keys, args) == [0, 0]  # the retry finds nothing to move
+    assert store.run(REPLAY, replay_keys, args) == [0, 1]
+    assert store.run(REPLAY, replay_keys, args) == [0, 0]  # the retry finds nothing to move
     assert layer.dead_letters.count() == 1 and layer.stats()["dead_lettered"] == 1
 
 

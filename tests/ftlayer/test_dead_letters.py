@@ -9,7 +9,7 @@ import pytest
 
 from ftlayer.chunks import pack_chunks
 from ftlayer.config import FTConfig
-from ftlayer.dead_letters import DeadLetterError
+from ftlayer.dead_letters import REQUEUE, DeadLetterError
 from ftlayer.errors import AckerError
 from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.ids import RecordId
@@ -129,13 +129,13 @@ def test_requeue_script_skips_entries_already_gone_and_is_all_or_nothing(
     eids = struct.pack(">H", len(entry.entry_id)) + entry.entry_id.encode()
     with pytest.raises(AckerError, match="out of range"):
         n = 1 if rec.channel else 0
-        store.run("REQUEUE", [*store.state_keys, k.dlq, *store.channel_keys(n)], [k.prefix, n, chunk.blob, eids])
+        store.run(REQUEUE, [*store.state_keys, k.dlq, *store.channel_keys(n)], [k.prefix, n, chunk.blob, eids])
     with pytest.raises(AckerError, match="truncated"):
-        store.run("REQUEUE", requeue_keys, [k.prefix, layer.num_channels, chunk.blob[:-50], eids])
+        store.run(REQUEUE, requeue_keys, [k.prefix, layer.num_channels, chunk.blob[:-50], eids])
     assert layer.dead_letters.count() == 1 and layer.pending_count() == 0
     # a concurrent purge wins: the entry is gone, nothing is persisted
     layer.dead_letters.purge([entry.entry_id])
-    assert store.run("REQUEUE", requeue_keys, [k.prefix, layer.num_channels, chunk.blob, eids]) == 0
+    assert store.run(REQUEUE, requeue_keys, [k.prefix, layer.num_channels, chunk.blob, eids]) == 0
     assert layer.pending_count() == 0 and layer.stats()["requeued"] == 0
 
 
@@ -152,13 +152,13 @@ def test_requeue_never_drops_an_entry_whose_new_id_is_taken(make_layer: Callable
     clash = SemiDeserializedRecord(rec.source_id, RecordId(live.record_id.source_record_id, 77), rec.key_hash,
                                    rec.origin_id, 0, rec.payload, rec.channel)
     (chunk,) = pack_chunks([_SER.encode(clash)])
-    assert store.run("REQUEUE", requeue_keys, [k.prefix, layer.num_channels, chunk.blob, eids])[0] == -1
+    assert store.run(REQUEUE, requeue_keys, [k.prefix, layer.num_channels, chunk.blob, eids])[0] == -1
     assert layer.dead_letters.count() == 1 and layer.pending_count() == 1
     # the very same pending record (same ids): taken for a repeat, files nothing and keeps the entry
     same = SemiDeserializedRecord(rec.source_id, live.record_id, rec.key_hash, rec.origin_id, 0, rec.payload,
                                   rec.channel)
     (chunk,) = pack_chunks([_SER.encode(same)])
-    assert store.run("REQUEUE", requeue_keys, [k.prefix, layer.num_channels, chunk.blob, eids]) == 0
+    assert store.run(REQUEUE, requeue_keys, [k.prefix, layer.num_channels, chunk.blob, eids]) == 0
     assert layer.dead_letters.count() == 1 and layer.pending_count() == 1
     # the public requeue draws fresh ids, whatever is pending
     assert layer.requeue_dead_letters([entry.entry_id]).requeued == 1

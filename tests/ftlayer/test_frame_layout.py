@@ -8,9 +8,10 @@ import struct
 import pytest
 import redis
 
-from ftlayer import chunks, frames, scripts
+from ftlayer import chunks, frames, lua_source
 from ftlayer.frames import SemiDeserializedSerializer
 from ftlayer.ids import RecordId
+from ftlayer.lua_layout import LAYOUT
 from ftlayer.record import SemiDeserializedRecord
 
 # numbers that would be a frame or pend-value offset written out by hand
@@ -24,7 +25,7 @@ HARD_CODED = re.compile(
 
 def _layout_values() -> dict[str, int]:
     out: dict[str, int] = {}
-    for names, values in re.findall(r"local ([A-Z_, ]+) = ([0-9, ]+)\n", scripts.LAYOUT):
+    for names, values in re.findall(r"local ([A-Z_, ]+) = ([0-9, ]+)\n", LAYOUT):
         for n, v in zip(names.split(","), values.split(","), strict=True):
             out[n.strip()] = int(v)
     return out
@@ -47,14 +48,14 @@ def test_generated_names_are_the_encoders_constants() -> None:
         "FLAG_REFILED": chunks.FLAG_REFILED,
         "FLAG_SEEN": chunks.FLAG_SEEN,
     }
-    assert "local CK_HEAD = '>I4I4I2I2I2I2B'" in scripts.LAYOUT  # STATE_HEADER in Lua's struct spelling
+    assert "local CK_HEAD = '>I4I4I2I2I2I2B'" in LAYOUT  # STATE_HEADER in Lua's struct spelling
 
 
-@pytest.mark.parametrize("name", scripts.SCRIPT_NAMES)
+@pytest.mark.parametrize("name", lua_source.script_names())
 def test_every_script_starts_with_the_layout_and_spells_no_offset(name: str) -> None:
-    body = getattr(scripts, name)
-    assert body.startswith(scripts.SHEBANG + scripts.LAYOUT)
-    found = HARD_CODED.findall(body[len(scripts.SHEBANG + scripts.LAYOUT):])
+    body = lua_source.load(name).text
+    assert body.startswith(lua_source.SHEBANG + LAYOUT)
+    found = HARD_CODED.findall(body[len(lua_source.SHEBANG + LAYOUT):])
     assert not found, f"{name} reads a frame at a hard-coded offset: {found}"
 
 
@@ -62,7 +63,7 @@ def test_lua_reads_each_field_where_the_encoder_wrote_it(redis_client: redis.Red
     rec = SemiDeserializedRecord(7, RecordId(-5 << 16, 123456789), -42, -5, 3, b"\x81\xa1k\x01", 9)
     frame = SemiDeserializedSerializer().encode(rec)
     state = chunks.STATE_HEADER.pack(77, 76, 9, 1000, 999, 2, 3) + b"\x05"
-    lua = scripts.LAYOUT + """
+    lua = LAYOUT + """
 local f, st = ARGV[1], ARGV[2]
 local gen, egen, ch, n, left, partials, flags = struct.unpack(CK_HEAD, st)
 return {string.sub(f, F_SID, F_SID + 7), string.sub(f, F_CID, F_CID + 7),

@@ -15,6 +15,7 @@ from ftlayer.cluster_server import EmbeddedCluster
 from ftlayer.config import FTConfig
 from ftlayer.holds import STALE_AFTER_S, Holds, hold_lease_s
 from ftlayer.layer import FTLayer
+from ftlayer.rotating_map import EXPIRE
 from serialization.serializers import make_record
 from tests.ftlayer.conftest import FakeClock, commit_all
 
@@ -118,7 +119,7 @@ def test_a_hold_the_caller_did_not_declare_makes_expire_ask_again(held_layer: FT
     layer.start_hold("late", _ms(clock, 100), _ms(clock))
     store = layer.store
     blob, queued = store.run(
-        "EXPIRE",
+        EXPIRE,
         [*store.state_keys, store.keys.expq, store.keys.read_marks, store.keys.holds,
          *store.channel_keys(2)],
         [store.keys.prefix, store.now_ms(), *store.backoff_args(), 1000, 1 << 20, 50, 0],

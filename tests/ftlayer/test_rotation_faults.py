@@ -17,7 +17,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ftlayer import scripts
+from ftlayer import lua_source
 from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError
 from ftlayer.layer import FTLayer
@@ -30,7 +30,7 @@ def pack(sids: list[int]) -> list[bytes]:
     return [struct.pack(">q", s) for s in sids]
 
 _SHA_NAMES = {
-    redis.Redis().register_script(getattr(scripts, name)).sha: name
+    lua_source.load(name).sha: name
     for name in ("ROTATE", "EXPIRE", "LEASE", "REPLAY", "TRIM_DONE")
 }
 

@@ -14,17 +14,17 @@ import re
 
 import pytest
 
-from ftlayer import scripts
+from ftlayer import lua_source
 
 CALL = re.compile(r"redis\.call\(\s*'([A-Z]+)'\s*,\s*([^,)]+)")
 DECLARED = re.compile(r"^(KEYS\[[^\]]+\]|K_[A-Z]+)$")
 K_BINDING = re.compile(r"\b(K_[A-Z]+)\b[^=\n]*=")
 
 
-@pytest.mark.parametrize("name", scripts.SCRIPT_NAMES)
+@pytest.mark.parametrize("name", lua_source.script_names())
 def test_every_redis_call_names_a_declared_key(name: str) -> None:
-    body = getattr(scripts, name)
-    assert body.startswith(scripts.SHEBANG)
+    body = lua_source.load(name).text
+    assert body.startswith(lua_source.SHEBANG)
     calls = CALL.findall(body)
     assert calls, f"{name} calls nothing?"
     built = [f"{cmd} {arg.strip()}" for cmd, arg in calls if not DECLARED.match(arg.strip())]
@@ -32,7 +32,7 @@ def test_every_redis_call_names_a_declared_key(name: str) -> None:
 
 
 def test_the_k_locals_are_bound_to_keys_only() -> None:
-    for line in scripts.PERSIST.splitlines():
+    for line in lua_source.load("PERSIST").text.splitlines():
         if K_BINDING.search(line) and line.lstrip().startswith("local K_"):
             rhs = line.split("=", 1)[1]
             assert all(part.strip().startswith("KEYS[") for part in rhs.split(",")), line

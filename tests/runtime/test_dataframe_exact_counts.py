@@ -111,7 +111,12 @@ def test_a_windowed_count_with_failures_kills_and_timeouts_equals_the_true_count
     stats = handle.stats()
     print(f"stats {stats}")
     assert (marks / "kill").exists()
-    assert stats["failed_explicit"] >= N // 11, stats  # the row function's failures (and the killed task's)
+    # the row function raised on the first attempt of every 11th record; an attempt whose record had
+    # already timed out (the first batch is held past its timeout, later under load) is a late fail
+    # and counts as that timeout, so failed_explicit alone may be lower than the failures raised
+    raised = {int(p.name.split("-")[1]) for p in marks.glob("fail-*")}
+    assert raised == {i for i in range(N) if i % 11 == 0}, sorted(raised)[:20]
+    assert stats["failed_explicit"] > 0, stats
     assert stats["dead_lettered"] == 0, stats
     assert latest == _true_counts(), {k: (latest.get(k), v) for k, v in _true_counts().items() if latest.get(k) != v}
     assert stats["failed_timeout"] > 0 and stats["late_completions"] > 0, stats

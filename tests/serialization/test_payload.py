@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ftlayer.errors import FTLayerError, SerializationError, UnsupportedTypeError
@@ -454,3 +454,36 @@ def test_a_large_payload_does_not_keep_its_buffer() -> None:
     pack_payload(b"z" * (payload._PACKER_KEEP_BYTES + 10))
     assert payload._PACKERS.packer is not before  # replaced after the large one
     assert pack_payload(1) == b"\x01"
+
+
+# --- pack_payloads: ingest's batches ----------------------------------------------------------
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.lists(values, max_size=6))
+def test_pack_payloads_gives_pack_payloads_bytes_in_order(batch: list[Any]) -> None:
+    from serialization.payload import pack_payloads
+
+    assert pack_payloads(batch) == [pack_payload(v) for v in batch]
+
+
+def test_pack_payloads_raises_for_the_first_value_that_fails_as_pack_payload_does() -> None:
+    from serialization.payload import pack_payloads
+
+    with pytest.raises(UnsupportedTypeError, match="'set'"):
+        pack_payloads([1, "a", [1, {2}], Custom()])
+    with pytest.raises(SerializationError, match="digits"):
+        pack_payloads([1, 10 ** (MAX_INT_DIGITS + 5)])
+    assert pack_payloads([1, 2]) == [b"\x01", b"\x02"]  # nothing left behind by the failures
+
+
+def test_pack_payloads_keeps_pack_payloads_size_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    from serialization import payload
+
+    big = b"z" * (payload._PACKER_KEEP_BYTES + 10)
+    before = payload._PACKERS.packer
+    assert payload.pack_payloads([1, big]) == [b"\x01", pack_payload(big)]
+    assert payload._PACKERS.packer is not before  # the grown buffer was not kept
+    monkeypatch.setattr(payload, "MAX_PAYLOAD_BYTES", 100)
+    with pytest.raises(SerializationError, match="exceeds MAX_PAYLOAD_BYTES"):
+        payload.pack_payloads([1, "y" * 200])

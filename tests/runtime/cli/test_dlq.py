@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import redis
 
-import runtime.cli.dlq
+import runtime.cli.confirm
 from ftlayer.config import FTConfig
 from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.keys import owner_key
@@ -118,14 +118,19 @@ def test_requeue_all_needs_an_ftlayer_namespace_or_force(
     assert len(_entry_ids(layer)) == 3
     redis_client.set(owner_key(ft_config.namespace), json.dumps({"by": "someone-else"}))
     assert _dlq(capsys, ft_config, "requeue", "--all")[0] == 2
-    code, out, _ = _dlq(capsys, ft_config, "requeue", "--all", "--force")
+    code, out, _ = _dlq(capsys, ft_config, "requeue", "--all", "--force", "--yes")
     assert code == 0 and "requeued 3 of 3" in out
     assert _entry_ids(layer) == [] and layer.pending_count() == 3
 
 
 def test_requeue_all_on_an_ftlayer_namespace(ft_config: FTConfig, redis_client: redis.Redis, capsys: Any) -> None:
     layer, recs = _dead(ft_config)
-    code, _, _ = _dlq(capsys, ft_config, "requeue", "--all")
+    ids = _entry_ids(layer)
+    # a bulk action: it says what it would do and, without --yes or a terminal, does nothing (issue 31)
+    code, out, _ = _dlq(capsys, ft_config, "requeue", "--all")
+    assert code == 1 and all(i in out for i in ids) and "nothing requeued: pass --yes" in out
+    assert _entry_ids(layer) == ids and layer.pending_count() == 0
+    code, _, _ = _dlq(capsys, ft_config, "requeue", "--all", "--yes")
     assert code == 0 and _entry_ids(layer) == []
     assert sorted(r.origin_id for r in _pending(layer)) == sorted(r.origin_id for r in recs)
     code, _, err = _dlq(capsys, ft_config, "requeue")
@@ -151,7 +156,7 @@ def test_purge_interactive_confirmation(
 ) -> None:
     layer, _ = _dead(ft_config)
     ids = _entry_ids(layer)
-    monkeypatch.setattr(runtime.cli.dlq, "_interactive", lambda: True)
+    monkeypatch.setattr(runtime.cli.confirm, "interactive", lambda: True)
     monkeypatch.setattr("builtins.input", lambda _prompt: "y")
     assert _dlq(capsys, ft_config, "purge", "--all")[0] == 1 and _entry_ids(layer) == ids
     monkeypatch.setattr("builtins.input", lambda _prompt: "yes")

@@ -6,9 +6,12 @@ import time
 from collections import Counter
 from typing import Any
 
+import pytest
+
 from ftlayer.config import FTConfig
 from ftlayer.keyhash import key_hash
 from ftlayer.layer import FTLayer
+from runtime.driver import ingest as ingest_module
 from runtime.driver.ingest import Ingestor
 from tests.waiting import wait_until
 
@@ -113,6 +116,40 @@ def test_backpressure_waits_for_room(ft_config: FTConfig) -> None:
         time.sleep(0.01)
     ing.stop()
     assert ing.done and layer.stats()["persisted"] == 200
+
+
+def test_pending_is_counted_again_only_when_it_could_have_reached_max_pending(
+        ft_config: FTConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counting pending records before every batch was a round trip per persist: now the count is
+    kept up to date by what this thread persists, and read again only once that bound reaches
+    max_pending (or the count is older than PENDING_RECOUNT_S, here made long)."""
+    monkeypatch.setattr(ingest_module, "PENDING_RECOUNT_S", 60.0)
+    counts: list[int] = []
+
+    def counting(ing: Ingestor) -> None:
+        real = ing.destination.pending_count
+
+        def pending_count() -> int:
+            counts.append(real())
+            return counts[-1]
+
+        ing.destination.pending_count = pending_count  # type: ignore[method-assign]
+
+    roomy = _layer(ft_config, max_pending=1000, flush_batch_size=10)
+    ing = Ingestor(roomy, iter(range(500)), linger_s=0.0)
+    counting(ing)
+    ing.run()
+    assert ing.done and roomy.stats()["persisted"] == 500
+    assert counts == [0], counts  # 50 batches, counted once: the bound (at most 490) stayed below 1000
+
+    counts.clear()
+    tight = FTLayer(ft_config.replace(max_pending=30, flush_batch_size=10), "ing", "tight", num_channels=4).open()
+    ing = Ingestor(tight, iter(range(100)), linger_s=0.0)
+    counting(ing)
+    ing.start()
+    wait_until(lambda: (ing.paused or "").startswith("backpressure"), 20, "ingest to wait for room")
+    assert tight.pending_count() == 30 and counts[:2] == [0, 30], counts  # counted again at the bound
+    ing.stop()
 
 
 def test_stop_ends_an_endless_source(ft_config: FTConfig) -> None:

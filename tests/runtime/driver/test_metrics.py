@@ -136,7 +136,7 @@ def test_unreachable_redis_reports_down_without_failing_the_scrape(
     up = FTLayer(ft_config, "topo", "src", num_channels=2).open()
     dead_cfg = ft_config.replace(redis_url=f"redis://:pw-x1@127.0.0.1:{free_port()}/0", connect_timeout_s=0.5)
     down = FTLayer(dead_cfg, "topo", "gone", num_channels=2)
-    with caplog.at_level(logging.WARNING, logger="runtime.driver.metrics"):
+    with caplog.at_level(logging.WARNING, logger="ftlayer.runtime.driver.metrics"):
         samples = _samples(MetricsExporter([up, down]).render())
     ns = ft_config.namespace
     assert _value(samples, "ftlayer_redis_up", ns, "src") == 1

@@ -1,0 +1,231 @@
+"""The webhook receiver's HTTP server: aiohttp on an event loop of its own thread, beside ingest.
+
+Why aiohttp (``pip install 'ftlayer[webhook]'``): a maintained asyncio HTTP/1.1 server (and client)
+in one package, with keep-alive, TLS through an :class:`ssl.SSLContext`, a request size limit
+(``client_max_size``) and 405/404 routing built in, and a C parser (llhttp). Its handlers are
+coroutines, so a request waiting for its records to be persisted holds no thread: thousands of
+client connections can wait on one ingest thread. uvicorn+starlette would need two packages
+and an ASGI layer; hypercorn is slower; the stdlib server has no keep-alive worth the name.
+
+Contract with the source (:class:`runtime.driver.webhook.WebhookSource`, the :class:`Intake`
+protocol): ``offer(values)`` queues a request's records and returns a ticket whose ``future``
+(bound to this server's loop) resolves True once ingest confirmed them all, False if they were
+abandoned; or it returns a string saying why not (answered 503). ``withdraw(ticket)`` is called
+when the answer gives up (``reply_timeout_s``): the source takes back records never polled.
+
+Routes (``path`` ends with "/"): ``POST <path>`` and ``POST <path>batch`` (records, see
+:mod:`runtime.driver.webhook_body`), ``GET /healthz`` and ``GET /readyz`` (no credentials
+needed). Every answer is a JSON object; errors are ``{"error": "..."}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from ftlayer.logs import logger_for
+from runtime.driver.webhook_body import BodyError, WebhookAuth, body_kind, parse_records
+
+log = logger_for(__name__)
+
+KEEPALIVE_S = 75.0  # idle keep-alive connections are closed after this (longer than most load balancers' 60 s)
+READY_TIMEOUT_S = 2.0  # a ready_check that takes longer counts as failed
+SETTLE_TURNS = 5  # stop(): turns of the loop for a connection accepted already to reach aiohttp
+
+
+class Ticket(Protocol):
+    values: list[Any]
+    future: asyncio.Future[bool]
+
+
+class Intake(Protocol):
+    """What the HTTP side needs of the source (see the module contract)."""
+
+    reply_timeout_s: float
+    retry_after_s: int
+
+    def offer(self, values: list[Any], loop: asyncio.AbstractEventLoop) -> Ticket | str: ...
+    def withdraw(self, ticket: Ticket) -> None: ...
+    def answered(self, status: int, records: int) -> None: ...
+    def readiness(self) -> str | None: ...
+    def health(self) -> dict[str, Any]: ...
+
+
+def _json(status: int, doc: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=json.dumps(doc).encode(), content_type="application/json",
+                        headers=headers)
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                       ) -> web.StreamResponse:
+    """aiohttp's own 404, 405 and 413 as JSON bodies (its Allow header kept)."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        text = {404: f"no route {request.path}", 405: f"{request.method} is not allowed on {request.path}",
+                413: "the body is too large"}.get(exc.status, exc.reason)
+        headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        return _json(exc.status, {"error": text}, headers)
+
+
+class HttpServer:
+    """The aiohttp application of one :class:`Intake`, served on ``sock`` until :meth:`stop`."""
+
+    def __init__(self, intake: Intake, sock: socket.socket, *, path: str, auth: WebhookAuth,
+                 max_body_bytes: int, ssl_context: ssl.SSLContext | None,
+                 ready_check: Callable[[], object] | None = None) -> None:
+        self.intake = intake
+        self.path = path
+        self.auth = auth
+        self.max_body_bytes = max_body_bytes
+        self.ready_check = ready_check
+        self._probe_since: float | None = None  # a ready_check in flight since (monotonic)
+        self._sock = sock
+        self.loop = asyncio.new_event_loop()
+        app = web.Application(client_max_size=max_body_bytes, middlewares=[_json_errors])
+        app.router.add_post(path, self._records)
+        app.router.add_post(path + "batch", self._batch)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None, keepalive_timeout=KEEPALIVE_S,
+                                     shutdown_timeout=2.0)
+        self._thread = threading.Thread(target=self.loop.run_forever, name="ftlayer-webhook", daemon=True)
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(sock, ssl_context), self.loop).result(30)
+
+    async def _start(self, sock: socket.socket, ssl_context: ssl.SSLContext | None) -> None:
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock, ssl_context=ssl_context).start()
+
+    def stop(self) -> None:
+        """Close the listening socket and every connection, then end the loop's thread."""
+        try:
+            asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(30)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(30)
+            self.loop.close()
+
+    async def _stop(self) -> None:
+        """Stop accepting, let the connections accepted already reach aiohttp, then its cleanup.
+
+        asyncio (3.11) makes a transport for an accepted connection a turn of the loop after the
+        accept; if the server was closed in between, making it fails (an assertion in
+        ``Server._attach``) and the socket stays open unanswered: its client would wait until its
+        own timeout instead of seeing the connection reset and retrying. So the listening socket
+        is taken out of the loop first, and the cleanup (which closes it) comes once those
+        connections are aiohttp's, which closes them."""
+        self.loop.remove_reader(self._sock)
+        for _ in range(SETTLE_TURNS):
+            await asyncio.sleep(0)
+        await self._runner.cleanup()
+
+    # --- handlers -------------------------------------------------------------------------------
+    async def _records(self, request: web.Request) -> web.Response:
+        return await self._take(request, batch=False)
+
+    async def _batch(self, request: web.Request) -> web.Response:
+        return await self._take(request, batch=True)
+
+    def _refuse(self, status: int, why: str, records: int = 0) -> web.Response:
+        self.intake.answered(status, records)
+        headers = {"WWW-Authenticate": 'Bearer realm="ftlayer"'} if status == 401 and self.auth.token else None
+        return _json(status, {"error": why}, headers)
+
+    async def _take(self, request: web.Request, *, batch: bool) -> web.Response:
+        try:
+            values = await self._values(request, batch=batch)
+        except BodyError as exc:
+            return self._refuse(exc.status, str(exc))
+        if not values:
+            self.intake.answered(200, 0)
+            return _json(200, {"accepted": 0})
+        return await self._confirm(values)
+
+    async def _values(self, request: web.Request, *, batch: bool) -> list[Any]:
+        """The request's records; BodyError (401, 413, 415, 400) for a request refused. The cheap
+        checks (token, Content-Type, Content-Length) come before the body is read."""
+        why = self.auth.check_token(request.headers)
+        if why is not None:
+            raise BodyError(why, 401)
+        content_type = request.headers.get("Content-Type")
+        body_kind(content_type)
+        length = request.content_length
+        if length is not None and length > self.max_body_bytes:
+            msg = f"the body has {length} bytes; at most {self.max_body_bytes} are taken"
+            raise BodyError(msg, 413)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge as exc:  # chunked, no Content-Length: aiohttp counted
+            msg = f"the body has more than {self.max_body_bytes} bytes"
+            raise BodyError(msg, 413) from exc
+        why = self.auth.check_signature(request.headers, body)
+        if why is not None:
+            raise BodyError(why, 401)
+        return parse_records(body, content_type, batch=batch)
+
+    async def _confirm(self, values: list[Any]) -> web.Response:
+        """Hand the records to ingest and answer once they are persisted (200) or not (503)."""
+        intake = self.intake
+        ticket = intake.offer(values, self.loop)
+        if isinstance(ticket, str):
+            return self._busy(ticket, len(values))
+        try:
+            ok = await asyncio.wait_for(asyncio.shield(ticket.future), intake.reply_timeout_s)
+        except asyncio.TimeoutError:
+            intake.withdraw(ticket)
+            return self._busy("not confirmed in time", len(values))
+        if ok:
+            intake.answered(200, len(values))
+            return _json(200, {"accepted": len(values)})
+        return self._busy("ingest stopped before persist", len(values))
+
+    def _busy(self, why: str, records: int) -> web.Response:
+        self.intake.answered(503, records)
+        return _json(503, {"error": why}, {"Retry-After": str(self.intake.retry_after_s)})
+
+    async def _healthz(self, _request: web.Request) -> web.Response:
+        return _json(200, {"ok": True, **self.intake.health()})
+
+    async def _readyz(self, _request: web.Request) -> web.Response:
+        why = self.intake.readiness() or await self._probe()
+        if why is not None:
+            return _json(503, {"ready": False, "why": why})
+        return _json(200, {"ready": True})
+
+    async def _probe(self) -> str | None:
+        """Run ``ready_check`` (Redis PING) off the loop, one at a time; why it failed, or None."""
+        if self.ready_check is None:
+            return None
+        if self._probe_since is not None:  # a check still hangs (Redis frozen?): not ready meanwhile
+            return f"the ready check has not answered for {time.monotonic() - self._probe_since:.1f} s"
+        self._probe_since = time.monotonic()
+        check = self.ready_check
+        future = self.loop.run_in_executor(None, check)
+        try:
+            await asyncio.wait_for(asyncio.shield(future), READY_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            future.add_done_callback(self._probe_done)
+            return f"the ready check did not answer within {READY_TIMEOUT_S:g} s"
+        except Exception as exc:
+            self._probe_since = None
+            return f"the ready check failed: {type(exc).__name__}: {exc}"
+        self._probe_since = None
+        return None
+
+    def _probe_done(self, future: asyncio.Future[object]) -> None:
+        """A check that outlived its timeout finally returned: the next probe may run."""
+        self._probe_since = None
+        if not future.cancelled():
+            future.exception()  # retrieved, so asyncio does not log it as never retrieved

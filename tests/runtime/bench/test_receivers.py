@@ -1,0 +1,30 @@
+"""``ftlayer bench webhook mqtt`` at a tiny size: the figures are there, positive and written to results.json.
+(The real run is scripts/bench webhook mqtt; docs/bench/results.json keeps its figures.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runtime.cli.main import main
+
+
+@pytest.mark.slow
+def test_receiver_bench_writes_both_ratios(redis_server_url: str, mosquitto_binary: Path, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "webhook", "mqtt", "--redis-url", redis_server_url, "--out", str(tmp_path),
+                 "--webhook-records", "2000", "--webhook-batch", "50", "--webhook-connections", "3",
+                 "--mqtt-records", "1000", "--receiver-repeats", "1"])
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    data = json.loads((tmp_path / "results.json").read_text())
+    for name in ("webhook", "mqtt"):
+        ratio = data[f"{name}_vs_raw_ratio"]
+        assert ratio == printed[f"{name}_vs_raw_ratio"] > 0
+        figures = data[name]
+        assert round(figures[f"{name}_vs_raw_ratio"]["median"], 3) == ratio
+        assert figures["raw_records_per_s"]["median"] > 0 and figures["ftlayer_records_per_s"]["median"] > 0
+    assert data["webhook"]["batch"] == 50 and data["webhook"]["connections"] == 3
+    assert data["webhook"]["ingest_only_records_per_s"]["median"] > 0  # the same records, no HTTP

@@ -1,0 +1,104 @@
+"""``ftlayer ingest --webhook`` with its issue-28 options: the real CLI in a child process, real HTTP, real Redis."""
+
+from __future__ import annotations
+
+import re
+import ssl
+from pathlib import Path
+
+import pytest
+
+from ftlayer.config import FTConfig
+from ftlayer.layer import FTLayer
+from runtime.cli.main import main
+from runtime.driver.webhook_body import SIGNATURE_HEADER, sign
+from tests.runtime.mqtt_support import CHANNELS, IngestProcess, persisted_ids, self_signed
+from tests.runtime.webhook_support import Http, ndjson
+
+
+def _url(proc: IngestProcess) -> str:
+    proc.wait_for("listening on")
+    line = next(line for line in proc.lines if "listening on" in line)
+    return line.split(" listening on ")[1].split(" ")[0]
+
+
+def _layer(redis_url: str, namespace: str) -> FTLayer:
+    return FTLayer(FTConfig(redis_url=redis_url, namespace=namespace), "clicks", "events", num_channels=CHANNELS)
+
+
+@pytest.mark.slow
+def test_token_from_the_environment_hmac_from_the_command_line(redis_server_url: str, namespace: str) -> None:
+    proc = IngestProcess("clicks", "events", "--webhook", "127.0.0.1:0", "--webhook-hmac-secret", "k3y",
+                         redis_url=redis_server_url, namespace=namespace,
+                         env={"FTLAYER_INGEST_WEBHOOK_TOKEN": "t0ken"})
+    try:
+        url = _url(proc)
+        assert "Bearer token required" in proc.output and "HMAC signature required" in proc.output
+        http = Http(url)
+        body = ndjson([{"i": i} for i in range(7)]).encode()
+        signed = {"Content-Type": "application/x-ndjson", SIGNATURE_HEADER: sign(b"k3y", body)}
+        refused = http.call("POST", "batch", body, signed)  # no token
+        taken = http.call("POST", "batch", body, {**signed, "Authorization": "Bearer t0ken"})
+        ready = http.call("GET", "/readyz")
+        http.close()
+        assert (refused.status, taken.status, taken.doc) == (401, 200, {"accepted": 7})
+        assert (ready.status, ready.doc) == (200, {"ready": True})  # Redis answered the PING
+        assert sorted(persisted_ids(_layer(redis_server_url, namespace))) == list(range(7))
+    finally:
+        rc, out = proc.stop()
+    assert rc == 0, out
+    assert re.search(r"confirmed 7 records; requests answered 200: 1, 401: 1", out), out
+    assert "t0ken" not in out and "k3y" not in out
+
+
+@pytest.mark.slow
+def test_tls_options(redis_server_url: str, namespace: str, tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    proc = IngestProcess("clicks", "events", "--webhook", "127.0.0.1:0", "--webhook-tls-cert", str(cert),
+                         redis_url=redis_server_url, namespace=namespace,
+                         env={"FTLAYER_INGEST_WEBHOOK_TLS_KEY": str(key)})
+    try:
+        url = _url(proc)
+        assert url.startswith("https://")
+        http = Http(url, context=ssl.create_default_context(cafile=str(cert)))
+        answers = [http.post("batch", [{"i": i} for i in range(k, k + 5)]).status for k in (0, 5)]
+        http.close()
+        assert answers == [200, 200]
+    finally:
+        rc, out = proc.stop()
+    assert rc == 0, out
+
+
+@pytest.mark.parametrize(("args", "env", "says"), [
+    (["f.jsonl", "--webhook-token", "x"], {}, "--webhook-token is a webhook option: it needs --webhook"),
+    (["f.jsonl"], {"FTLAYER_INGEST_WEBHOOK_HMAC_SECRET": "x"}, "or unset FTLAYER_INGEST_WEBHOOK_HMAC_SECRET"),
+    (["f.jsonl", "--max-body-bytes", "10"], {}, "--max-body-bytes is a webhook option"),
+    (["--webhook", "0", "--webhook-tls-key", "k.pem"], {}, "--webhook-tls-key needs --webhook-tls-cert"),
+    (["--webhook", "0", "--webhook-tls-cert", "/nonexistent.pem"], {}, "cannot load the TLS certificate"),
+    (["--webhook", "0", "--max-body-bytes", "0"], {}, "invalid value '0'"),
+])
+def test_bad_webhook_options_end_in_one_error_line(
+        args: list[str], env: dict[str, str], says: str, redis_server_url: str, namespace: str,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    try:
+        rc = main(["ingest", "clicks", "events", *args, "--redis-url", redis_server_url, "--namespace", namespace])
+    except SystemExit as exc:  # argparse's usage error
+        rc = int(exc.code or 0)
+    out = capsys.readouterr()
+    assert rc == 2, out
+    assert says in out.err and out.err.count("error:") == 1, out.err
+
+
+def test_help_names_every_webhook_variable(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["ingest", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag, env in [("--webhook-token", "FTLAYER_INGEST_WEBHOOK_TOKEN"),
+                      ("--webhook-hmac-secret", "FTLAYER_INGEST_WEBHOOK_HMAC_SECRET"),
+                      ("--webhook-tls-cert", "FTLAYER_INGEST_WEBHOOK_TLS_CERT"),
+                      ("--webhook-tls-key", "FTLAYER_INGEST_WEBHOOK_TLS_KEY"),
+                      ("--max-body-bytes", "FTLAYER_INGEST_MAX_BODY_BYTES"),
+                      ("--webhook-reply-timeout-s", "FTLAYER_INGEST_WEBHOOK_REPLY_TIMEOUT_S")]:
+        assert flag in text and f"[env {env}]" in text
