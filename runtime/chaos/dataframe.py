@@ -61,6 +61,8 @@ class Lines:
         self._outage_ends: float | None = None
         # an effectively-once target (--sink): its foreachBatch sink writes instead of the lines
         self._sink = target.df_writer() if target is not None and target.effectively_once else None
+        # the sink reads the batch again after the collect below (two actions on one batch)
+        self.reads_twice = self._sink is not None
 
     def __call__(self, df: Any, batch_id: int) -> None:
         if self.fail_batch is not None and batch_id == self.fail_batch and df.count() > 0 \

@@ -12,7 +12,9 @@ The same faults as their Topology versions (:mod:`runtime.chaos.scenarios`,
   batch's hold lapsed (``max_batch_s``), so the first attempt is still in flight while its replay
   exists. Then it writes and Spark commits. Spark plans one batch after another, so the copies
   cannot be read before that commit; settling the batch finds the records failed by timeout and
-  completes them late (``late_completions``), which settles the copies unread. Each record then
+  completes them late (``late_completions``), which settles the copies unread (into an
+  effectively-once ``--sink`` the write reads the batch a second time, after they timed out:
+  that read skips them, so they are not completed late and their replays write them). Each record then
   reaches any sink once; an effectively-once sink would also drop a copy that was read (same
   lineage id). The DataFrame path has no XOR acks, so there is no ``late_deltas`` to count here.
 - ``mixed``: fail-rate (2 %), a Python worker exiting (``os._exit``), a poison record and
@@ -116,8 +118,15 @@ def delayed_acks(ctx: ScenarioContext, records: int, delayed: int = 3, timeout_s
     report.expect(f"while the write was in flight its delayed records timed out ({seen.get('failed_timeout', 0):.0f}) "
                   f"and were replayed ({seen.get('replayed', 0):.0f})",
                   bool(seen) and min(seen["failed_timeout"], seen["replayed"]) >= delayed)
-    report.expect(f"the batch's commit completed them late (late_completions={s.get('late_completions', 0)})",
-                  s.get("late_completions", 0) >= delayed)
+    late = s.get("late_completions", 0)
+    if writer.reads_twice:
+        # the sink's write reads the batch again, after they timed out: that read skipped them, so
+        # the commit must leave them to their replays (BATCH_SETTLE completes late only what every
+        # read handed on); the report's loss check shows the replays wrote them
+        report.notes.append(f"the write's own read of the batch skipped them: late_completions={late}, "
+                            "their replays wrote them")
+    else:
+        report.expect(f"the batch's commit completed them late (late_completions={late})", late >= delayed)
     report.expect(f"each record reached the sink once ({report.duplicates} ids twice)", report.duplicates == 0)
     report.expect("every replay of a delayed record is attributed to the fault",
                   not ids & set(report.unexplained_replays))
