@@ -59,12 +59,15 @@ from ftlayer.store import SourceStore, pack_ids
 MAX_REASON_BYTES = 8192
 _OTHER = struct.Struct(">IB")  # FLUSH's reply: position of a delta that did not complete, its status
 NO_REPLAY_FLAG = 0x8000  # top bit of a fail's reason length (reasons are < 2**15 bytes): dead-letter at once
+# how long a replaced link (rpl: a timed-out record -> its replay's id, REPLAY) or a FLUSH's no-copy
+# mark lasts: a batch that commits later than this after its records timed out no longer finds them
+REPLACED_LINK_TTL_S = 24 * 3600
 
 # The scripts this module runs (ftlayer.lua_script: their KEYS and ARGV, checked at each call)
 FLUSH = LuaScript(
-    "FLUSH", keys=(*STATE_KEYS, "tok:*"),
+    "FLUSH", keys=(*STATE_KEYS, "tok:*", "rpl?"),
     argv=("prefix", "use_token", "token_ttl_ms", "deltas", "fails", "now_ms", "backoff_initial_ms",
-          "backoff_multiplier", "backoff_max_ms", "token_field", "completing_only?"),
+          "backoff_multiplier", "backoff_max_ms", "token_field", "completing_only?", "link_ttl_ms?"),
 )
 PENDING = LuaScript("PENDING", keys=("ck",), argv=("prefix", "sids"))
 
@@ -309,6 +312,9 @@ class AckerTable:
             token.task if token else "-",
             "1" if completing_only else "0",
         ]
+        if fails:  # a fail of a record whose timeout came first marks it in rpl (see FLUSH)
+            keys.append(store.keys.replaced)
+            args.append(REPLACED_LINK_TTL_S * 1000)
         applied, others, late, failed = store.run(FLUSH, keys, args)
         acked: list[int] = []
         if applied and deltas:  # every delta completed its record but those listed in `others`

@@ -58,7 +58,7 @@ BATCH_KEY_TTL_S = 7 * 24 * 3600  # an unsettled batch key is garbage after this 
 
 # The script this module runs (ftlayer.lua_script: its KEYS and ARGV, checked at each call)
 BATCH_SETTLE = LuaScript(
-    "BATCH_SETTLE", keys=(*STATE_KEYS, "dfb:*", "rpl?"),
+    "BATCH_SETTLE", keys=(*STATE_KEYS, "dfb:*", "rpl?", "dfs:*?"),
     argv=("prefix", "mode", "max_elements", "reason", "now_ms", "backoff_initial_ms", "backoff_multiplier",
           "backoff_max_ms"),
 )
@@ -138,7 +138,7 @@ class BatchAcks:
         those count in the return value and in the ``late_completions`` counter.
         """
         s = self.store
-        keys = [*s.state_keys, s.keys.batch_reads(tag), s.keys.replaced]
+        keys = [*s.state_keys, s.keys.batch_reads(tag), s.keys.replaced, s.keys.batch_skips(tag)]
         total = 0
         while True:
             settled, left, late = s.run(

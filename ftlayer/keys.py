@@ -70,6 +70,12 @@ key suffix        type    contents
                           batch's end offset), as [chunk id 6][bitmap length u16][bitmap] per
                           chunk (PX expiry); acked and emptied once Spark committed the batch,
                           or failed by an acking point whose write failed
+``dfs:<tag>``     hash    DataFrame path, the read notes of batch ``tag`` (READ_CHANNEL): chunk
+                          id -> bitmap of the records of that chunk a read found no longer
+                          pending (``*``: the chunk was gone); ``r<channel>`` -> the reads of
+                          that partition; ``n<chunk id>`` -> channel * 2^24 + the reads that
+                          returned the chunk. BATCH_SETTLE completes late only what every read
+                          handed on (PX expiry); deleted with ``dfb:<tag>``
 ``holds``         hash    running micro-batches: ``tag`` -> ``"<deadline ms> <started ms>"``;
                           a timeout of a chunk in ``hld:<tag>`` falls due while the deadline
                           lies ahead is postponed (``ftlayer.holds``)
@@ -248,6 +254,10 @@ class SourceKeys:
     def batch_reads(self, tag: str) -> str:
         """Ids emitted by the read tasks of the micro-batch ``tag`` (DataFrame path)."""
         return self.key(f"dfb:{check_name('batch tag', tag)}")
+
+    def batch_skips(self, tag: str) -> str:
+        """``dfs:<tag>``: the read notes of the micro-batch ``tag`` (DataFrame path): what its reads did not hand on."""
+        return self.key(f"dfs:{check_name('batch tag', tag)}")
 
     @property
     def holds(self) -> str:

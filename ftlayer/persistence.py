@@ -60,9 +60,9 @@ log = logging.getLogger(__name__)
 PERSIST = LuaScript("PERSIST", keys=(*STATE_KEYS, "tok:*", "ch:*[num_channels]"),
                     argv=("prefix", "num_channels", "chunks", "token_ttl_ms"))
 READ_CHANNEL = LuaScript(
-    "READ_CHANNEL", keys=("ch:*", "ck", "cf", "rd", "hld:*?"),
+    "READ_CHANNEL", keys=("ch:*", "ck", "cf", "rd", "hld:*?", "dfs:*?"),
     argv=("start_id", "start_skip", "end_id", "max_entries", "max_records", "max_bytes", "budget_ms", "channel",
-          "hold_ttl_ms", "start_chunk?", "end_chunk?"),
+          "hold_ttl_ms", "start_chunk?", "end_chunk?", "skips_ttl_ms?", "first_call?"),
 )
 TRIM_DONE = LuaScript("TRIM_DONE", keys=("ch:*", "ck"), argv=("max_entries", "max_chunks", "budget_ms"))
 RESCALE = LuaScript("RESCALE", keys=("ck", "failed", "live", "ch:*..."), argv=())
@@ -322,6 +322,8 @@ class PersistenceLayer:
         max_bytes: int = SCRIPT_MAX_BYTES,
         hold: str | None = None,
         hold_ttl_ms: int = 3_600_000,
+        skips_ttl_ms: int | None = None,
+        first_call: bool = True,
         start_chunk: bytes = b"",
         end_chunk: bytes = b"",
         cuts: Mapping[bytes, tuple[int, int]] | None = None,
@@ -338,14 +340,27 @@ class PersistenceLayer:
         ``start_chunk`` (and ``skip`` 0) the read begins at that chunk of entry ``after``,
         included; with ``end_chunk`` the entry ``until`` is read up to that chunk, included;
         ``cuts`` keeps, of the chunks it names, only the records whose index ``i`` has
-        ``lo < i <= hi`` (``runtime.spark.ft_offsets``).
+        ``lo < i <= hi`` (``runtime.spark.ft_offsets``). With ``skips_ttl_ms`` (and ``hold``: the
+        DataFrame path's read tasks) the records of the chunks read that are no longer pending are
+        noted in ``dfs:<hold>`` for that long: this read does not hand them on, so the batch's
+        settle must not complete them late (``BATCH_SETTLE``). ``dfs:<hold>`` also counts the reads
+        of the channel (``first_call``: this call begins a read, a task's first page) and, per
+        chunk returned, the reads that returned it: a chunk some read of its partition did not
+        return (its records all settled and its entry trimmed before that read) is not completed
+        late either.
         """
         k = self.store.keys
         keys = [k.channel(channel), k.chunks, k.chunk_frames, k.read_marks]
         args: list[object] = [after, skip, until, max_entries, max_records, max_bytes, SCRIPT_BUDGET_MS, channel,
                               hold_ttl_ms, start_chunk, end_chunk]
+        if skips_ttl_ms is not None and hold is None:
+            msg = "read_channel: skips_ttl_ms needs hold (the batch whose reads it notes)"
+            raise ValueError(msg)
         if hold is not None:
             keys.append(k.held(hold))
+        if hold is not None and skips_ttl_ms is not None:
+            keys.append(k.batch_skips(hold))
+            args.extend([skips_ttl_ms, "1" if first_call else "0"])
         reply = self.store.run(READ_CHANNEL, keys, args)
         last = reply[0].decode() if reply and reply[0] else ""
         rest = reply[2:]

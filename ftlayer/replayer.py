@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ftlayer.acker_table import NO_REPLAY_FLAG
+from ftlayer.acker_table import NO_REPLAY_FLAG, REPLACED_LINK_TTL_S
 from ftlayer.chunks import MAX_DRAWS, assign_sids, pack_record_chunks
 from ftlayer.errors import FrameError, PartitioningError
 from ftlayer.frames import FAILED_PREFIX, SemiDeserializedRecord, SemiDeserializedSerializer
@@ -39,9 +39,9 @@ from ftlayer.store import SourceStore, in_use_error
 
 log = logging.getLogger(__name__)
 _SERIALIZER = SemiDeserializedSerializer()
-# how long REPLAY keeps the link from a timed-out record to its copy (keys.replaced): a DataFrame
-# batch committed later than this (a driver down for a day) counts the copy again
-REPLACED_LINK_TTL_S = 24 * 3600
+# REPLAY keeps the link from a timed-out record to its copy (keys.replaced) REPLACED_LINK_TTL_S
+# (ftlayer.acker_table): a DataFrame batch committed later than this (a driver down for a day)
+# counts the copy again
 TIMEOUT_REASON = "timeout"  # the reason EXPIRE gives a record that timed out (ftlayer/lua/expire.lua)
 _FAILED_HEADER = struct.Struct(">dH")  # FAILED_PREFIX bytes (ftlayer.frames), read by the Lua too
 

@@ -1,6 +1,7 @@
 -- batch_settle: ack (or fail) every still-pending record a micro-batch's read tasks emitted.
--- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, dfb:*, rpl?
---   dfb:* is the batch key (dfb:<tag>); rpl (optional) the replaced links, written by REPLAY
+-- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, dfb:*, rpl?, dfs:*?
+--   dfb:* is the batch key (dfb:<tag>); rpl (optional) the replaced links, written by REPLAY;
+--   dfs:* (optional, with rpl) the batch's read notes (dfs:<tag>, written by READ_CHANNEL)
 -- ARGV: prefix, mode, max_elements, reason, now_ms, backoff_initial_ms, backoff_multiplier, backoff_max_ms
 --   mode: 'ack' | 'fail'; max_elements: list elements to take in this call; reason: the fail reason
 -- Returns: {records settled in this call, list elements left, late completions}. The caller
@@ -14,6 +15,12 @@
 -- links to (rpl, followed through further timeouts) is settled if still pending, so the reader
 -- skips it. A copy already handed to a later batch cannot be recalled (the batches of one query
 -- run one after another, and this runs before the next is planned).
+-- Completed late only if every read of the batch handed the record on (dfs:<tag>): not a record a
+-- read found no longer pending, nor any record of a chunk that some read of its partition did not
+-- return (a foreachBatch function's second action, a task's retry, a re-run after a restart: the
+-- output may come from that read); their replays write them. dfs:<tag> goes with the batch key.
+-- A record a row function failed after its timeout is not completed late either: FLUSH took it
+-- out of late completion (its `failed` reason is no longer 'timeout', or its rpl link is gone).
 
 --@include lib/keys.lua
 
@@ -23,10 +30,30 @@
 
 local mode, budget, reason = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local now, b_init, b_mult, b_max = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local K_RPL = KEYS[13]
+local K_RPL, K_DFS = KEYS[13], KEYS[14]
 local settled, late_n = 0, 0
+local MASKS = {}
+local function not_handed_on(key, byte_no)
+  -- the bits of byte byte_no of chunk key that some read of the batch did not hand on (255: all)
+  if not K_DFS then return 0 end
+  local m = MASKS[key]
+  if m == nil then
+    m = redis.call('HGET', K_DFS, key) or ''
+    local v = tonumber(redis.call('HGET', K_DFS, 'n' .. key) or '')
+    if m ~= '*' and v then
+      local ch = math.floor(v / 16777216)
+      local reads = tonumber(redis.call('HGET', K_DFS, 'r' .. ch) or '0')
+      if v - ch * 16777216 < reads then m = '*' end  -- a read of its partition did not return it
+    end
+    MASKS[key] = m
+  end
+  if m == '*' then return 255 end
+  return string.byte(m, byte_no) or 0
+end
 local function complete_late(sid, depth)
   -- sid was emitted by the committed batch and is no longer pending: cancel its timeout's replay
+  local link = redis.call('HGET', K_RPL, sid)
+  if link and string.sub(link, 1, 8) == NO_LINK then return 0 end  -- a row function failed it
   local v = redis.call('HGET', K_FAILED, sid)
   if v then
     local rlen = struct.unpack('>I2', v, FL_REASON - 2)
@@ -37,7 +64,6 @@ local function complete_late(sid, depth)
     end
     return 0
   end
-  local link = redis.call('HGET', K_RPL, sid)
   if not link or depth > 64 then return 0 end
   redis.call('HDEL', K_RPL, sid)
   local nsid = string.sub(link, 1, 8)
@@ -51,6 +77,7 @@ local function complete_late(sid, depth)
   return complete_late(nsid, depth + 1)  -- the copy timed out too: follow it
 end
 local function late_bits(key, byte_no, bits)
+  bits = bit.band(bits, bit.bnot(not_handed_on(key, byte_no)), 255)
   for k = 0, 7 do
     if bit.band(bits, P2[k + 1]) ~= 0 then
       late_n = late_n + complete_late(key .. struct.pack('>I2', 8 * (byte_no - 1) + k), 0)
@@ -106,4 +133,6 @@ if settled + late_n > 0 then
   redis.call('HINCRBY', K_STATS, mode == 'fail' and 'failed_explicit' or 'acked', settled + late_n)
 end
 if late_n > 0 then redis.call('HINCRBY', K_STATS, 'late_completions', late_n) end
-return {settled, redis.call('LLEN', KEYS[12]), late_n}
+local left = redis.call('LLEN', KEYS[12])
+if left == 0 and K_DFS then redis.call('DEL', K_DFS) end
+return {settled, left, late_n}

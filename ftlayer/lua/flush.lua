@@ -1,18 +1,22 @@
 -- flush: apply explicit fails, then XOR deltas, at most once per token.
--- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, tok:*
---   tok:* is the token key (a hash per micro-batch)
+-- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, tok:*, rpl?
+--   tok:* is the token key (a hash per micro-batch); rpl (optional): the replaced links (REPLAY)
 -- ARGV: prefix, use_token, token_ttl_ms, deltas, fails, now_ms, backoff_initial_ms, backoff_multiplier,
---       backoff_max_ms, token_field, completing_only?
+--       backoff_max_ms, token_field, completing_only?, link_ttl_ms?
 --   use_token: '1'|'0'; deltas: n x [sid 8][value 8], sorted by sid so the records of a chunk come
 --   together; fails: n x [sid 8][reason len u16, top bit = no replay][reason]; token_field: the task's
 --   flush in that batch; completing_only: '1': apply a delta only if it completes its record, leave
---   the others untouched (optional, default '0')
+--   the others untouched (optional, default '0'); link_ttl_ms: the rpl ttl (with rpl)
 -- Returns: {applied (1, or 0 if the token was seen), the deltas that did not complete their record,
 --           as [position u32][status u8] each (status 0: the record is not pending (late), 2: applied,
 --           its tree still open, 3: not applied (completing only)); every other delta completed its
 --           record; late deltas, failed count}
 -- A delta for a record that is not pending (already completed or failed) is ignored: late acks
--- never resurrect or corrupt a record. A completing-only call needs no token: a delta it applies
+-- never resurrect or corrupt a record. A fail for a record no longer pending is late too, but with
+-- rpl it is not forgotten: if the record waits in `failed` or was replayed (its timeout fired
+-- first), its rpl field becomes the no-copy mark (NO_LINK and the time), so BATCH_SETTLE never
+-- completes it late (its batch's output lacks it: a row function failed it) and REPLAY links no
+-- copy to it; its replay goes ahead. A completing-only call needs no token: a delta it applies
 -- settles its record, so the same call again finds nothing to change.
 -- Cost: per chunk touched, two HGETs and one HSET (or three HDELs when its last record settles);
 -- per delta, a few Lua steps on numbers (plus an HGET/HDEL in `xv` in a chunk whose trees are split).
@@ -32,6 +36,7 @@ if ARGV[2] == '1' then
 end
 local now, b_init, b_mult, b_max = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local fails, failed_n, pos, cache = ARGV[5], 0, 1, {}
+local K_RPL, no_link = KEYS[13], nil
 while pos + 9 <= #fails do
   local sid = string.sub(fails, pos, pos + 7)
   local rlen = struct.unpack('>I2', fails, pos + 8)
@@ -48,8 +53,12 @@ while pos + 9 <= #fails do
   if c and chunk_pending(c, i) then
     chunk_fail(c, i, reason, now, b_init, b_mult, b_max, no_replay)
     failed_n = failed_n + 1
+  elseif K_RPL and (redis.call('HEXISTS', K_FAILED, sid) == 1 or redis.call('HEXISTS', K_RPL, sid) == 1) then
+    no_link = no_link or (NO_LINK .. struct.pack('>d', now / 1000))
+    redis.call('HSET', K_RPL, sid, no_link)
   end
 end
+if no_link then redis.call('PEXPIRE', K_RPL, ARGV[12]) end
 for _, c in pairs(cache) do
   if c then chunk_save(c) end
 end

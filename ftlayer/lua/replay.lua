@@ -10,9 +10,11 @@
 -- leaves a hole in its new chunk, so each failure is replayed at most once.
 -- With rpl, a record that failed by timeout leaves the link old sid -> new sid (and the time):
 -- its batch may still commit (a DataFrame batch that ran past its hold), and BATCH_SETTLE then
--- settles the copy instead. Each call that writes links sweeps at least as many (HSCAN from
--- the cursor kept in field `~`) and drops those older than the ttl: the hash stays bounded by
--- the timeout rate times the ttl; the whole hash expires a ttl after the last link.
+-- settles the copy instead. No link where FLUSH left its NO_LINK mark (a row function failed the
+-- record after its timeout: its batch's output lacks it, so the copy must count). Each call that
+-- writes links sweeps at least as many (HSCAN from the cursor kept in field `~`) and drops those
+-- (and marks) older than the ttl: the hash stays bounded by the timeout rate times the ttl; the
+-- whole hash expires a ttl after the last link.
 
 --@include lib/keys.lua
 
@@ -37,9 +39,8 @@ local stamp = struct.pack('>d', tonumber(now_s))
 take_by_olds(chunks, ARGV[4], function(old, c, i)
   if redis.call('HDEL', K_FAILED, old) == 0 then return false end
   redis.call('ZREM', K_DUE, old)
-  if timed[old] then
-    redis.call('HSET', K_RPL, old, chunk_sid(c, i) .. stamp)
-    links = links + 1
+  if timed[old] and redis.call('HSETNX', K_RPL, old, chunk_sid(c, i) .. stamp) == 1 then
+    links = links + 1  -- (a NO_LINK mark already there: a row function failed it late, FLUSH)
   end
   return true
 end)

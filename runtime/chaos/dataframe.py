@@ -14,7 +14,8 @@ loop starts the query, waits until ingest ended and nothing is pending or waitin
 lets the last batch commit, and stops it; a query that dies is restarted on its checkpoint
 (ingest is not restarted: it never depended on the query). A Redis outage is ridden out, not
 taken for a dead query. The checker is the same as for the Topology scenarios. The sink and
-stateful scenarios are in :mod:`runtime.chaos.df_sinks`; the process kills (driver, Redis,
+stateful scenarios are in :mod:`runtime.chaos.df_sinks`, the executor kill, the stalled write
+(delayed-acks) and the mixed faults in :mod:`runtime.chaos.df_matrix`; the process kills (driver, Redis,
 webhook driver) share :mod:`runtime.chaos.procs` and :mod:`runtime.chaos.webhook` with the
 Topology path, whose driver programs take ``--pipeline dataframe``.
 """
@@ -48,16 +49,20 @@ TRIGGER = "200 milliseconds"
 class Lines:
     """``foreachBatch`` writer: the batch's rows as CollectingSink lines. Batch faults: ``fail_batch``
     dies once on that batch; ``slow_s`` sleeps that long on the first batch with rows (a slow sink);
-    ``down_until`` raises while ``time.monotonic()`` is before it (a sink outage, from the first
-    batch with rows on: the caller sets it, see :mod:`runtime.chaos.df_sinks`)."""
+    ``outage_s``: raises for that long from the first batch with rows on (a sink outage, see
+    :mod:`runtime.chaos.df_sinks`); ``before_write(ids)`` is called with the batch's ids after it
+    read them and before it writes (a write that stalls, see :mod:`runtime.chaos.df_matrix`)."""
 
     def __init__(self, out: Path, faults: FaultLog, fail_batch: int | None = None, *, slow_s: float = 0.0,
-                 outage_s: float = 0.0, target: Target | None = None) -> None:
+                 outage_s: float = 0.0, target: Target | None = None,
+                 before_write: Callable[[list[int]], None] | None = None) -> None:
         self.out, self.faults, self.fail_batch = out, faults, fail_batch
-        self.slow_s, self.outage_s = slow_s, outage_s
+        self.slow_s, self.outage_s, self.before_write = slow_s, outage_s, before_write
         self._outage_ends: float | None = None
         # an effectively-once target (--sink): its foreachBatch sink writes instead of the lines
         self._sink = target.df_writer() if target is not None and target.effectively_once else None
+        # the sink reads the batch again after the collect below (two actions on one batch)
+        self.reads_twice = self._sink is not None
 
     def __call__(self, df: Any, batch_id: int) -> None:
         if self.fail_batch is not None and batch_id == self.fail_batch and df.count() > 0 \
@@ -74,6 +79,8 @@ class Lines:
                 raise ConnectionError(msg)
         if rows and self.slow_s and self.faults.once("slow-sink", "first"):
             time.sleep(self.slow_s)
+        if rows and self.before_write is not None:
+            self.before_write([int(r["i"]) for r in rows])
         if self._sink is not None:
             from pyspark.sql import functions as F
 
@@ -96,8 +103,10 @@ def write_lines(out: Path, lines: list[dict[str, Any]]) -> None:
 
 def start_pipeline(spark: Any, cfg: FTConfig, checkpoint: Path, write: Callable[[Any, int], None],
                    mapper: Callable[[Any], Any], *, max_records_per_batch: int | None = 500,
-                   on_error: str = "auto") -> Any:
-    """Start the chaos DataFrame query (module notes) on ``checkpoint``; returns the StreamingQuery."""
+                   on_error: str = "auto", keyed: bool = False) -> Any:
+    """Start the chaos DataFrame query (module notes) on ``checkpoint``; returns the StreamingQuery.
+    ``keyed``: repartition by ``user`` before the row function (a shuffle, so the function runs in a
+    second stage, as after the Topology pipeline's ``key_by``)."""
     import ftlayer
 
     def apply(i: int, user: str) -> int:
@@ -106,6 +115,8 @@ def start_pipeline(spark: Any, cfg: FTConfig, checkpoint: Path, write: Callable[
 
     df = ftlayer.read_stream(spark, TOPOLOGY, SOURCE, schema="i long, user string", config=cfg,
                              num_channels=cfg.num_channels, max_records_per_batch=max_records_per_batch)
+    if keyed:
+        df = df.repartition(2, "user")
     out = df.withColumn("ok", ftlayer.udf(apply, "int", config=cfg)("i", "user")).filter("ok IS NOT NULL")
     return (out.writeStream.foreachBatch(ftlayer.acking(write, config=cfg, on_error=on_error))
             .option("checkpointLocation", str(checkpoint)).trigger(processingTime=TRIGGER).start())
@@ -147,7 +158,7 @@ def serve(spark: Any, cfg: FTConfig, source: Any, workdir: Path, *, sleep_s: flo
 def _run(ctx: ScenarioContext, source: Any, faults: list[RecordFault], *,
          fail_batch: int | None = None, max_records_per_batch: int | None = 500,
          timeout_s: float = 300.0, max_restarts: int = 3, write: Callable[[Any, int], None] | None = None,
-         on_tick: Callable[[Any], None] | None = None, check: bool = True) -> tuple[Report, int]:
+         on_tick: Callable[[Any], None] | None = None, check: bool = True, keyed: bool = False) -> tuple[Report, int]:
     """Run the pipeline over ``source`` until drained (restarting a dead query on its checkpoint)."""
     from runtime.dataframe import sources
 
@@ -162,7 +173,7 @@ def _run(ctx: ScenarioContext, source: Any, faults: list[RecordFault], *,
             writer = write or Lines(ctx.out_dir, ctx.faults, fail_batch, target=ctx.target)
             query = start_pipeline(ctx.spark, cfg, ctx.checkpoint, writer, mapper,
                                    max_records_per_batch=max_records_per_batch,
-                                   on_error="raise" if fail_batch is not None else "auto")
+                                   on_error="raise" if fail_batch is not None else "auto", keyed=keyed)
             died = _wait(query, handle, ingestor, deadline, on_tick)
             if died is None:
                 break
@@ -254,9 +265,12 @@ def batch_fails(ctx: ScenarioContext, records: int, batch: int = 2) -> Report:
 
 
 def _variants() -> dict[str, Callable[..., Report]]:
-    from runtime.chaos import df_sinks, mqtt, procs, webhook
+    from runtime.chaos import df_matrix, df_sinks, mqtt, procs, webhook
 
     return {
+        "kill-executor": df_matrix.kill_executor,
+        "delayed-acks": df_matrix.delayed_acks,
+        "mixed": df_matrix.mixed,
         "kill-driver": functools.partial(procs.kill_driver, pipeline="dataframe"),
         "kill-redis": functools.partial(procs.kill_redis, pipeline="dataframe"),
         "long-outage": functools.partial(procs.long_outage, pipeline="dataframe"),

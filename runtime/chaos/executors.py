@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from runtime.chaos.base import ChaosError, ScenarioContext
-from runtime.chaos.faults import _DriverThread
+from runtime.chaos.faults import RecordFault, _DriverThread
 from runtime.checker import Report
+from runtime.testing import FaultLog
 
 EXECUTOR_MAIN = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 
@@ -67,19 +68,84 @@ def has_executor_jvms(spark: Any) -> bool:
     return not (master == "local" or master.startswith("local["))
 
 
+def executor_jvm_of(pid: int) -> int | None:
+    """The executor JVM among ``pid``'s ancestors (a Python worker's daemon's parent), or None."""
+    seen = 0
+    while pid > 1 and seen < 16:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        if EXECUTOR_MAIN.encode() in argv:
+            return pid
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the parent's pid
+        seen += 1
+    return None
+
+
+class StallUntilKilled(RecordFault):
+    """A record fault: the task that processes ``at_id`` (once) writes its executor JVM's PID to
+    ``<fault log>/<name>/jvm`` and waits, for at most ``stall_s``, for that JVM to die, so an
+    :class:`ExecutorKiller` with :meth:`victim` kills the JVM while it runs a task of the batch.
+    Once the JVM is gone the Python worker exits (its JVM's socket is closed anyway). The ids the
+    task saw are recorded: a retry on another executor processes them again."""
+
+    def __init__(self, faults: FaultLog, at_id: int, *, stall_s: float = 60.0, name: str = "stall-task") -> None:
+        self.log, self.at_id, self.stall_s, self.name = faults, at_id, stall_s, name
+        self._task: int | None = None
+        self._seen: list[int] = []
+
+    @property
+    def jvm_file(self) -> Path:
+        return Path(self.log.directory, self.name, "jvm")
+
+    def victim(self, pids: list[int]) -> int | None:
+        """For :class:`ExecutorKiller`: the stalled task's JVM once it stalls (None before)."""
+        try:
+            jvm = int(self.jvm_file.read_text())
+        except (OSError, ValueError):
+            return None
+        return jvm if jvm in pids else None
+
+    def __call__(self, value: Any) -> None:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        task = tc.taskAttemptId() if tc is not None else None
+        if task != self._task:
+            self._task, self._seen = task, []
+        i = int(value["i"])
+        self._seen.append(i)
+        if i != self.at_id or not self.log.once(self.name, f"i{i}"):
+            return
+        jvm = executor_jvm_of(os.getpid())
+        self.log.record(self.name, self._seen)
+        if jvm is None:  # no executor JVM of our own (local[N]): nothing to wait for
+            return
+        tmp = self.jvm_file.with_suffix(".tmp")
+        tmp.write_text(str(jvm))
+        tmp.rename(self.jvm_file)
+        if _wait_gone(jvm, self.stall_s):
+            os._exit(0)
+
+
 class ExecutorKiller(_DriverThread):
     """Driver thread: once ``progress()`` reaches ``threshold``, SIGKILL one executor JVM of ``app_id``
-    (once). ``killed`` is the PID it killed (None until then), ``progress_at_kill`` the progress it
-    saw just before the kill, ``error`` why it could not kill."""
+    (once): the one ``pick(pids)`` names (it may return None: not yet), else the last. ``killed`` is
+    the PID it killed (None until then), ``progress_at_kill`` the progress it saw just before the
+    kill, ``error`` why it could not kill."""
 
     thread_name = "chaos-kill-executor"
 
-    def __init__(self, app_id: str, progress: Callable[[], int], threshold: int, poll_s: float = 0.1) -> None:
+    def __init__(self, app_id: str, progress: Callable[[], int], threshold: int, poll_s: float = 0.1, *,
+                 pick: Callable[[list[int]], int | None] | None = None) -> None:
         super().__init__()
         self.app_id = app_id
         self.progress = progress
         self.threshold = threshold
         self.poll_s = poll_s
+        self.pick = pick
         self.killed: int | None = None
         self.progress_at_kill = -1
         self.gone = False  # the killed JVM left the process table (its worker reaped it)
@@ -97,7 +163,9 @@ class ExecutorKiller(_DriverThread):
             if not pids:
                 self.error = f"no executor JVM of application {self.app_id} found in /proc"
                 return
-            victim = pids[-1]
+            victim = pids[-1] if self.pick is None else self.pick(pids)
+            if victim is None:
+                continue
             try:
                 os.kill(victim, signal.SIGKILL)
             except ProcessLookupError:  # it ended on its own: look again next tick

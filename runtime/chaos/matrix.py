@@ -4,13 +4,12 @@
 ``ftlayer chaos`` once per (sink, pipeline, scenario), one after another (each starts its own
 Spark), and prints one line each: the verdict, what was lost, and the duplicates the target
 shows (ids written twice; with an effectively-once sink the checker reads the target back, so
-that is what a user of the table would see). The report of each run is kept in ``--out``.
+that is what a user of the table would see), and the run's seconds (Spark's start included, a
+wait for ``--lock`` not). The report of each run is kept in ``--out``.
 
-Scenarios: the Topology pipeline runs kill-driver, kill-worker, kill-executor (two executor
-JVMs, ``local-cluster``), batch-fails, fail-rate, kill-redis, delayed-acks, poison and mixed;
-the DataFrame pipeline runs those it has (kill-driver, kill-worker, batch-fails, fail-rate,
-kill-redis, poison). Exit status 0 only if every run passed with 0 lost and, for an
-effectively-once sink, 0 duplicates.
+Scenarios, on both pipelines: kill-driver, kill-worker, kill-executor (two executor JVMs,
+``local-cluster``), batch-fails, fail-rate, kill-redis, delayed-acks, poison and mixed. Exit
+status 0 only if every run passed with 0 lost and, for an effectively-once sink, 0 duplicates.
 """
 
 from __future__ import annotations
@@ -26,9 +25,10 @@ from pathlib import Path
 
 TOPOLOGY = ("kill-driver", "kill-worker", "kill-executor", "batch-fails", "fail-rate", "kill-redis",
             "delayed-acks", "poison", "mixed")
-DATAFRAME = ("kill-driver", "kill-worker", "batch-fails", "fail-rate", "kill-redis", "poison")
+DATAFRAME = TOPOLOGY
 EFFECTIVELY_ONCE = ("postgres", "delta", "redis")
 LOCAL_CLUSTER = "local-cluster[2,1,1024]"
+LOCK_TAKEN = "chaos-matrix: lock taken"
 
 
 @dataclass(frozen=True)
@@ -65,20 +65,27 @@ def parse_report(text: str) -> tuple[bool, int | None, int | None]:
     return ok, (max(lost) if lost else None), (max(dups) if dups else None)
 
 
+def lock_taken(text: str, default: float) -> float:
+    """When the run got the ``--lock`` (epoch seconds, from its first output line), else ``default``."""
+    m = re.search(rf"^{LOCK_TAKEN} (\d+\.\d+)", text, re.M)
+    return float(m.group(1)) if m else default
+
+
 def run_cell(sink: str, pipeline: str, scenario: str, out: Path, *, sink_url: str | None = None,
              lock: Path | None = None) -> Cell:
-    cmd = [*(["flock", str(lock)] if lock else []), sys.executable, "-m", "runtime.cli.main", "chaos", scenario,
-           "--pipeline", pipeline, "--sink", sink]
+    # under --lock the run says when it got the lock, so its seconds leave out the wait
+    locked = ["flock", str(lock), "sh", "-c", f'echo "{LOCK_TAKEN} $(date +%s.%N)"; exec "$@"', "sh"] if lock else []
+    cmd = [*locked, sys.executable, "-m", "runtime.cli.main", "chaos", scenario, "--pipeline", pipeline, "--sink", sink]
     if sink_url:
         cmd += ["--sink-url", sink_url]
     if scenario == "kill-executor":
         cmd += ["--master", LOCAL_CLUSTER]
     if scenario == "kill-redis":
         cmd += ["--durability", "waitaof"]  # the loss-free mode on one server; `all` is its own test
-    started = time.monotonic()
+    started = time.time()
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    seconds = time.monotonic() - started
     text = done.stdout + done.stderr
+    seconds = time.time() - lock_taken(text, started)
     (out / f"{sink}-{pipeline}-{scenario}.txt").write_text(f"$ {' '.join(cmd)}\nexit {done.returncode}\n\n{text}")
     ok, lost, dups = parse_report(text)
     return Cell(sink, pipeline, scenario, ok and done.returncode == 0, lost, dups, seconds)

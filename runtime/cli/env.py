@@ -148,9 +148,9 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
               "JVMs (needed by kill-executor)", metavar="MASTER"),
     EnvOption("chaos", "--pipeline", "FTLAYER_CHAOS_PIPELINE", "str", "topology",
               "the pipeline under the faults: the Topology API, or a DataFrame pipeline (read_stream, "
-              "ftlayer.udf, foreachBatch(acking)); dataframe runs fail-rate, kill-worker, poison, "
-              "batch-fails, kill-driver, kill-redis, long-outage, webhook-driver-kill, mqtt-driver-kill, slow-sink, "
-              "sink-outage and aggregate", choices=("topology", "dataframe")),
+              "ftlayer.udf, foreachBatch(acking)); dataframe runs fail-rate, kill-worker, kill-executor, poison, "
+              "batch-fails, kill-driver, kill-redis, long-outage, delayed-acks, mixed, webhook-driver-kill, "
+              "mqtt-driver-kill, slow-sink, sink-outage and aggregate", choices=("topology", "dataframe")),
     EnvOption("chaos", "--sink", "FTLAYER_CHAOS_SINK", "str", "lines",
               "where the pipeline writes: JSON lines (at-least-once: a replay shows as a duplicate), or an "
               "effectively-once sink keyed by lineage id (postgres, delta, redis); the report then counts what "

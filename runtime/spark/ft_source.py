@@ -89,7 +89,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
 
-from ftlayer.batch_acks import batch_tag
+from ftlayer.batch_acks import BATCH_KEY_TTL_S, batch_tag
 from ftlayer.chunks import CHUNK_KEY_BYTES, STATE_HEADER
 from ftlayer.config import FTConfig, parse_bool
 from ftlayer.connection import resolved
@@ -261,6 +261,10 @@ class ChannelPartition(InputPartition):
 
 class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[misc]
     """Stream reader of one ftlayer source (see the module notes for offsets and processes)."""
+
+    # the DataFrame path's reader (typed_source) settles each batch at Spark's commit: its read
+    # tasks note the records of their range no longer pending (ftlayer.keys ``dfs:<tag>``)
+    NOTES_SKIPS = False
 
     def __init__(self, options: FTSourceOptions) -> None:
         self.opts = options
@@ -585,6 +589,8 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         layer = self.layer
         page = self.opts.read_page_entries
         hold_ttl_ms = int((self.opts.max_batch_s + HOLD_SET_MARGIN_S) * 1000)
+        # the DataFrame path settles a batch's reads at Spark's commit: note what this read skips
+        skips_ttl_ms = BATCH_KEY_TTL_S * 1000 if self.NOTES_SKIPS else None
         # positions inside an entry (runtime.spark.ft_offsets): the server begins and ends at their
         # chunks, and the reader keeps only the records of those chunks inside the range
         first, last = Position.parse(after), Position.parse(until)
@@ -597,11 +603,14 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         start_chunk = first.chunk or b""
         after = first.entry
         skip = 0  # chunks of entry `after` already read: a read call is bounded and may stop inside an entry
+        first_call = True  # this read's first call counts the read (dfs:<tag>, DataFrame path)
         while True:
             batch = layer.read_channel(c, shard=shard, after="-" if after == START_ID else after, until=last.entry,
                                        max_entries=page, skip=skip, hold=tag, hold_ttl_ms=hold_ttl_ms,
-                                       start_chunk=start_chunk, end_chunk=last.chunk or b"", cuts=cuts)
-            start_chunk = b""  # the start bound is the first call's only
+                                       skips_ttl_ms=skips_ttl_ms if tag is not None else None,
+                                       first_call=first_call, start_chunk=start_chunk,
+                                       end_chunk=last.chunk or b"", cuts=cuts)
+            start_chunk, first_call = b"", False  # the start bound is the first call's only
             blob, starts, lengths, sids = batch.spans()
             if sids:
                 yield from self._arrow(blob, starts, lengths, sids)

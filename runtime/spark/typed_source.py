@@ -74,6 +74,8 @@ def batch_identity(get: Any) -> tuple[str, int] | None:
 class TypedStreamReader(FTStreamReader):
     """FT stream reader that decodes payloads into ``schema`` and files emitted ids per batch."""
 
+    NOTES_SKIPS = True  # a record a re-read of the batch skipped must not complete late (BATCH_SETTLE)
+
     def __init__(self, options: FTSourceOptions, schema: StructType) -> None:
         super().__init__(options)
         meta = [f for f in schema.fields if f.name == METADATA_COLUMN]

@@ -76,6 +76,33 @@ def test_a_batch_that_hangs_past_max_batch_s_times_out_and_completes_late(run: C
     assert sorted(rows) == list(range(200))  # written once, by the hung batch
 
 
+def test_a_record_that_times_out_between_two_reads_of_its_batch_is_not_completed_late(
+        run: Callable[..., Run]) -> None:
+    """A ``foreachBatch`` function that runs two actions (a count, then the write) reads the source
+    twice. A record that timed out between the two reads (the batch hung past max_batch_s) is no
+    longer pending, so the write does not see it: the batch must not complete it late, its replay
+    is what writes it. (Found by chaos delayed-acks --pipeline dataframe --sink delta: the late
+    completion settled the copies and the 3 delayed records were lost.)"""
+    r = run(20, timeout_s=2.0, num_buckets=3, max_batch_s=1.0)
+    rows: list[int] = []
+    hang = {"first": True}
+
+    def write(df: DataFrame, _batch_id: int) -> None:
+        if df.count() and hang["first"]:  # the first read of the batch
+            hang["first"] = False
+            deadline = time.monotonic() + 30.0
+            while r.handle.stats()["replayed"] < 20 and time.monotonic() < deadline:
+                time.sleep(0.1)  # until every record of the batch timed out and was replayed
+        rows.extend(row["i"] for row in df.collect())  # the write: a second read
+
+    r.start(r.df.select("i"), write)
+    stats = r.drained()
+    r.query.stop()
+    r.handle.stop()
+    assert stats["failed_timeout"] >= 20 and stats["replayed"] >= 20, stats
+    assert sorted(rows) == list(range(20)), stats  # written once each, by their replays
+
+
 def test_a_sink_down_for_five_timeouts_costs_no_replay(run: Callable[..., Run]) -> None:
     r = run(400, timeout_s=4.0, num_buckets=3)  # defaults otherwise: in-place retries, breaker
     rows: list[int] = []

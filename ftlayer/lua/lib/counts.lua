@@ -51,3 +51,6 @@ local function channel_keys_error(nch)
 end
 
 local NO_REPLAY = 32768  -- top bit of a reason length: dead-letter without replays
+-- an rpl value's first 8 bytes in place of a copy's id: a row function failed the record after its
+-- timeout (FLUSH), so its batch may not complete it late and REPLAY links no copy to it
+local NO_LINK = string.rep('\255', 8)

@@ -26,11 +26,12 @@ pytestmark = pytest.mark.spark
 MASTER = "local-cluster[2,1,1024]"
 
 
-def _chaos(scenario: str, url: str, ns: str, records: int) -> subprocess.CompletedProcess[str]:
+def _chaos(scenario: str, url: str, ns: str, records: int,
+           pipeline: str = "topology") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     return subprocess.run(
         [sys.executable, "-m", "runtime.cli.main", "chaos", scenario, "--master", MASTER,
-         "--redis-url", url, "--namespace", ns, "--records", str(records)],
+         "--redis-url", url, "--namespace", ns, "--records", str(records), "--pipeline", pipeline],
         capture_output=True, text=True, timeout=900, env=env, check=False,
     )
 
@@ -44,9 +45,14 @@ def _assert_settled(url: str, ns: str, records: int) -> None:
     assert layer.leftovers() == []
 
 
-@pytest.mark.parametrize(("scenario", "records"), [("kill-executor", 2000), ("fail-rate", 2000)])
-def test_scenario_on_two_executor_jvms(scenario: str, records: int, redis_server_url: str, namespace: str) -> None:
-    done = _chaos(scenario, redis_server_url, namespace, records)
+@pytest.mark.parametrize(("scenario", "pipeline", "records"), [
+    ("kill-executor", "topology", 2000), ("fail-rate", "topology", 2000),
+    # the JVM running a batch's task is killed while the task runs (df_matrix.kill_executor)
+    ("kill-executor", "dataframe", 600),
+])
+def test_scenario_on_two_executor_jvms(scenario: str, pipeline: str, records: int, redis_server_url: str,
+                                       namespace: str) -> None:
+    done = _chaos(scenario, redis_server_url, namespace, records, pipeline)
     print(done.stdout[-3000:])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "lost               0" in done.stdout

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.chaos.matrix import Cell, parse_report
+from runtime.chaos.matrix import LOCK_TAKEN, Cell, lock_taken, parse_report
 
 REPORT = """chaos scenario kill-driver: OK
   records in         2000 produced by the source, 2000 persisted by ingest
@@ -24,3 +24,8 @@ def test_an_effectively_once_sink_passes_only_with_no_duplicates() -> None:
     assert not Cell("postgres", "topology", "delayed-acks", True, 0, 3, 1.0).passed
     assert Cell("postgres", "topology", "delayed-acks", True, 0, 0, 1.0).passed
     assert not Cell("delta", "dataframe", "kill-driver", True, None, 0, 1.0).passed
+
+
+def test_a_run_under_the_lock_is_timed_from_when_it_got_it() -> None:
+    assert lock_taken(f"{LOCK_TAKEN} 1700000123.250000000\n" + REPORT, 1.0) == 1700000123.25
+    assert lock_taken(REPORT, 7.0) == 7.0
