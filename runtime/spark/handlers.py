@@ -44,7 +44,7 @@ threads.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -179,10 +179,6 @@ class FTHandler:
         finally:
             current.end()
         return self.anchors.anchor(batch, counts, outputs)
-
-    def process(self, rows: Iterable[Row], chain: Chain) -> Iterator[Row]:
-        """:meth:`process_batch` for rows as tuples (``(src, sid, cid, origin, value, carried delta)``)."""
-        return self.process_batch(RowBatch.from_rows(list(rows)), chain).rows()
 
     def receive_batch(self, batch: RowBatch) -> RowBatch:
         """At the sink: apply the carrier rows' deltas now (they hold no record and stand
