@@ -1,10 +1,10 @@
 """FT handlers: what wraps a source, an operator or a sink, after the original design.
 
-``FTHandler`` is made of three parts:
+``FTHandler`` is made of two parts (the design's third, the Persister of sources, is no
+handler here: the driver's ingest, :class:`runtime.driver.ingest.Ingestor`, gives each raw
+record its ids, hashes its key, routes it to a channel and persists it through
+``FTLayer.persist_chunks`` before a read may emit it):
 
-- **Persister** (sources): gives each raw record a RecordId, hashes its key,
-  serializes it into a SemiDeserializedRecord, routes it to a channel and
-  persists it before it may be emitted.
 - **AnchorHandler** (operators): ties every output of a user function to its
   input record's RecordId: the same source record id, and a child id
   ``child_id(input current id, operator, output index)``, so a retried Spark
