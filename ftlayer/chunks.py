@@ -79,7 +79,7 @@ INDEX_BITS = 16
 CHUNK_KEY_BYTES = 6
 #: Most records one chunk may hold (its index field is 16 bits; the server's bitmap work is bounded by this).
 CHUNK_MAX_RECORDS = 4096
-#: Records per chunk when ftlayer draws the ids (ingest, replays, requeues, layout migration).
+#: Records per chunk when ftlayer draws the ids (ingest, replays, requeues).
 CHUNK_TARGET_RECORDS = 1024
 #: Frame bytes per chunk when ftlayer draws the ids (a single larger frame forms a chunk of its own).
 CHUNK_MAX_BYTES = 1 << 20

@@ -252,11 +252,6 @@ class FTConfig:
         """Seconds between bucket rotations: timeout_s / (num_buckets - 1)."""
         return self.timeout_s / (self.num_buckets - 1)
 
-    def replay_delay_s(self, replay_count: int) -> float:
-        """Backoff before replay number ``replay_count + 1``: initial * multiplier**count, capped."""
-        delay = self.replay_backoff_initial_s * self.replay_backoff_multiplier ** min(replay_count, 64)
-        return min(delay, self.replay_backoff_max_s)
-
     @property
     def explicit_options(self) -> frozenset[str]:
         """Options set in code (constructor keywords, ``load`` overrides, ``replace`` changes)."""

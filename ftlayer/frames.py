@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ftlayer.errors import FrameError, SerializationError
@@ -212,14 +212,6 @@ def _decode_at(buf: _Buffer, offset: int, size: int) -> tuple[SemiDeserializedRe
     return rec, end
 
 
-def _iter_frames(buf: _Buffer) -> Iterator[SemiDeserializedRecord]:
-    size = len(buf)
-    offset = 0
-    while offset < size:
-        rec, offset = _decode_at(buf, offset, size)
-        yield rec
-
-
 class SemiDeserializedSerializer:
     """Frames <-> :class:`SemiDeserializedRecord`; stateless and picklable.
 
@@ -233,10 +225,6 @@ class SemiDeserializedSerializer:
         """One self-delimiting frame for ``rec``; ``SerializationError`` if it is no record."""
         return encode_frame(rec)
 
-    def encode_many(self, recs: Iterable[SemiDeserializedRecord]) -> bytes:
-        """The frames of ``recs`` concatenated in order (``b""`` for none)."""
-        return b"".join(map(encode_frame, recs))
-
     def decode(self, buf: bytes | bytearray | memoryview) -> SemiDeserializedRecord:
         """The record of a buffer holding exactly one frame.
 
@@ -249,28 +237,3 @@ class SemiDeserializedSerializer:
             msg = f"{size - end} trailing bytes after the frame ending at offset {end}"
             raise FrameError(msg)
         return rec
-
-    def iter_frames(
-        self, buf: bytes | bytearray | memoryview
-    ) -> Iterator[SemiDeserializedRecord]:
-        """Records of a concatenation of frames, in order, decoded lazily.
-
-        A bad frame raises ``FrameError`` when the iteration reaches it, after
-        the records before it were yielded; a wrong buffer type raises at once.
-        """
-        return _iter_frames(_as_buffer(buf))
-
-    def split(self, buf: bytes | bytearray | memoryview) -> list[bytes]:
-        """The raw bytes of each frame of a concatenation, each checked.
-
-        All or nothing: any bad frame raises ``FrameError`` naming its offset.
-        """
-        view = _as_buffer(buf)
-        size = len(view)
-        out: list[bytes] = []
-        offset = 0
-        while offset < size:
-            _, end, _ = _check_at(view, offset, size)
-            out.append(bytes(view[offset:end]))
-            offset = end
-        return out

@@ -99,11 +99,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_GENERATOR.after_fork)
 
 
-def new_id() -> int:
-    """A fresh nonzero signed 64-bit id from the process-wide, fork-safe generator."""
-    return _GENERATOR.next_id()
-
-
 def new_ids(count: int) -> list[int]:
     """``count`` fresh ids from the process-wide generator."""
     return _GENERATOR.next_ids(count)
@@ -139,10 +134,3 @@ def child_id(parent_current_id: int, operator_id: int, output_index: int) -> int
         return value - (1 << 64)
     return value if value else 1
 
-
-def xor_all(values: list[int]) -> int:
-    """XOR of signed 64-bit ids; 0 for an empty list."""
-    acc = 0
-    for v in values:
-        acc ^= v
-    return acc

@@ -52,7 +52,7 @@ key suffix        type    contents
 ``stats``         hash    counters: persisted, acked, failed_explicit, failed_timeout,
                           replayed, dead_lettered, requeued, late_deltas, duplicate_flushes,
                           refiled_unread, refiled_held, late_completions
-``meta``          hash    num_channels, num_shards, format version (3; 1 and 2 are migrated
+``meta``          hash    num_channels, num_shards, format version (3; any other is refused
                           on start, see ``ftlayer.layout``), created time; under the source's
                           own tag whatever the shard count
 ``lease``         string  owner token of the rotator lease (with PX expiry)
@@ -81,7 +81,6 @@ key suffix        type    contents
                           lies ahead is postponed (``ftlayer.holds``)
 ``hld:<tag>``     set     the chunk ids the read tasks of batch ``tag`` received (PX expiry);
                           deleted with the hold
-``pend``          hash    layout format 2 only (one entry per record): emptied by the migration
 ================  ======  ===============================================================
 
 Namespace-level (no hash tag): ``<namespace>:sources`` (set of ``topology/source``)
@@ -105,7 +104,7 @@ from dataclasses import dataclass
 from ftlayer.errors import ConfigError
 from ftlayer.shards import shard_tags
 
-#: Version of the Redis layout these key names describe (``ftlayer.layout`` migrates older ones).
+#: Version of the Redis layout these key names describe (``ftlayer.layout`` refuses any other).
 FORMAT_VERSION = 3
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -184,11 +183,6 @@ class SourceKeys:
     def live(self) -> str:
         """``live``: records pending now."""
         return self.key("live")
-
-    @property
-    def pend(self) -> str:
-        """``pend``: layout format 2's per-record hash (read only by the migration)."""
-        return self.key("pend")
 
     @property
     def gen(self) -> str:

@@ -29,7 +29,7 @@ upper bound accurate to one rotation interval (``ftlayer status`` shows it).
 Two rotators (two drivers) must not rotate the same source twice as fast: the
 rotating process must hold the source's lease (``acquire_lease``), checked in
 the same script as the rotation. Each record fails at most once regardless,
-because failing moves it out of ``pend`` atomically.
+because failing settles it in its chunk in the same script that files it in ``failed``.
 """
 
 from __future__ import annotations

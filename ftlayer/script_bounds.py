@@ -33,8 +33,6 @@ of 1,000 records about 13 ms; 200,000 records timing out at once took about
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-
 #: Wall-time budget of one scanning script call (checked inside the script).
 SCRIPT_BUDGET_MS = 10
 #: Records one timeout-scan (EXPIRE) call examines at most.
@@ -55,21 +53,3 @@ FLUSH_MAX_RECORDS = 5_000
 #: Frame bytes per persist / replay / requeue call (a single larger frame goes alone).
 CALL_MAX_BYTES = 4 << 20
 
-
-def split_call(
-    items: Sequence[bytes], max_records: int = CALL_MAX_RECORDS, max_bytes: int = CALL_MAX_BYTES
-) -> Iterator[Sequence[bytes]]:
-    """Consecutive slices of ``items`` with at most ``max_records`` items and ``max_bytes`` bytes.
-
-    Order is kept and every item is in exactly one slice; an item larger than
-    ``max_bytes`` forms a slice of its own. Deterministic: the same input gives
-    the same slices (a retried call sends the same chunks).
-    """
-    start, size = 0, 0
-    for i, item in enumerate(items):
-        if i > start and (i - start >= max_records or size + len(item) > max_bytes):
-            yield items[start:i]
-            start, size = i, 0
-        size += len(item)
-    if start < len(items):
-        yield items[start:]

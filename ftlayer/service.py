@@ -145,17 +145,6 @@ class FTService:
             self.paused_ticks += 1
         return paused
 
-    def run_once(self) -> bool:
-        """:meth:`tick`, with a Redis error logged and counted instead of raised; True if it succeeded."""
-        try:
-            self.tick()
-        except (FTLayerError, redis.RedisError):
-            # Redis down or restarting: keep trying; state is in Redis, nothing is lost
-            self.errors += 1
-            log.exception("ftlayer service tick failed; retrying")
-            return False
-        return True
-
     def _run(self) -> None:
         backoff = ExponentialBackoff(cap=max(2.0, self.tick_s), base=self.tick_s / 2)
         failing_since: float | None = None

@@ -31,8 +31,8 @@ Contract:
 - **Distinct sources, distinct slots (mostly).** ``base`` is part of every
   candidate, so two sources' shard ``i`` usually land on different slots of the
   same window, and a resharding can move them apart.
-- **Routing.** :func:`shard_of` maps an id to a shard by its top byte modulo
-  N (``ftlayer.chunks.shard_of``): every record of a chunk shares its shard, and
+- **Routing.** ``ftlayer.chunks.shard_of`` maps an id to a shard by its top byte
+  modulo N: every record of a chunk shares its shard, and
   ftlayer draws the ids of a replay or a requeue in the shard of the failed
   record, so a record, its replays and its requeues (which keep the origin id)
   always stay in the origin's shard. Ids ftlayer draws at random spread evenly
@@ -44,24 +44,19 @@ Contract:
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import xxhash
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
-from ftlayer.chunks import shard_of as chunk_shard_of
 from ftlayer.errors import ConfigError, InvalidArgumentError
 
 __all__ = [
     "DEFAULT_NUM_SHARDS",
     "MAX_NUM_SHARDS",
     "SLOTS",
-    "ShardMap",
     "key_slot_of",
-    "shard_of",
     "shard_tags",
     "slot_ranges",
-    "spread",
     "target_slot",
 ]
 
@@ -69,7 +64,6 @@ SLOTS = REDIS_CLUSTER_HASH_SLOTS  # 16384
 DEFAULT_NUM_SHARDS = 16
 MAX_NUM_SHARDS = 64  # beyond it the window is under one slot and evenness is no longer guaranteed
 _MAX_CANDIDATES = 1_000_000
-_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def key_slot_of(key: str | bytes) -> int:
@@ -128,52 +122,3 @@ def _choose_tags(base: str, num_shards: int) -> tuple[str, ...]:
             msg = f"no tag for shard {shard} of {base!r} within {window} slots of slot {target}"
             raise InvalidArgumentError(msg)
     return tuple(tags)
-
-
-def shard_of(origin_id: int, num_shards: int = DEFAULT_NUM_SHARDS) -> int:
-    """The shard of a record by its id (an origin id, or any id of its replays): stable, so
-    replays stay in the record's shard (``ftlayer.chunks.shard_of``)."""
-    _check_num_shards(num_shards)
-    if type(origin_id) is not int or not _I64_MIN <= origin_id <= _I64_MAX:
-        msg = f"origin_id must be a signed 64-bit int, got {origin_id!r}"
-        raise InvalidArgumentError(msg)
-    return chunk_shard_of(origin_id, num_shards)
-
-
-def spread(slots: list[int] | tuple[int, ...], ranges: tuple[tuple[int, int], ...]) -> list[int]:
-    """How many of ``slots`` fall in each inclusive range (e.g. shards per primary)."""
-    return [sum(1 for s in slots if first <= s <= last) for first, last in ranges]
-
-
-@dataclass(frozen=True)
-class ShardMap:
-    """The shards of one source: tags, their slots, and the routing of origin ids. Picklable."""
-
-    base: str
-    num_shards: int = DEFAULT_NUM_SHARDS
-
-    def __post_init__(self) -> None:
-        shard_tags(self.base, self.num_shards)  # validates, and warms the cache
-
-    @classmethod
-    def for_source(cls, topology: str, source: str, num_shards: int = DEFAULT_NUM_SHARDS) -> ShardMap:
-        """The shard map of ``topology/source`` (the text of today's single hash tag)."""
-        return cls(f"{topology}/{source}", num_shards)
-
-    @property
-    def tags(self) -> tuple[str, ...]:
-        """Hash tag of each shard, braces excluded."""
-        return shard_tags(self.base, self.num_shards)
-
-    @property
-    def slots(self) -> tuple[int, ...]:
-        """Cluster slot of each shard."""
-        return tuple(key_slot_of(t) for t in self.tags)
-
-    def shard_of(self, origin_id: int) -> int:
-        """Shard of a record by origin id."""
-        return shard_of(origin_id, self.num_shards)
-
-    def tag_of(self, origin_id: int) -> str:
-        """Hash tag of the shard that holds the record with this origin id."""
-        return self.tags[self.shard_of(origin_id)]

@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from typing import ClassVar, NamedTuple, Protocol
 
 from ftlayer.channels import validate_num_channels
-from ftlayer.errors import PartitioningError
 
 
 class RoutedRecord(Protocol):
@@ -52,16 +51,6 @@ class PersistedRoute(NamedTuple):
     channel: int | None
 
 
-def describe_record(record: object) -> str:
-    """A short description of a record for error messages: its ids and origin if it has them."""
-    parts = [
-        f"{attr}={getattr(record, attr)!r}"
-        for attr in ("source_id", "origin_id", "record_id")
-        if hasattr(record, attr)
-    ]
-    return f"record ({', '.join(parts)})" if parts else f"record {record!r}"
-
-
 class ReplayPartitioner(ABC):
     """Routes replayed records from their persisted routing fields.
 
@@ -85,29 +74,6 @@ class ReplayPartitioner(ABC):
 
         Reads only ``record.key_hash`` and ``record.channel``.
         """
-
-    def select_many_replay(
-        self, key_hashes: Sequence[int], channels: Sequence[int | None]
-    ) -> list[list[int]]:
-        """:meth:`select_replay` for many records given as two parallel columns.
-
-        ``result[i]`` equals ``select_replay(PersistedRoute(key_hashes[i], channels[i]))``
-        (for rebalance and shuffle: in distribution). Raises
-        :class:`PartitioningError` if the columns differ in length.
-        """
-        self._check_columns(key_hashes, channels)
-        return [
-            self.select_replay(PersistedRoute(h, c))
-            for h, c in zip(key_hashes, channels, strict=True)
-        ]
-
-    def _check_columns(self, key_hashes: Sequence[int], channels: Sequence[int | None]) -> None:
-        if len(key_hashes) != len(channels):
-            msg = (
-                f"{self.strategy} partitioner: select_many_replay got {len(key_hashes)} key "
-                f"hashes but {len(channels)} channels; the columns must be parallel"
-            )
-            raise PartitioningError(msg)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(num_channels={self._num_channels})"

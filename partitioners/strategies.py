@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from ftlayer.errors import PartitioningError
-from ftlayer.keyhash import key_hash as spark_key_hash
 from partitioners.base import Partitioner, RoutedRecord
 
 
@@ -35,14 +34,6 @@ class FieldsPartitioner(Partitioner):
     """Key-based routing: ``channel = pmod(key_hash, n)``. Pure and deterministic."""
 
     strategy = "fields"
-
-    def channel_for_hash(self, key_hash: int) -> int:
-        """The channel of a key with this signed 64-bit Spark ``xxhash64``."""
-        return key_hash % self._num_channels
-
-    def channel_for_key(self, key: Any) -> int:
-        """The channel of a key value, hashed with :func:`ftlayer.keyhash.key_hash`."""
-        return spark_key_hash(key) % self._num_channels
 
     def select(
         self, key_hash: int | None = None, upstream_channel: int | None = None
@@ -64,13 +55,6 @@ class FieldsPartitioner(Partitioner):
     def select_replay(self, record: RoutedRecord) -> list[int]:
         """``[pmod(record.key_hash, n)]``: the channel the live record went to."""
         return [record.key_hash % self._num_channels]
-
-    def select_many_replay(
-        self, key_hashes: Sequence[int], channels: Sequence[int | None]
-    ) -> list[list[int]]:
-        self._check_columns(key_hashes, channels)
-        n = self._num_channels
-        return [[h % n] for h in key_hashes]
 
 
 class RebalancePartitioner(Partitioner):

@@ -15,7 +15,6 @@ from typing import Any, Protocol
 
 from ftlayer.chunks import assign_sids
 from ftlayer.errors import FailRecord, KeyHashError, SerializationError
-from ftlayer.frames import encode_frame
 from ftlayer.ids import RecordId, new_ids, new_record_id
 from ftlayer.keyhash import NO_KEY_HASH, key_hash, pmod
 from ftlayer.record import SemiDeserializedRecord, is_int_in
@@ -99,17 +98,6 @@ class AsSemiDeserializedSerializer:
             record_id.source_record_id if origin_id is None else origin_id,
             0, pack_payload(value), channel,
         )
-
-    def to_frame(
-        self,
-        value: Any,
-        record_id: RecordId,
-        *,
-        channel: int | None = None,
-        origin_id: int | None = None,
-    ) -> bytes:
-        """``serialize`` then encode as one frame; the same errors."""
-        return encode_frame(self.serialize(value, record_id, channel=channel, origin_id=origin_id))
 
 
 class _SourceShape(Protocol):

@@ -128,11 +128,6 @@ class CompleteLatencyTracker:
         labels = _labels(_store(of)) if of is not None else ("", "", "")
         self.histogram.labels(*labels).observe(max(0.0, seconds))
 
-    def observe_many(self, seconds: Iterable[float], of: SourceLike | None = None) -> None:
-        """:meth:`observe` for each value."""
-        for s in seconds:
-            self.observe(s, of)
-
 
 COMPLETE_LATENCY = CompleteLatencyTracker()
 

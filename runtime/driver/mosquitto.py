@@ -101,10 +101,6 @@ class EmbeddedMosquitto:
         return self.directory / "mosquitto.log"
 
     @property
-    def db_path(self) -> Path:
-        return self.directory / "mosquitto.db"
-
-    @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 

@@ -29,13 +29,13 @@ Offsets, partitions, commit
   replays (``FTLayer.fail_unreadable``), and the rest are read.
 - ``commit(end)`` trims every channel stream up to ``end`` (one pipelined round
   trip). Trimming removes only the stream index: records still pending stay in
-  ``pend`` and time out or get acked as usual. Spark (4.3) calls ``commit`` for
+  their chunks and time out or get acked as usual. Spark (4.3) calls ``commit`` for
   batch N only when it plans batch N+1, so the last batch's entries would stay
   until more data came. ``latestOffset(start, ...)`` therefore also trims up to
   ``start`` in its round trip: Spark asks for data after ``start`` only once the
   batches up to ``start`` have completed (a batch re-run after a restart is
   planned from the offset log without ``latestOffset``). A trim that came too
-  early could not lose a record anyway: a pending record stays in ``pend`` and
+  early could not lose a record anyway: a pending record stays in its chunk and
   is replayed when it times out.
 
 Admission control (where pyspark has it, see :mod:`runtime.spark.admission`; pyspark 4.0

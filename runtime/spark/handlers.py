@@ -1,10 +1,10 @@
 """FT handlers: what wraps a source, an operator or a sink, after the original design.
 
-``FTHandler`` is made of three parts:
+``FTHandler`` is made of two parts (the design's third, the Persister of sources, is no
+handler here: the driver's ingest, :class:`runtime.driver.ingest.Ingestor`, gives each raw
+record its ids, hashes its key, routes it to a channel and persists it through
+``FTLayer.persist_chunks`` before a read may emit it):
 
-- **Persister** (sources): gives each raw record a RecordId, hashes its key,
-  serializes it into a SemiDeserializedRecord, routes it to a channel and
-  persists it before it may be emitted.
 - **AnchorHandler** (operators): ties every output of a user function to its
   input record's RecordId: the same source record id, and a child id
   ``child_id(input current id, operator, output index)``, so a retried Spark
@@ -44,7 +44,7 @@ threads.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -179,10 +179,6 @@ class FTHandler:
         finally:
             current.end()
         return self.anchors.anchor(batch, counts, outputs)
-
-    def process(self, rows: Iterable[Row], chain: Chain) -> Iterator[Row]:
-        """:meth:`process_batch` for rows as tuples (``(src, sid, cid, origin, value, carried delta)``)."""
-        return self.process_batch(RowBatch.from_rows(list(rows)), chain).rows()
 
     def receive_batch(self, batch: RowBatch) -> RowBatch:
         """At the sink: apply the carrier rows' deltas now (they hold no record and stand

@@ -1,12 +1,24 @@
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
+from ftlayer.chunks import frame_spans
 from ftlayer.config import FTConfig
+from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.layer import FTLayer
+
+_SER = SemiDeserializedSerializer()
+
+
+def chunk_records(frames: bytes | bytearray | memoryview, n: int) -> Iterator[SemiDeserializedRecord]:
+    """The records of a chunk's ``n`` frames as the reader takes them: each entry found by
+    ``ftlayer.chunks.frame_spans``, then decoded alone (every frame checked). Lazy: the records
+    before a bad frame are yielded, then ``FrameError``."""
+    for start, end in frame_spans(frames, n):
+        yield _SER.decode(frames[start:end])
 
 
 class FakeClock:

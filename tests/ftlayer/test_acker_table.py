@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ftlayer.acker_table import combine_deltas
-from ftlayer.ids import child_id, new_id
+from ftlayer.ids import child_id, new_ids
 from ftlayer.layer import FTLayer
 from serialization.serializers import make_record
 from tests.ftlayer.conftest import commit_all
@@ -46,7 +46,7 @@ def test_late_delta_for_acked_or_unknown_id_is_ignored(layer: FTLayer) -> None:
     layer.persist([rec])
     sid, root = rec.record_id
     assert layer.ack({sid: root}).acked == [sid]
-    late = layer.xor({sid: root, new_id(): 5})
+    late = layer.xor({sid: root, new_ids(1)[0]: 5})
     assert late.acked == [] and late.late == 2
     assert layer.acker.value(sid) is None
     assert layer.pending_count() == 0

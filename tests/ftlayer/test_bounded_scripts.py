@@ -14,13 +14,13 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from ftlayer.chunks import CHUNK_MAX_BYTES, CHUNK_TARGET_RECORDS, assign_sids, chunk_key, pack_chunks
+from ftlayer.chunks import CHUNK_MAX_BYTES, CHUNK_TARGET_RECORDS, PackedChunk, assign_sids, chunk_key, pack_chunks
 from ftlayer.config import FTConfig
 from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.ids import RecordId
 from ftlayer.layer import FTLayer
-from ftlayer.persistence import PERSIST, persist_token
-from ftlayer.script_bounds import SCRIPT_MAX_BYTES, split_call
+from ftlayer.persistence import PERSIST, call_groups, persist_token
+from ftlayer.script_bounds import CALL_MAX_CHUNKS, SCRIPT_MAX_BYTES
 from ftlayer.server import EmbeddedServer
 from ftlayer.service import FTService
 from serialization.serializers import make_record
@@ -196,12 +196,22 @@ def test_persist_is_split_into_bounded_calls(layer: FTLayer, redis_client: redis
     assert slow.get("PERSIST", 0.0) < PING_LIMIT_MS, slow
 
 
-def test_split_call_keeps_order_and_bounds() -> None:
-    items = [b"a" * n for n in (1, 5, 3, 10, 2, 2, 2, 30, 1)]
-    parts = list(split_call(items, max_records=3, max_bytes=8))
-    assert [x for p in parts for x in p] == items
-    assert all(len(p) <= 3 and (len(p) == 1 or sum(map(len, p)) <= 8) for p in parts)
-    assert list(split_call([])) == []
+def test_persist_calls_keep_order_and_bounds() -> None:
+    """persist's split of whole chunks into calls (``call_groups``): in order, each chunk in one
+    call, at most max_records records, max_bytes bytes and CALL_MAX_CHUNKS chunks a call (a chunk
+    larger than a bound goes alone), and the same calls again for the same chunks."""
+    sizes = [(1, 1), (2, 5), (1, 3), (4, 10), (1, 2), (1, 2), (2, 2), (1, 30), (1, 1)]  # (records, bytes)
+    chunks = [PackedChunk(bytes(6), b"a" * size, tuple(range(n))) for n, size in sizes]
+    calls = call_groups(chunks, max_records=3, max_bytes=8)
+    assert [i for start, end in calls for i in range(start, end)] == list(range(len(chunks)))
+    for start, end in calls:
+        group = chunks[start:end]
+        assert end - start == 1 or (sum(c.records for c in group) <= 3 and sum(len(c.blob) for c in group) <= 8)
+    assert call_groups(chunks, max_records=3, max_bytes=8) == calls
+    assert call_groups([], max_records=3) == []
+    ones = [PackedChunk(bytes(6), b"a", (0,))] * (CALL_MAX_CHUNKS + 1)
+    n = CALL_MAX_CHUNKS
+    assert call_groups(ones, max_records=10 * n) == [(0, n), (n, n + 1)]
 
 
 def test_a_large_flush_is_split_into_bounded_calls(make_layer: Callable[..., FTLayer]) -> None:

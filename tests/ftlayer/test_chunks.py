@@ -32,7 +32,7 @@ from ftlayer.layer import FTLayer
 from ftlayer.record import SemiDeserializedRecord
 from serialization.payload import pack_payload
 from serialization.serializers import make_record, make_records
-from tests.ftlayer.conftest import hand_out
+from tests.ftlayer.conftest import chunk_records, hand_out
 
 _SER = SemiDeserializedSerializer()
 I64 = st.integers(-(2**63), 2**63 - 1)
@@ -102,10 +102,10 @@ def test_rekeying_moves_every_record_to_a_new_chunk_with_valid_frames() -> None:
     again = rekey_chunk(chunk)
     assert again.key != chunk.key and [index_of(s) for s in again.sids] == [index_of(s) for s in chunk.sids]
     body = again.blob[16 + 1 + 8 * 5 :]  # input header, bitmap of 5 records, 5 ack values
-    recs = list(_SER.iter_frames(body))  # CRCs checked
+    recs = list(chunk_records(body, 5))  # CRCs checked
     assert [r.record_id.source_record_id for r in recs] == list(again.sids)
     assert [r.record_id.current_record_id for r in recs] == [r.record_id.current_record_id
-                                                             for r in _SER.iter_frames(chunk.blob[16 + 1 + 40 :])]
+                                                             for r in chunk_records(chunk.blob[16 + 1 + 40 :], 5)]
 
 
 # --- on a real server ---------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ import pytest
 import redis
 
 from ftlayer.cluster_server import EmbeddedCluster, _cluster_info, _parse_nodes
-from ftlayer.shards import SLOTS, ShardMap, key_slot_of
+from ftlayer.keys import SourceKeys
+from ftlayer.shards import SLOTS, key_slot_of
 
 
 def alive(pid: int) -> bool:
@@ -94,16 +95,16 @@ def test_cluster_client_sets_and_gets_a_key_in_every_slot(valkey_cluster: Embedd
 
 
 def test_shard_tags_of_one_source_land_evenly_on_the_real_primaries(valkey_cluster: EmbeddedCluster) -> None:
-    shards = ShardMap.for_source("topo", "src")
+    shards = [SourceKeys("ns", "topo", "src", shard, 16) for shard in range(16)]  # as a source of 16 shards names them
     with valkey_cluster.node_client(valkey_cluster.ports[0]) as c:
-        server_slots = [int(c.execute_command("CLUSTER", "KEYSLOT", f"ns:{{{t}}}:pend")) for t in shards.tags]
+        server_slots = [int(c.execute_command("CLUSTER", "KEYSLOT", k.chunks)) for k in shards]
         ranges = {}
         for shard in c.execute_command("CLUSTER", "SHARDS"):
             primary = next(n[b"port"] for n in shard[b"nodes"] if n[b"role"] == b"master")
             bounds = shard[b"slots"]
             for first, last in zip(bounds[::2], bounds[1::2], strict=True):
                 ranges[(first, last)] = primary
-    assert server_slots == list(shards.slots)
+    assert server_slots == [key_slot_of(k.chunks) for k in shards]
     per_primary = {port: 0 for port in ranges.values()}
     for slot in server_slots:
         per_primary[next(p for (a, b), p in ranges.items() if a <= slot <= b)] += 1

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ftlayer.errors import InvalidIdError
-from ftlayer.ids import child_id, new_id
+from ftlayer.ids import child_id, new_ids
 from ftlayer.layer import FTLayer
 from serialization.serializers import make_record, make_records
 
@@ -54,7 +54,7 @@ def test_complete_twice_changes_nothing_the_second_time(layer: FTLayer) -> None:
 def test_complete_refuses_bad_input_whole(layer: FTLayer) -> None:
     ((s1, r1),) = _persisted(layer, 1)
     with pytest.raises(InvalidIdError):
-        layer.complete({s1: r1, new_id(): 2**64})
+        layer.complete({s1: r1, new_ids(1)[0]: 2**64})
     assert layer.acker.value(s1) == r1
 
 
@@ -62,7 +62,7 @@ def test_pending_of_tells_pending_from_completed_failed_and_unknown(layer: FTLay
     (s1, r1), (s2, _), (s3, _) = _persisted(layer, 3)
     layer.ack({s1: r1})
     layer.fail([s2])
-    assert layer.pending_of([s1, s2, s3, new_id(), s3]) == [False, False, True, False, True]
+    assert layer.pending_of([s1, s2, s3, new_ids(1)[0], s3]) == [False, False, True, False, True]
     assert layer.pending_of([]) == []
 
 

@@ -72,11 +72,6 @@ def test_missing_or_broken_file(tmp_path: Path) -> None:
         FTConfig.load(bad, env={})
 
 
-def test_replay_delay_backoff() -> None:
-    cfg = FTConfig(replay_backoff_initial_s=0.5, replay_backoff_multiplier=2, replay_backoff_max_s=3)
-    assert [cfg.replay_delay_s(i) for i in range(4)] == [0.5, 1.0, 2.0, 3.0]
-
-
 def test_every_option_is_documented() -> None:
     for name, env, spark_key, doc in FTConfig().describe():
         assert env == "FTLAYER_" + name.upper() and spark_key == "spark.ftlayer." + name

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ftlayer.chunks import frame_spans
 from ftlayer.errors import FailRecord, FrameError, KeyHashError, SerializationError, UnsupportedTypeError
 from ftlayer.ids import RecordId
 from ftlayer.keyhash import key_hash
@@ -37,6 +38,7 @@ from serialization import (
     pack_payload,
     unpack_payload,
 )
+from tests.ftlayer.conftest import chunk_records
 
 SER = SemiDeserializedSerializer()
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
@@ -132,23 +134,23 @@ def test_frame_roundtrip(rec: SemiDeserializedRecord) -> None:
     assert SER.decode(frame) == rec
     assert SER.decode(bytearray(frame)) == rec
     assert SER.decode(memoryview(frame)) == rec
-    assert SER.split(frame) == [frame]
+    assert frame_spans(frame, 1) == [(0, len(frame))]
 
 
 @settings(max_examples=50)
 @given(st.lists(records, max_size=30))
-def test_iter_frames_returns_records_in_order(recs: list[SemiDeserializedRecord]) -> None:
-    stream = SER.encode_many(recs)
-    assert stream == b"".join(SER.encode(r) for r in recs)
-    assert list(SER.iter_frames(stream)) == recs
-    assert list(SER.iter_frames(memoryview(b"xx" + stream)[2:])) == recs
-    assert list(SER.iter_frames(bytearray(stream))) == recs
-    assert SER.split(stream) == [SER.encode(r) for r in recs]
+def test_a_chunks_frames_give_its_records_in_order(recs: list[SemiDeserializedRecord]) -> None:
+    stream = b"".join(SER.encode(r) for r in recs)
+    n = len(recs)
+    assert list(chunk_records(stream, n)) == recs
+    assert list(chunk_records(memoryview(b"xx" + stream)[2:], n)) == recs
+    assert list(chunk_records(bytearray(stream), n)) == recs
+    assert [stream[a:b] for a, b in frame_spans(stream, n)] == [SER.encode(r) for r in recs]
 
 
 def test_many_frames_in_order() -> None:
     recs = [make(record_id=RecordId(i + 1, -(i + 1)), payload=pack_payload(i), channel=None) for i in range(2000)]
-    decoded = list(SER.iter_frames(SER.encode_many(recs)))
+    decoded = list(chunk_records(b"".join(map(SER.encode, recs)), len(recs)))
     assert decoded == recs
     assert [unpack_payload(r.payload) for r in decoded] == list(range(2000))
 
@@ -160,16 +162,10 @@ def test_multidimensional_and_typed_buffers_are_read_as_bytes() -> None:
 
 
 def test_empty_stream() -> None:
-    assert SER.encode_many([]) == b""
-    assert list(SER.iter_frames(b"")) == []
-    assert SER.split(b"") == []
+    assert frame_spans(b"", 0) == []
+    assert list(chunk_records(b"", 0)) == []
     with pytest.raises(FrameError, match="needs 48 bytes, has 0"):
         SER.decode(b"")
-
-
-def test_encode_many_accepts_a_generator() -> None:
-    recs = [make(), make(channel=None)]
-    assert SER.encode_many(r for r in recs) == SER.encode(recs[0]) + SER.encode(recs[1])
 
 
 def test_max_payload_frame_roundtrips() -> None:
@@ -195,8 +191,8 @@ def test_decode_error_messages() -> None:
         SER.decode(frame[:-1])
     with pytest.raises(FrameError, match="truncated frame at offset 0: needs 48 bytes, has 47"):
         SER.decode(frame[:47])
-    with pytest.raises(FrameError, match=f"truncated frame at offset {n}: needs 48 bytes, has 3"):
-        list(SER.iter_frames(frame + frame[:3]))
+    with pytest.raises(FrameError, match="truncated frame"):  # a chunk's second frame cut to 3 bytes
+        list(chunk_records(frame + frame[:3], 2))
     with pytest.raises(FrameError, match="2 trailing bytes"):
         SER.decode(frame + b"\x00\x00")
     with pytest.raises(FrameError, match="checksum mismatch in frame at offset 0"):
@@ -230,33 +226,25 @@ def test_zero_ids_in_a_checksummed_frame_are_refused(offset: int) -> None:
         SER.decode(_with_crc(frame))
 
 
-def test_iter_frames_yields_good_frames_before_a_bad_one() -> None:
+def test_a_chunks_good_frames_are_read_before_a_bad_one() -> None:
     good = [make(record_id=RecordId(i, i)) for i in (1, 2)]
-    stream = SER.encode_many(good) + b"\x00" * 50
-    it = SER.iter_frames(stream)
+    stream = b"".join(map(SER.encode, good)) + b"\x00" * 50
+    it = chunk_records(stream, 3)
     assert [next(it), next(it)] == good
-    with pytest.raises(FrameError, match=f"offset {len(SER.encode_many(good))}"):
-        next(it)
     with pytest.raises(FrameError):
-        SER.split(stream)
+        next(it)
 
 
 @pytest.mark.parametrize("bad", ["text", 5, None, 1.5, [1, 2], object(), memoryview(bytes(100))[::2]])
 def test_wrong_buffer_types_raise_frame_error(bad: Any) -> None:
     with pytest.raises(FrameError, match="cannot read frames"):
         SER.decode(bad)
-    with pytest.raises(FrameError):
-        SER.iter_frames(bad)
-    with pytest.raises(FrameError):
-        SER.split(bad)
 
 
 @pytest.mark.parametrize("bad", [b"frame", None, ("a", "b"), 5])
 def test_encode_of_a_non_record_raises_serialization_error(bad: Any) -> None:
     with pytest.raises(SerializationError, match="expected SemiDeserializedRecord"):
         SER.encode(bad)
-    with pytest.raises(SerializationError):
-        SER.encode_many([make(), bad])
 
 
 # --- SemiDeserializedRecord --------------------------------------------------------
@@ -358,7 +346,6 @@ def test_as_semi_deserialized_hashes_the_selected_key(key: Any, rid: RecordId, c
     assert (rec.source_id, rec.record_id, rec.channel, rec.replay_count) == (3, rid, channel, 0)
     assert rec.origin_id == rid.source_record_id
     assert rec.payload == pack_payload(value)  # not unpack == value: the key may be NaN
-    assert SER.decode(ser.to_frame(value, rid, channel=channel)) == rec
 
 
 def test_as_semi_deserialized_without_selector_hashes_none() -> None:

@@ -7,13 +7,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ftlayer import ids
-from ftlayer.ids import child_id, new_id, new_ids, new_record_id, to_signed64, to_unsigned64
+from ftlayer.ids import child_id, new_ids, new_record_id, to_signed64, to_unsigned64
 
 I64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 
 
 def test_ids_are_nonzero_signed_64_bit_and_distinct() -> None:
-    drawn = new_ids(50_000) + [new_id() for _ in range(1000)]
+    drawn = new_ids(50_000) + [new_ids(1)[0] for _ in range(1000)]
     assert all(v != 0 and -(2**63) <= v < 2**63 for v in drawn)
     assert len(set(drawn)) == len(drawn)
     rid = new_record_id()
@@ -73,6 +73,6 @@ def test_child_ids_are_deterministic_and_nonzero(parent: int, op: int, idx: int)
 
 
 def test_child_ids_differ_by_operator_and_index() -> None:
-    parent = new_id()
+    (parent,) = new_ids(1)
     values = {child_id(parent, op, i) for op in range(20) for i in range(50)}
     assert len(values) == 1000

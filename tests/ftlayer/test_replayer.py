@@ -62,6 +62,22 @@ def test_backoff_delays_replay(make_layer: Callable[..., FTLayer], clock: FakeCl
     assert layer.replay_due().replayed == 1
 
 
+def test_backoff_is_capped(make_layer: Callable[..., FTLayer], clock: FakeClock) -> None:
+    """The fail's backoff (in the server-side Lua: initial * multiplier ** replays) stops at replay_backoff_max_s."""
+    layer = make_layer(replay_backoff_initial_s=0.5, replay_backoff_multiplier=2.0, replay_backoff_max_s=3.0)
+    rec = make_record(layer, "x")
+    layer.persist([rec])
+    sid = rec.record_id.source_record_id
+    for replays, delay in enumerate([0.5, 1.0, 2.0, 3.0, 3.0]):
+        layer.fail([sid])
+        clock.advance(delay - 0.1)
+        assert layer.replay_due().replayed == 0, replays
+        clock.advance(0.2)
+        assert layer.replay_due().replayed == 1, replays
+        sid = next(r for ch in range(4) for r in _frames_in_channel(layer, ch)
+                   if r.replay_count == replays + 1).record_id.source_record_id
+
+
 def test_poison_record_is_dead_lettered_after_max_replays(make_layer: Callable[..., FTLayer]) -> None:
     layer = make_layer(max_replays=3)
     rec = make_record(layer, {"poison": True}, key="p")

@@ -1,4 +1,4 @@
-"""Virtual shards: even spread over primaries, determinism, routing by origin id (pure; no server)."""
+"""Virtual shards: even spread over primaries, determinism, routing by id (pure; no server)."""
 
 from __future__ import annotations
 
@@ -11,22 +11,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftlayer.chunks import assign_sids
+from ftlayer.chunks import INDEX_BITS, assign_sids, shard_of
 from ftlayer.errors import ConfigError, InvalidArgumentError
-from ftlayer.shards import (
-    MAX_NUM_SHARDS,
-    SLOTS,
-    ShardMap,
-    _choose_tags,
-    key_slot_of,
-    shard_of,
-    shard_tags,
-    slot_ranges,
-    spread,
-)
+from ftlayer.shards import MAX_NUM_SHARDS, SLOTS, _choose_tags, key_slot_of, shard_tags, slot_ranges
 
 names = st.from_regex(r"[A-Za-z0-9_.\-]{1,20}", fullmatch=True)
 ids = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1).filter(lambda i: i != 0)
+
+
+def spread(slots: list[int] | tuple[int, ...], ranges: tuple[tuple[int, int], ...]) -> list[int]:
+    """How many of ``slots`` fall in each inclusive range (e.g. shards per primary)."""
+    return [sum(1 for s in slots if first <= s <= last) for first, last in ranges]
+
+
+def source_slots(source: str, num_shards: int = 16) -> list[int]:
+    """The slot of each shard of ``topo/<source>`` (the tags ``ftlayer.keys.SourceKeys`` uses)."""
+    return [key_slot_of(t) for t in shard_tags(f"topo/{source}", num_shards)]
 
 
 def redis_cli_slot_ranges(primaries: int) -> tuple[tuple[int, int], ...]:
@@ -58,8 +58,7 @@ def test_slot_ranges_cover_every_slot_once() -> None:
 
 
 def test_default_tags_of_one_source_spread_5_6_5_over_3_primaries() -> None:
-    tags = ShardMap.for_source("topo", "src")
-    counts = spread(tags.slots, slot_ranges(3))
+    counts = spread(source_slots("src"), slot_ranges(3))
     print(f"\nshard spread of topo/src (16 shards) over 3 primaries: {counts}")
     assert sorted(counts) == [5, 5, 6]
 
@@ -67,7 +66,7 @@ def test_default_tags_of_one_source_spread_5_6_5_over_3_primaries() -> None:
 def test_naive_tag_names_spread_unevenly() -> None:
     # why tags are chosen: the names the chooser starts from, taken as they are, do not spread
     naive = [key_slot_of(f"topo/src/{i}") for i in range(16)]
-    best = ShardMap.for_source("topo", "src").slots
+    best = source_slots("src")
     assert max(spread(naive, slot_ranges(3))) - min(spread(naive, slot_ranges(3))) >= 2
     assert max(spread(best, slot_ranges(3))) - min(spread(best, slot_ranges(3))) <= 1
 
@@ -105,20 +104,19 @@ def test_tags_are_the_same_in_another_process() -> None:
 def test_sources_share_slots_no_more_than_chance() -> None:
     # shard i of every source lands in the same window of 61 slots (N = 16); within it, a
     # source's slot must look random, not follow CRC16's linearity in the source's name
-    maps = [ShardMap.for_source("topo", f"s{n}").slots for n in range(60)]
+    maps = [source_slots(f"s{n}") for n in range(60)]
     same = sum(x == y for i, a in enumerate(maps) for b in maps[i + 1:] for x, y in zip(a, b, strict=True))
     by_chance = len(maps) * (len(maps) - 1) // 2 * 16 / 61
     assert same < 1.5 * by_chance, (same, by_chance)
 
 
 @settings(max_examples=200, deadline=None)
-@given(origin=ids, num_shards=st.integers(1, 32))
-def test_a_record_and_its_replays_stay_in_one_shard(origin: int, num_shards: int) -> None:
-    m = ShardMap("topo/src", num_shards)
-    shard = m.shard_of(origin)
+@given(origin=ids, num_shards=st.integers(1, 32), index=st.integers(0, (1 << INDEX_BITS) - 1))
+def test_every_record_of_a_chunk_is_in_one_shard(origin: int, num_shards: int, index: int) -> None:
+    shard = shard_of(origin, num_shards)
     assert 0 <= shard < num_shards
-    assert shard_of(origin, num_shards) == shard  # a replay carries the same origin id
-    assert m.tag_of(origin) == m.tags[shard]
+    other = (origin >> INDEX_BITS << INDEX_BITS) | index  # another record of the same chunk
+    assert shard_of(other, num_shards) == shard
 
 
 @pytest.mark.parametrize("num_shards", [2, 3, 16, 64])
@@ -139,8 +137,6 @@ def test_bad_shard_count_is_refused(bad: object) -> None:
         shard_tags("topo/src", bad)  # type: ignore[arg-type]
 
 
-def test_bad_base_and_origin_are_refused() -> None:
+def test_a_bad_base_is_refused() -> None:
     with pytest.raises(InvalidArgumentError, match="braces"):
         shard_tags("topo/{src}", 4)
-    with pytest.raises(InvalidArgumentError, match="origin_id"):
-        shard_of(1 << 63, 4)

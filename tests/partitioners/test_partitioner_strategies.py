@@ -58,7 +58,6 @@ def test_fields_replay_goes_to_the_live_channel(key: object, n: int) -> None:
     (c,) = live
     assert 0 <= c < n
     assert (h - c) % n == 0  # c is pmod(h, n): same residue class, non-negative
-    assert FieldsPartitioner(n).channel_for_key(key) == c
 
 
 def test_fields_pmod_of_negative_hash_is_non_negative() -> None:
@@ -71,13 +70,6 @@ def test_fields_pmod_of_negative_hash_is_non_negative() -> None:
 def test_fields_live_needs_a_key_hash() -> None:
     with pytest.raises(PartitioningError, match="fields partitioner"):
         FieldsPartitioner(4).select()
-
-
-@given(hashes=st.lists(I64, max_size=50), n=CHANNELS)
-def test_fields_select_many_replay_matches_one_by_one(hashes: list[int], n: int) -> None:
-    p = FieldsPartitioner(n)
-    many = p.select_many_replay(hashes, [None] * len(hashes))
-    assert many == [p.select_replay(PersistedRoute(h, None)) for h in hashes]
 
 
 # --- global --------------------------------------------------------------------------------
@@ -186,7 +178,8 @@ def test_factory_builds_every_strategy(strategy: str) -> None:
     q = pickle.loads(pickle.dumps(p))
     assert type(q) is type(p) and q.num_channels == 5
     assert repr(p) == f"{type(p).__name__}(num_channels=5)"
-    for chans in q.select_many_replay([1, -2, 3], [0, 1, 4]):
+    for h, channel in [(1, 0), (-2, 1), (3, 4)]:
+        chans = q.select_replay(PersistedRoute(h, channel))
         assert chans and all(0 <= c < 5 for c in chans)
 
 
@@ -208,13 +201,6 @@ def test_factory_unknown_strategy_lists_known(name: str) -> None:
 def test_bad_num_channels(strategy: str, bad: object) -> None:
     with pytest.raises(PartitioningError, match=f"{strategy} partitioner: num_channels"):
         partitioner_for(strategy, bad)  # type: ignore[arg-type]
-
-
-def test_select_many_replay_needs_parallel_columns() -> None:
-    with pytest.raises(PartitioningError, match="2 key hashes but 1 channels"):
-        GlobalPartitioner(3).select_many_replay([1, 2], [None])
-    with pytest.raises(PartitioningError, match="fields partitioner"):
-        FieldsPartitioner(3).select_many_replay([1, 2], [None])
 
 
 @given(st.lists(I64, max_size=50), CHANNELS, st.integers(0, 300))

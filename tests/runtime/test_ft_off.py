@@ -21,6 +21,7 @@ from runtime.driver.ingest import Ingestor
 from runtime.sinks import ForeachBatchSink, JsonLinesSink
 from runtime.spark.feed_source import FeedSource, FeedStreamReader, feed_schema
 from runtime.spark.handlers import handler_for
+from runtime.spark.row_batch import RowBatch
 from runtime.topology import Topology
 from serialization.payload import unpack_payload
 from tests.runtime.test_topology_e2e import clicks, run_to_drain
@@ -136,7 +137,8 @@ def test_non_ft_handler_drops_and_counts_fail_record() -> None:
         return [v]
 
     handler = handler_for(False, 1)
-    out = [row[4] for row in handler.process(((0, i, i, i, i, 0) for i in range(10)), fn)]
+    rows = RowBatch.from_rows([(0, i, i, i, i, 0) for i in range(10)])
+    out = [row[4] for row in handler.process_batch(rows, fn).rows()]
     assert out == [1, 2, 4, 5, 7, 8] and handler.failed == 4
 
 

@@ -26,6 +26,7 @@ from serialization import (
     unpack_payload,
 )
 from serialization.payload import EXT_AWARE_DATETIME, EXT_BIGINT, EXT_DECIMAL, EXT_TUPLE
+from tests.ftlayer.conftest import chunk_records
 
 SER = SemiDeserializedSerializer()
 I64 = st.integers(-(2**63), 2**63 - 1)
@@ -59,9 +60,6 @@ def test_every_truncation_of_a_frame_fails() -> None:
     for n in range(len(frame)):
         with pytest.raises(FrameError, match="truncated"):
             SER.decode(frame[:n])
-        if n:
-            with pytest.raises(FrameError, match="truncated"):
-                list(SER.iter_frames(frame[:n]))
 
 
 @settings(max_examples=60)
@@ -75,17 +73,15 @@ def test_every_truncation_of_random_frames_fails(rec: SemiDeserializedRecord) ->
 
 @settings(max_examples=60)
 @given(st.lists(records, min_size=1, max_size=5), st.data())
-def test_truncated_stream_yields_a_prefix_then_fails(recs: list[SemiDeserializedRecord], data: st.DataObject) -> None:
-    stream = SER.encode_many(recs)
+def test_a_truncated_chunk_yields_a_prefix_then_fails(recs: list[SemiDeserializedRecord], data: st.DataObject) -> None:
+    stream = b"".join(map(SER.encode, recs))
     ends = list(itertools.accumulate(len(SER.encode(r)) for r in recs))
     cut = data.draw(st.integers(1, len(stream) - 1))
-    if cut in ends:  # a cut between frames leaves a shorter, valid stream
-        assert list(SER.iter_frames(stream[:cut])) == recs[: ends.index(cut) + 1]
-        return
+    whole = ends.index(cut) + 1 if cut in ends else None  # a cut between frames: the rest is missing
     got: list[SemiDeserializedRecord] = []
     with pytest.raises(FrameError, match="truncated"):
-        got.extend(SER.iter_frames(stream[:cut]))
-    assert got == recs[: len(got)]
+        got.extend(chunk_records(stream[:cut], len(recs)))
+    assert got == recs[: len(got)] and (whole is None or len(got) == whole)
 
 
 # --- corruption --------------------------------------------------------------------
@@ -115,15 +111,13 @@ def test_single_byte_flip_fails(rec: SemiDeserializedRecord, data: st.DataObject
 def test_corruption_inside_a_stream_never_yields_a_wrong_record(
     recs: list[SemiDeserializedRecord], data: st.DataObject
 ) -> None:
-    stream = bytearray(SER.encode_many(recs))
+    stream = bytearray(b"".join(map(SER.encode, recs)))
     i = data.draw(st.integers(0, len(stream) - 1), label="index")
     stream[i] ^= data.draw(st.integers(1, 255), label="mask")
     got: list[SemiDeserializedRecord] = []
     with pytest.raises(FrameError):
-        got.extend(SER.iter_frames(bytes(stream)))
+        got.extend(chunk_records(bytes(stream), len(recs)))
     assert got == recs[: len(got)]
-    with pytest.raises(FrameError):
-        SER.split(bytes(stream))
 
 
 # --- random and mistyped input -----------------------------------------------------
@@ -135,11 +129,6 @@ def test_random_bytes_do_not_decode(data: bytes) -> None:
     rec = decode_or_frame_error(data)
     # Only a genuinely valid frame may decode, and then it must re-encode to itself.
     assert rec is None or SER.encode(rec) == data
-    try:
-        recs = list(SER.iter_frames(data))
-    except FrameError:
-        recs = []
-    assert SER.encode_many(recs) == data or not recs
 
 
 @settings(max_examples=300)
@@ -155,10 +144,6 @@ def test_random_bytes_behind_a_plausible_header_do_not_decode(rest: bytes) -> No
 def test_wrong_types_raise_frame_or_serialization_errors(bad: Any) -> None:
     with pytest.raises(FrameError):
         SER.decode(bad)
-    with pytest.raises(FrameError):
-        list(SER.iter_frames(bad))
-    with pytest.raises(FrameError):
-        SER.split(bad)
     with pytest.raises(SerializationError):
         SER.encode(bad)
     with pytest.raises(SerializationError):

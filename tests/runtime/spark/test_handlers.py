@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.spark.handlers import CARRIER, FTHandler, Row
-from runtime.spark.row_batch import Fanout
+from runtime.spark.row_batch import Fanout, RowBatch
 from runtime.spark.stages import Op, make_chain
 
 
@@ -43,7 +43,7 @@ def _stage(rows: list[Row], op_id: int, kind: str, rnd: random.Random) -> list[R
         chain = make_chain((Op("flat_map", lambda v: [v] * (v % 3), op_id),))
     else:
         chain = make_chain((Op("map", lambda v: v + 1, op_id),))
-    out = list(FTHandler(op_id).process(rows, chain))
+    out = list(FTHandler(op_id).process_batch(RowBatch.from_rows(rows), chain).rows())
     rnd.shuffle(out)  # an exchange reorders rows and cuts batches differently
     return out
 
@@ -96,5 +96,6 @@ def test_fanout_copies_apply_the_carried_delta_once() -> None:
     for index in range(2):  # the two consumers of a diamond read the same upstream rows
         handler: Any = FTHandler(10 + index)
         rows = list(decode_batch(batch, handler, Fanout(1 << 20, index, 2)).rows())
-        both += list(handler.process(rows, make_chain((Op("map", lambda v: v, 10 + index),))))
+        chain = make_chain((Op("map", lambda v: v, 10 + index),))
+        both += list(handler.process_batch(RowBatch.from_rows(rows), chain).rows())
     assert _sink(both) == {sid: cid for _, sid, cid, _, _, _ in roots}
