@@ -19,8 +19,8 @@
 -- read found no longer pending, nor any record of a chunk that some read of its partition did not
 -- return (a foreachBatch function's second action, a task's retry, a re-run after a restart: the
 -- output may come from that read); their replays write them. dfs:<tag> goes with the batch key.
--- A record a row function failed after its timeout is not completed late either: FLUSH took it
--- out of late completion (its `failed` reason is no longer 'timeout', or its rpl link is gone).
+-- A record a row function failed after its timeout is not completed late either: FLUSH left the
+-- NO_LINK mark in its rpl field.
 
 --@include lib/keys.lua
 
@@ -56,8 +56,7 @@ local function complete_late(sid, depth)
   if link and string.sub(link, 1, 8) == NO_LINK then return 0 end  -- a row function failed it
   local v = redis.call('HGET', K_FAILED, sid)
   if v then
-    local rlen = struct.unpack('>I2', v, FL_REASON - 2)
-    if rlen == 7 and string.sub(v, FL_REASON, FL_REASON + 6) == 'timeout' then
+    if failed_by_timeout(v) then
       redis.call('HDEL', K_FAILED, sid)
       redis.call('ZREM', K_DUE, sid)
       return 1

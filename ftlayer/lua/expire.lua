@@ -132,7 +132,7 @@ while not stop do
         if due and not hold then
           for i = 0, c.n - 1 do
             if chunk_pending(c, i) then
-              bytes = bytes + chunk_fail(c, i, 'timeout', now, b_init, b_mult, b_max, false)
+              bytes = bytes + chunk_fail(c, i, TIMEOUT_REASON, now, b_init, b_mult, b_max, false)
               out[#out + 1] = chunk_sid(c, i)
             end
           end

@@ -13,10 +13,11 @@
 --           record; late deltas, failed count}
 -- A delta for a record that is not pending (already completed or failed) is ignored: late acks
 -- never resurrect or corrupt a record. A fail for a record no longer pending is late too, but with
--- rpl it is not forgotten: if the record waits in `failed` or was replayed (its timeout fired
--- first), its rpl field becomes the no-copy mark (NO_LINK and the time), so BATCH_SETTLE never
--- completes it late (its batch's output lacks it: a row function failed it) and REPLAY links no
--- copy to it; its replay goes ahead. A completing-only call needs no token: a delta it applies
+-- rpl it is not forgotten: if its timeout fired first (the record waits in `failed` for that
+-- replay, or was replayed and linked to its copy), its rpl field becomes the no-copy mark
+-- (NO_LINK and the time), so BATCH_SETTLE never completes it late (its batch's output lacks it:
+-- a row function failed it) and REPLAY links no copy to it; its replay goes ahead. Any other late
+-- fail writes nothing. A completing-only call needs no token: a delta it applies
 -- settles its record, so the same call again finds nothing to change.
 -- Cost: per chunk touched, two HGETs and one HSET (or three HDELs when its last record settles);
 -- per delta, a few Lua steps on numbers (plus an HGET/HDEL in `xv` in a chunk whose trees are split).
@@ -53,9 +54,13 @@ while pos + 9 <= #fails do
   if c and chunk_pending(c, i) then
     chunk_fail(c, i, reason, now, b_init, b_mult, b_max, no_replay)
     failed_n = failed_n + 1
-  elseif K_RPL and (redis.call('HEXISTS', K_FAILED, sid) == 1 or redis.call('HEXISTS', K_RPL, sid) == 1) then
-    no_link = no_link or (NO_LINK .. struct.pack('>d', now / 1000))
-    redis.call('HSET', K_RPL, sid, no_link)
+  elseif K_RPL then  -- late: if its timeout fired first (waiting in `failed`, or linked to its copy), mark it
+    local link = redis.call('HGET', K_RPL, sid)
+    local waiting = not link and redis.call('HGET', K_FAILED, sid)
+    if (link and string.sub(link, 1, 8) ~= NO_LINK) or (waiting and failed_by_timeout(waiting)) then
+      no_link = no_link or (NO_LINK .. struct.pack('>d', now / 1000))
+      redis.call('HSET', K_RPL, sid, no_link)
+    end
   end
 end
 if no_link then redis.call('PEXPIRE', K_RPL, ARGV[12]) end

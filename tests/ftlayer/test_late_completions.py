@@ -252,3 +252,15 @@ def test_a_row_function_failure_after_the_timeout_keeps_its_replay(url: str, clo
         assert all(client.hget(keys.replaced, sid.to_bytes(8, "big", signed=True))[:8] == b"\xff" * 8
                    for sid in sids[:30])
     assert len(_read(layer)) == 30  # their copies flow to the next batch
+
+
+def test_a_late_fail_of_a_record_its_timeout_did_not_fail_writes_no_mark(layer: FTLayer) -> None:
+    """Only a timeout's record can be completed late, so only it gets the mark: a late fail of an
+    acked record or of one a row function failed already adds nothing to rpl (which stays bounded
+    by the timeout rate)."""
+    sids = _persist(layer, 20)
+    _df_read(layer, "b1", _ends(layer))
+    assert layer.fail(sids[:10], "row function raised") == 10
+    assert layer.settle_batch("b1", "ack") == 10  # the other 10
+    assert layer.fail(sids, "a retried task's fails") == 0  # all late
+    assert layer.store.client.hlen(layer.store.keys.replaced) == 0

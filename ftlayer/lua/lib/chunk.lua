@@ -88,6 +88,14 @@ local function chunk_frame(c, i)
   return string.sub(c.fr, p, p + 3 + struct.unpack('>I4', c.fr, p))
 end
 
+local TIMEOUT_REASON = 'timeout'  -- the reason EXPIRE fails a record with (ftlayer.replayer.TIMEOUT_REASON)
+
+local function failed_by_timeout(v)
+  -- whether `failed` value v (FAILED_PREFIX, reason, frame) is a timeout's, waiting for its replay
+  return struct.unpack('>I2', v, FL_REASON - 2) == #TIMEOUT_REASON
+    and string.sub(v, FL_REASON, FL_REASON + #TIMEOUT_REASON - 1) == TIMEOUT_REASON
+end
+
 local function chunk_fail(c, i, reason, now_ms, b_init, b_mult, b_max, no_replay)
   -- move pending record i to `failed`, due for replay after its backoff (due now, with the
   -- NO_REPLAY bit on its stored reason length, if it is to be dead-lettered at once)
