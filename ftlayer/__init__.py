@@ -47,6 +47,7 @@ _LAZY: dict[str, str] = {
     "with_metadata": "runtime.dataframe",
     "source": "runtime.dataframe",
     "stop_all": "runtime.dataframe",
+    "stop_query": "runtime.driver.query_stop",
     # effectively-once sinks: writes keyed by lineage id (ftlayer.lineage), one per target
     "postgres_sink": "runtime.idempotent.postgres",
     "PostgresSink": "runtime.idempotent.postgres",
@@ -87,6 +88,7 @@ __all__ = [
     "reset_timeout",
     "source",
     "stop_all",
+    "stop_query",
     "udf",
     "with_metadata",
 ]

@@ -35,6 +35,7 @@ from ftlayer.logs import logger_for
 from ftlayer.service import FTService
 from runtime.driver.ingest import Ingestor
 from runtime.driver.observe import TopologyObservers
+from runtime.driver.query_stop import DEFAULT_STOP_GRACE_S, stop_query
 
 log = logger_for(__name__)
 
@@ -235,14 +236,23 @@ class FTQuery:
             time.sleep(poll_s)
         return False
 
-    def stop(self) -> None:
-        """Stop ingest, the query and the FT service (leases released) or the feed servers. Idempotent."""
+    def stop(self, grace_s: float = DEFAULT_STOP_GRACE_S) -> bool:
+        """Stop ingest, the query and the FT service (leases released) or the feed servers. Idempotent.
+
+        The query stops between micro-batches: after ingest stopped, it waits up to ``grace_s`` for
+        the running batch to end, so no task is killed (``runtime.driver.query_stop``). Returns
+        False if ``grace_s`` ran out and the running batch was interrupted (nothing is lost: its
+        records were not acked, and a restart re-runs it), else True.
+        """
         if self._stopped:
-            return
+            return True
         self._stopped = True
         for ing in self.ingestors:  # all asked first: their stop graces run side by side
             ing.request_stop()
         for ing in self.ingestors:
             ing.stop()
-        self.query.stop()
-        self.progress.stop()
+        try:
+            quiet = stop_query(self.query, grace_s)
+        finally:
+            self.progress.stop()
+        return quiet

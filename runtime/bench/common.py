@@ -54,3 +54,7 @@ def round_dirs(workdir: Path | None, prefix: str, repeats: int) -> Iterator[list
     finally:
         if own:
             shutil.rmtree(root, ignore_errors=True)
+
+# a bench stops its Spark query between micro-batches (runtime.driver.query_stop), so the stop kills
+# no task and logs no stack trace; a source that never pauses (rate) is stopped after this anyway
+BENCH_STOP_GRACE_S = 3.0

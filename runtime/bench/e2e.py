@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
-from runtime.bench.common import as_shipped, summary
+from runtime.bench.common import BENCH_STOP_GRACE_S, as_shipped, summary
+from runtime.driver.query_stop import stop_query
 from runtime.sinks import CallableSink
 from runtime.spark.worker_heap import freeze_worker_heap
 from runtime.topology import Topology
@@ -139,7 +140,7 @@ def run_plain(spark: Any, records: int, payload_bytes: int, *, frozen: bool = Fa
             time.sleep(0.01)
         elapsed = time.perf_counter() - start
     finally:
-        query.stop()
+        stop_query(query, BENCH_STOP_GRACE_S)
     return Run("plain-frozen" if frozen else "plain", done, elapsed)
 
 

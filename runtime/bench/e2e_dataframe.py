@@ -32,8 +32,9 @@ from typing import Any
 
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
 from ftlayer.connection import client_for
-from runtime.bench.common import summary
+from runtime.bench.common import BENCH_STOP_GRACE_S, summary
 from runtime.bench.e2e import USERS, Run, make_value
+from runtime.driver.query_stop import stop_query
 
 SCHEMA = "i long, user string, page string"
 
@@ -87,7 +88,7 @@ def run_dataframe(spark: Any, config: FTConfig, records: int, *, ft_on: bool) ->
             time.sleep(0.02)
         elapsed = time.perf_counter() - start
     finally:
-        query.stop()
+        stop_query(query, BENCH_STOP_GRACE_S)
         handle.stop()
         _drop_namespace(cfg)
     return Run("ft-on" if ft_on else "ft-off", records, elapsed)
@@ -122,7 +123,7 @@ def run_plain(spark: Any, records: int) -> Run:
         elapsed = time.perf_counter() - start
         done = sum(int(p["numInputRows"]) for p in query.recentProgress)
     finally:
-        query.stop()
+        stop_query(query, BENCH_STOP_GRACE_S)
     return Run("plain", done, elapsed)
 
 

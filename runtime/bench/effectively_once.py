@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
-from runtime.bench.common import delete_namespace, summary
+from runtime.bench.common import BENCH_STOP_GRACE_S, delete_namespace, summary
 from runtime.bench.e2e import make_value
+from runtime.driver.query_stop import stop_query
 
 __all__ = ["bench_effectively_once"]
 
@@ -133,7 +134,7 @@ def _run(spark: Any, config: FTConfig, records: int, write: Callable[[Any, int],
             time.sleep(0.02)
         elapsed = time.perf_counter() - start
     finally:
-        query.stop()
+        stop_query(query, BENCH_STOP_GRACE_S)
         ingestor.stop()
         handle.stop()
         delete_namespace(cfg.redis_url or "", ns)

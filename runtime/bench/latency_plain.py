@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ftlayer.connection import client_for
-from runtime.bench.common import as_shipped
+from runtime.bench.common import BENCH_STOP_GRACE_S, as_shipped
 from runtime.bench.e2e import first_map, make_value, second_map
 from runtime.bench.latency import LatencyBenchError, _batches, percentile
+from runtime.driver.query_stop import stop_query
 
 __all__ = ["plain_latency"]
 
@@ -151,7 +152,7 @@ def plain_latency(
             raise failure
         progress = list(query.recentProgress)
     finally:
-        query.stop()
+        stop_query(query, BENCH_STOP_GRACE_S)
         # a task that was ending when the query stopped may still report: wait until the reports stop
         seen, quiet_since = -1, time.monotonic()
         while time.monotonic() - quiet_since < 1.0:

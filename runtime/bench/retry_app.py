@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from ftlayer.config import FTConfig
+from runtime.bench.common import BENCH_STOP_GRACE_S
+from runtime.driver.query_stop import stop_query
 from runtime.sinks import ExecutorSink, SinkContext
 from runtime.spark.session import local_session
 from runtime.testing import once
@@ -136,7 +138,7 @@ def run_spark(spark: Any, args: argparse.Namespace, out: Path, marks: Path) -> d
                 break
             time.sleep(0.05)
     finally:
-        query.stop()
+        stop_query(query, BENCH_STOP_GRACE_S)
     return {"outcome": outcome, "seconds": time.monotonic() - started}
 
 
