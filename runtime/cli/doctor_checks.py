@@ -6,7 +6,10 @@ flags); ``maxmemory-policy`` (must be ``noeviction``, see ``ftlayer.server_setti
 docs/operations.md); AOF against the configured ``durability``; replication where the
 durability mode needs a replica; the ACL rights for every command ftlayer sends on the
 namespace's keys (:func:`ftlayer.server_commands.probe_permissions`: nothing runs); and, on a
-cluster, its state. Settings are read from the node the URL names.
+cluster, its state and, on every node it lists (primaries and replicas: a replica becomes the
+primary on a failover), ``maxmemory-policy`` and AOF as above (one check, ``cluster nodes``,
+naming each node that fails; a node that cannot be reached or queried is a warning). The other
+settings are read from the node the URL names.
 
 Spark side (:func:`spark_checks`; no JVM is started): pyspark importable and >= 4.0, pandas and
 pyarrow for the DataFrame path, and ``java`` (``$JAVA_HOME/bin/java``, else the one on PATH)
@@ -75,10 +78,14 @@ def server_checks(config: FTConfig) -> list[Check]:
         return [Check("server", "reachable", "fail", str(exc))]
     node = redis.Redis.from_url(config.redis_url, socket_connect_timeout=config.connect_timeout_s)
     try:
-        return [Check("server", "reachable", "ok", url), *_settings(node, config), _acl(node, config),
-                _cluster(node, config)]
+        checks = [Check("server", "reachable", "ok", url), *_settings(node, config), _acl(node, config),
+                  _cluster(node, config)]
+        if checks[-1].status not in ("skip", "warn"):  # a cluster: every node's settings
+            checks.append(_cluster_nodes(node, config))
     except redis.RedisError as exc:
         return [Check("server", "reachable", "fail", f"Redis at {url} failed: {exc}")]
+    else:
+        return checks
     finally:
         node.close()
 
@@ -191,6 +198,45 @@ def _cluster(node: redis.Redis, config: FTConfig) -> Check:
     if config.durability in ("replicated", "replicated-aof") and nodes <= size:
         return Check("server", "cluster", "fail", f"{detail}: durability {config.durability!r} needs replicas")
     return Check("server", "cluster", "ok", detail)
+
+
+def _cluster_nodes(node: redis.Redis, config: FTConfig) -> Check:
+    """``maxmemory-policy`` and AOF on every node ``CLUSTER NODES`` lists (see the module contract)."""
+    raw = node.execute_command("CLUSTER", "NODES")  # type: ignore[no-untyped-call]
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    addresses: list[tuple[str, int, str]] = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 3 or "fail" in parts[2].split(",") or "noaddr" in parts[2]:
+            continue
+        host, _, port_text = parts[1].split("@", 1)[0].rpartition(":")
+        role = "primary" if "master" in parts[2] else "replica"
+        addresses.append((host.strip("[]") or "127.0.0.1", int(port_text), role))
+    kwargs = node.connection_pool.connection_kwargs
+    failed: list[str] = []
+    unchecked: list[str] = []
+    for host, port, role in sorted(addresses):
+        where = f"{host}:{port} ({role})"
+        peer = redis.Redis(host=host, port=port, username=kwargs.get("username"), password=kwargs.get("password"),
+                           socket_connect_timeout=config.connect_timeout_s, socket_timeout=config.connect_timeout_s)
+        try:
+            memory, persistence = _info(peer, "memory"), _info(peer, "persistence")
+            if memory is None or persistence is None:
+                unchecked.append(f"{where}: INFO not allowed")
+                continue
+            for check in (_policy_check(memory), _aof_check(peer, persistence, config.durability)):
+                if check.status == "fail":
+                    failed.append(f"{where} {check.name}: {check.detail}")
+        except redis.RedisError as exc:
+            unchecked.append(f"{where}: {exc}")
+        finally:
+            peer.close()
+    if failed:
+        return Check("server", "cluster nodes", "fail", "; ".join(failed))
+    if unchecked:
+        return Check("server", "cluster nodes", "warn", "not checked: " + "; ".join(unchecked))
+    return Check("server", "cluster nodes", "ok",
+                 f"maxmemory-policy and AOF as required on all {len(addresses)} nodes")
 
 
 def spark_checks() -> list[Check]:

@@ -114,6 +114,29 @@ def test_cluster_state_is_checked_on_a_cluster(capsys: Any, valkey_cluster: Any)
     assert checks["cluster"]["status"] == "ok"
     assert checks["cluster"]["detail"] == "state ok, 16384/16384 slots ok, 3 primaries, 6 nodes"
     assert checks["ACL rights"]["status"] == "ok"  # a redirection (MOVED) comes after the ACL check
+    assert checks["cluster nodes"] == {"section": "server", "name": "cluster nodes", "status": "ok",
+                                       "detail": "maxmemory-policy and AOF as required on all 6 nodes"}
+
+
+def test_every_cluster_node_is_checked_not_only_the_one_of_the_url(capsys: Any, valkey_cluster: Any) -> None:
+    """A replica (it becomes the primary on a failover) that may evict: doctor names it, though the
+    URL names another node whose own settings are fine."""
+    url = valkey_cluster.urls[0]
+    nodes = [redis.Redis.from_url(u) for u in valkey_cluster.urls]
+    replica = next(n for n in nodes if n.info("replication")["role"] == "slave")
+    port = replica.connection_pool.connection_kwargs["port"]
+    assert f":{port}/" not in url
+    replica.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        code, checks, _ = _doctor(capsys, "--redis-url", url, "--only", "server")
+    finally:
+        replica.config_set("maxmemory-policy", "noeviction")
+        for n in nodes:
+            n.close()
+    assert code == 1 and checks["maxmemory-policy"]["status"] == "ok"  # the URL's node is fine
+    detail = checks["cluster nodes"]["detail"]
+    assert checks["cluster nodes"]["status"] == "fail" and f":{port} (replica) maxmemory-policy" in detail
+    assert "allkeys-lru" in detail
 
 
 def test_unreachable_or_unconfigured_server(capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
