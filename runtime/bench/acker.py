@@ -11,7 +11,7 @@ runs all benchmarks):
 - **bytes per pending record**: Redis ``used_memory`` growth per pending
   record after persisting N records, minus the msgpack payload size.
 
-:func:`write_results` merges a summary into ``docs/bench/results.json`` (keys
+:func:`write_results` merges a summary into ``<bench --out>/results.json`` (keys
 ``acker_vs_raw_ratio`` and ``bytes_per_pending_record`` come from here, plus
 raw figures, the machine and the date).
 """
@@ -40,8 +40,6 @@ from runtime.bench.common import delete_namespace, summary
 from runtime.driver.progress import TaskProgress
 from serialization.payload import pack_payload
 from serialization.serializers import make_records
-
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "bench" / "results.json"
 
 
 def _machine() -> dict[str, Any]:
@@ -181,8 +179,11 @@ def bench_memory(url: str, n: int, payload_bytes: int) -> dict[str, Any]:
     }
 
 
-def write_results(update: dict[str, Any], path: Path = RESULTS) -> dict[str, Any]:
-    """Merge ``update`` into the results file (so separate benches keep each other's keys)."""
+def write_results(update: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Merge ``update`` into the results file ``path`` (so separate benches keep each other's keys).
+
+    No default: a path inside the installed package (its old default) is no place for results;
+    ``ftlayer bench --out`` names the directory (``scripts/bench``: the checkout's docs/bench)."""
     data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     data.update(update)
     data["machine"] = _machine()
