@@ -19,7 +19,7 @@ from typing import Any
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import FailRecord, FTLayerError
-from ftlayer.ids import RecordId
+from ftlayer.records.ids import RecordId
 
 __version__ = "0.1.0"
 
@@ -48,7 +48,7 @@ _LAZY: dict[str, str] = {
     "source": "runtime.dataframe",
     "stop_all": "runtime.dataframe",
     "stop_query": "runtime.driver.query_stop",
-    # effectively-once sinks: writes keyed by lineage id (ftlayer.lineage), one per target
+    # effectively-once sinks: writes keyed by lineage id (ftlayer.records.lineage), one per target
     "postgres_sink": "runtime.idempotent.postgres",
     "PostgresSink": "runtime.idempotent.postgres",
     "delta_sink": "runtime.idempotent.delta",
