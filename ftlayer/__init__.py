@@ -4,9 +4,12 @@ The public face, all importable from here::
 
     from ftlayer import Topology, FTConfig, FailRecord, JsonLinesSink, local_session
 
-The core package (``ftlayer.*``) holds ids and key hashing, config, the frame
-format, the Redis-backed acker, persistence, timeouts and replay; it imports no
-other package of the distribution. The names that live higher up (the topology
+The core package (``ftlayer.*``) stands in floors (docs/architecture.md, "The house"):
+``records`` (the record format and ids), ``keyspace`` and ``scripting`` (key names,
+the server-side Lua), ``store`` (talking to Redis), ``acker`` and ``servers`` (the FT
+components over a shard's store; the embedded servers and state directory),
+``facade`` and ``status`` (one source as a whole; the read model), over ``config``,
+``logs`` and ``errors``. It imports no other package of the distribution. The names that live higher up (the topology
 API, the query handle, sinks, the testing helpers, the Spark session helper)
 are resolved by name on first use (PEP 562), so importing the core never loads
 the runtime or Spark.
