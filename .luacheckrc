@@ -2,7 +2,7 @@
 -- from the repository root; Debian's package lua-check).
 --
 -- The scripts run in the Lua 5.1 of Redis/Valkey, which adds the globals below. A script is
--- assembled (ftlayer/lua_source.py) from the generated layout (ftlayer/lua_layout.py), then its
+-- assembled (ftlayer/scripting/lua_source.py) from the generated layout (ftlayer/scripting/lua_layout.py), then its
 -- file with each `--@include lib/<file>.lua` line replaced by that library file, so the names a
 -- file may use without defining them are read here from the same sources, not listed by hand:
 -- the `local` names of the layout, and the top-level `local` names of each library file it
@@ -38,8 +38,8 @@ local function top_level_names(path)
   return names
 end
 
-local layout = top_level_names("ftlayer/lua_layout.py")
-if #layout == 0 then error(".luacheckrc: no layout names found in ftlayer/lua_layout.py") end
+local layout = top_level_names("ftlayer/scripting/lua_layout.py")
+if #layout == 0 then error(".luacheckrc: no layout names found in ftlayer/scripting/lua_layout.py") end
 read_globals = {}
 for _, n in ipairs(SERVER) do read_globals[#read_globals + 1] = n end
 for _, n in ipairs(layout) do read_globals[#read_globals + 1] = n end

@@ -4,9 +4,12 @@ The public face, all importable from here::
 
     from ftlayer import Topology, FTConfig, FailRecord, JsonLinesSink, local_session
 
-The core package (``ftlayer.*``) holds ids and key hashing, config, the frame
-format, the Redis-backed acker, persistence, timeouts and replay; it imports no
-other package of the distribution. The names that live higher up (the topology
+The core package (``ftlayer.*``) stands in floors (docs/architecture.md, "The house"):
+``records`` (the record format and ids), ``keyspace`` and ``scripting`` (key names,
+the server-side Lua), ``store`` (talking to Redis), ``acker`` and ``servers`` (the FT
+components over a shard's store; the embedded servers and state directory),
+``facade`` and ``status`` (one source as a whole; the read model), over ``config``,
+``logs`` and ``errors``. It imports no other package of the distribution. The names that live higher up (the topology
 API, the query handle, sinks, the testing helpers, the Spark session helper)
 are resolved by name on first use (PEP 562), so importing the core never loads
 the runtime or Spark.
@@ -19,7 +22,7 @@ from typing import Any
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import FailRecord, FTLayerError
-from ftlayer.ids import RecordId
+from ftlayer.records.ids import RecordId
 
 __version__ = "0.1.0"
 
@@ -48,7 +51,7 @@ _LAZY: dict[str, str] = {
     "source": "runtime.dataframe",
     "stop_all": "runtime.dataframe",
     "stop_query": "runtime.driver.query_stop",
-    # effectively-once sinks: writes keyed by lineage id (ftlayer.lineage), one per target
+    # effectively-once sinks: writes keyed by lineage id (ftlayer.records.lineage), one per target
     "postgres_sink": "runtime.idempotent.postgres",
     "PostgresSink": "runtime.idempotent.postgres",
     "delta_sink": "runtime.idempotent.delta",

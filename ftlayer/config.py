@@ -105,7 +105,7 @@ class FTConfig:
         "Channels (Spark partitions) per source, fixed per topology (1-4096)."))
     num_shards: int = field(default=1, metadata=_doc(
         "Virtual shards per source (1-64): each has its own hash tag, chosen so the shards of a source "
-        "spread evenly over a Valkey/Redis Cluster's primaries (ftlayer.shards). 1 keeps a source on "
+        "spread evenly over a Valkey/Redis Cluster's primaries (ftlayer.keyspace.shard_tags). 1 keeps a source on "
         "one slot; on a cluster, 16 lets one source use every primary. Fixed when a source registers."))
     max_replays: int = field(default=5, metadata=_doc(
         "Replays of one origin record before it is dead-lettered (>= 0)."))

@@ -102,7 +102,7 @@ class ChunkIdInUseError(AckerError):
     """A persist named a chunk id that a pending chunk of the source already uses.
 
     ftlayer's own writers draw new ids and persist again; a caller that chose the ids itself gets
-    this error. ``chunk`` is the chunk's 6-byte field name (``ftlayer.chunks``).
+    this error. ``chunk`` is the chunk's 6-byte field name (``ftlayer.records.chunks``).
 
     A persist is split into calls (per shard, and per ``flush_batch_size`` records), each atomic:
     a refused call wrote nothing, the others were applied. ``refused`` holds the source record ids

@@ -25,13 +25,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar, NamedTuple, Protocol
 
-from ftlayer.channels import validate_num_channels
+from ftlayer.acker.channels import validate_num_channels
 
 
 class RoutedRecord(Protocol):
     """What a replay partitioner reads from a persisted record.
 
-    ``ftlayer.frames.SemiDeserializedRecord`` satisfies it. ``key_hash``
+    ``ftlayer.records.frames.SemiDeserializedRecord`` satisfies it. ``key_hash``
     is the signed 64-bit Spark ``xxhash64`` of the source's key (meaningful only
     if the source has a ``fields`` successor); ``channel`` is the partition the
     record was emitted from, or ``None`` if it was not recorded.
@@ -96,7 +96,7 @@ class Partitioner(ReplayPartitioner):
         """Channels a live record goes to.
 
         ``key_hash`` is required by ``fields`` (the Spark ``xxhash64`` of the
-        record's key, see :func:`ftlayer.keyhash.key_hash`); ``upstream_channel``
+        record's key, see :func:`ftlayer.records.keyhash.key_hash`); ``upstream_channel``
         (the partition the record is in now) is required by ``forward``. Other
         strategies ignore both. A missing required argument raises
         :class:`PartitioningError`.

@@ -32,7 +32,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from ftlayer.channels import validate_num_channels
+from ftlayer.acker.channels import validate_num_channels
 from ftlayer.errors import PartitioningError
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@
   ``emitted_ids``, a webhook client's confirmed ids), not what ingest persisted:
   a record ingest took and never persisted is lost. **never_persisted** counts
   them (produced records minus the sources' ``persisted`` counter).
-- **leaked**: per source, every key :meth:`~ftlayer.layer.FTLayer.leftovers`
+- **leaked**: per source, every key :meth:`~ftlayer.facade.ft_layer.FTLayer.leftovers`
   reports, and nonzero ``pending`` or ``failed_waiting``. The no-leak promise is
   ``leaked == []``. Run the checker after the query was stopped (``FTQuery.stop``
   trims finished channel entries).
@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.testing import FaultLog
 from serialization.payload import unpack_payload
 

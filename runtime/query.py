@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import redis
 
 from ftlayer.errors import FTLayerError, IngestStoppedError, RedisUnavailableError
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.facade.service import FTService
 from ftlayer.logs import logger_for
-from ftlayer.service import FTService
 from runtime.driver.ingest import Ingestor
 from runtime.driver.observe import TopologyObservers
 from runtime.driver.query_stop import DEFAULT_STOP_GRACE_S, stop_query

@@ -41,7 +41,7 @@ class SinkContext:
     its origin id, source record id (they differ exactly when the record is a replay) and
     lineage id.
 
-    ``lineages[i]`` is the lineage id of ``values[i]`` (``ftlayer.lineage``): the same on every
+    ``lineages[i]`` is the lineage id of ``values[i]`` (``ftlayer.records.lineage``): the same on every
     replay, task retry and restart, different for every other output. An effectively-once
     sink writes each value under it with a unique constraint (``runtime.idempotent``).
     """
@@ -135,7 +135,7 @@ class RedisHashSink(RedisUrlSink):
         self.key_fn, self.field_fn, self.value_fn, self.url = key_fn, field_fn, value_fn, url
 
     def write(self, values: list[Any], ctx: SinkContext) -> None:
-        from ftlayer.connection import client_for
+        from ftlayer.store.connection import client_for
 
         assert self.url is not None, "RedisHashSink.url is set by the topology before start"
         pipe = client_for(self.url).pipeline(transaction=False)

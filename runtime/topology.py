@@ -37,7 +37,7 @@ from typing import Any
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import TopologyError
-from ftlayer.keys import check_name
+from ftlayer.keyspace.keys import check_name
 from partitioners.factory import STRATEGIES as SOURCE_STRATEGIES
 from partitioners.factory import source_strategy
 from runtime.graph import Graph, KeyByNode, Node, OpNode, SinkNode, SourceNode, StateNode, UnionNode

@@ -1,12 +1,12 @@
 """Record serialization: the msgpack payload codec and the 48-byte frame format.
 
 ``serialization.payload`` packs record values (msgpack plus a few ext types);
-``ftlayer.frames`` wraps a packed payload with the record's ids, key hash,
+``ftlayer.records.frames`` wraps a packed payload with the record's ids, key hash,
 replay count and channel in a checksummed, self-delimiting frame that Lua
 scripts in Redis can read at fixed offsets.
 """
 
-from ftlayer.frames import (
+from ftlayer.records.frames import (
     BODY_FIXED_SIZE,
     FRAME_VERSION,
     HEADER_SIZE,

@@ -59,7 +59,7 @@ from typing import Any
 import msgpack
 
 from ftlayer.errors import SerializationError, UnsupportedTypeError
-from ftlayer.record import MAX_PAYLOAD_BYTES
+from ftlayer.records.record import MAX_PAYLOAD_BYTES
 
 __all__ = [
     "EXT_AWARE_DATETIME",

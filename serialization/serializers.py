@@ -1,10 +1,10 @@
 """Serializers between user values and records: the payload codec and the source-side builder.
 
 :class:`AsSemiDeserializedSerializer` is the one way a source value becomes a
-:class:`~ftlayer.record.SemiDeserializedRecord` (ingest, the replay bench, the
+:class:`~ftlayer.records.record.SemiDeserializedRecord` (ingest, the replay bench, the
 chaos tools and tests all use it); :class:`AsRecordSerializer` is the
 payload-only codec of successors. Frames themselves live in
-:mod:`ftlayer.frames`, next to the Lua that reads them.
+:mod:`ftlayer.records.frames`, next to the Lua that reads them.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from ftlayer.chunks import assign_sids
 from ftlayer.errors import FailRecord, KeyHashError, SerializationError
-from ftlayer.ids import RecordId, new_ids, new_record_id
-from ftlayer.keyhash import NO_KEY_HASH, key_hash, pmod
-from ftlayer.record import SemiDeserializedRecord, is_int_in
+from ftlayer.records.chunks import assign_sids
+from ftlayer.records.ids import RecordId, new_ids, new_record_id
+from ftlayer.records.keyhash import NO_KEY_HASH, key_hash, pmod
+from ftlayer.records.record import SemiDeserializedRecord, is_int_in
 from serialization.payload import pack_payload, unpack_payload
 
 __all__ = ["AsRecordSerializer", "AsSemiDeserializedSerializer", "make_record", "make_records"]
@@ -41,7 +41,7 @@ class AsSemiDeserializedSerializer:
     """Turns a source's values into :class:`SemiDeserializedRecord` s.
 
     ``key_selector`` maps a value to its key (str, bytes, int, float, bool,
-    None or a tuple of those, see ``ftlayer.keyhash``); ``None`` means no key,
+    None or a tuple of those, see ``ftlayer.records.keyhash``); ``None`` means no key,
     whose hash is ``key_hash(None)`` (42). It is shipped to Spark executors with
     the serializer, so it must be picklable (by cloudpickle for lambdas).
     """
@@ -128,7 +128,7 @@ def make_records(
     channel: int | None = None,
 ) -> list[SemiDeserializedRecord]:
     """Fresh first-attempt records of ``values`` for ``source``, their ids drawn in chunks per
-    channel (``ftlayer.chunks.assign_sids``), as ingest draws them: persisting them files one
+    channel (``ftlayer.records.chunks.assign_sids``), as ingest draws them: persisting them files one
     chunk per channel (of up to ``CHUNK_TARGET_RECORDS``), not one per record as records made
     one by one with :func:`make_record` are.
 

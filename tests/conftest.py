@@ -38,7 +38,7 @@ import pytest
 import redis
 
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
-from ftlayer.server import EmbeddedServer
+from ftlayer.servers.embedded import EmbeddedServer
 
 # Every JVM the suite starts (the session below, driver apps, the demo) reads the tests' Spark conf
 # (tests/spark-conf/spark-defaults.conf says what and why). A SPARK_CONF_DIR set by the caller wins.
@@ -180,7 +180,7 @@ def spark() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def valkey_cluster() -> Iterator[Any]:
-    from ftlayer.cluster_server import EmbeddedCluster
+    from ftlayer.servers.cluster import EmbeddedCluster
 
     cluster = EmbeddedCluster(primaries=3, replicas=1).start()
     yield cluster

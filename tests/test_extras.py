@@ -25,7 +25,8 @@ BLOCK = f"import sys\nfor _m in {DRIVER!r}: sys.modules[_m] = None\n"
 # what a Spark executor imports: the FT source's reads, the acking point and row functions, the
 # Topology handlers and sinks, the effectively-once sinks' partition writers
 EXECUTOR_MODULES = (
-    "ftlayer", "ftlayer.layer", "ftlayer.service", "runtime.spark.ft_source", "runtime.spark.typed_source",
+    "ftlayer", "ftlayer.facade.ft_layer", "ftlayer.facade.service", "runtime.spark.ft_source",
+    "runtime.spark.typed_source",
     "runtime.spark.handlers", "runtime.spark.fused_read", "runtime.dataframe", "runtime.dataframe.acking",
     "runtime.dataframe.rowfn", "runtime.dataframe.writer", "runtime.sinks", "runtime.topology",
     "runtime.idempotent.postgres", "runtime.idempotent.redis_hash", "runtime.idempotent.delta",
@@ -74,7 +75,7 @@ def test_the_embedded_server_without_the_driver_extra_names_the_extra() -> None:
         import os
         os.environ["PATH"] = "/nonexistent"  # no valkey-server on PATH either
         from ftlayer.errors import EmbeddedServerError
-        from ftlayer.server import find_server_binary
+        from ftlayer.servers.embedded import find_server_binary
         try:
             find_server_binary()
         except EmbeddedServerError as exc:

@@ -28,7 +28,8 @@ def test_every_package_directory_is_packaged() -> None:
 
 
 def test_every_lua_file_is_package_data() -> None:
-    """The scripts are read from ``ftlayer/lua/`` at run time (``ftlayer.lua_source``): a wheel must carry them."""
+    """The scripts are read from ``ftlayer/lua/`` at run time (``ftlayer.scripting.lua_source``):
+    a wheel must carry them."""
     patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["ftlayer"]
     files = [p.relative_to(ROOT / "ftlayer").as_posix() for p in (ROOT / "ftlayer").rglob("*.lua")]
     assert files

@@ -28,7 +28,7 @@ def test_unknown_name_is_an_attribute_error() -> None:
 
 def test_importing_the_core_loads_neither_runtime_nor_spark() -> None:
     code = (
-        "import sys, ftlayer, ftlayer.layer, ftlayer.service\n"
+        "import sys, ftlayer, ftlayer.facade.ft_layer, ftlayer.facade.service\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('runtime', 'pyspark', 'partitioners'))\n"
         "print(','.join(bad))"
     )
@@ -38,7 +38,7 @@ def test_importing_the_core_loads_neither_runtime_nor_spark() -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["ftlayer.config", "ftlayer.errors", "ftlayer.layer", "runtime.topology", "runtime.query",
+    ["ftlayer.config", "ftlayer.errors", "ftlayer.facade.ft_layer", "runtime.topology", "runtime.query",
      "runtime.sinks", "runtime.testing", "runtime.checker", "runtime.spark.session", "serialization",
      "partitioners"],
 )

@@ -2,7 +2,7 @@
 -- KEYS: ck, ci, cf, xv, live, gen, bcnt, failed, due, stats, bkt, tok:*, ch:*[num_channels]
 --   tok:* is the call token (tok:p:<hash of the input>); ch:* the channel streams ch:0 .. ch:<num_channels - 1>
 -- ARGV: prefix, num_channels, chunks, token_ttl_ms
---   chunks: ftlayer.chunks persist input, concatenated
+--   chunks: ftlayer.records.chunks persist input, concatenated
 -- Returns: {records filed, bucket gen}; {-1, chunk id} if a chunk id of the input is already in
 -- use (nothing is written: the caller draws new ids). A retried call (its token exists) files
 -- nothing: its records were filed by the first call and may since have been read, processed and

@@ -33,9 +33,9 @@ from typing import Any
 import redis
 
 from ftlayer.config import FTConfig
-from ftlayer.ids import child_id
-from ftlayer.keyhash import key_hash, pmod
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.ids import child_id
+from ftlayer.records.keyhash import key_hash, pmod
 from runtime.bench.common import delete_namespace, summary
 from runtime.driver.progress import TaskProgress
 from serialization.payload import pack_payload

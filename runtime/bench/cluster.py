@@ -10,7 +10,7 @@ each batch's records (the completing XOR, one FLUSH per shard touched). Aggregat
 all records / the slower client's wall time.
 
 Placement: each shard has its own hash tag, chosen so the 16 shards land 5/6/5 on 3 primaries
-(``ftlayer.shards``); on the 1-primary cluster all 16 share the one primary.
+(``ftlayer.keyspace.shard_tags``); on the 1-primary cluster all 16 share the one primary.
 ``cluster_scaling_ratio`` = median aggregate throughput on 3 primaries / on 1 primary. (With
 ``shards=1`` each client drives a source of its own, placed on different primaries: how a
 deployment scaled before shards.)
@@ -34,11 +34,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ftlayer.chunks import CHUNK_IN_HEADER, PackedChunk, bitmap_bytes
-from ftlayer.cluster_server import EmbeddedCluster
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
-from ftlayer.shards import key_slot_of, slot_ranges
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.keyspace.shard_tags import key_slot_of, slot_ranges
+from ftlayer.records.chunks import CHUNK_IN_HEADER, PackedChunk, bitmap_bytes
+from ftlayer.servers.cluster import EmbeddedCluster
 from serialization.payload import pack_payload
 
 TOPOLOGY = "bench"

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
-from ftlayer.connection import client_for
+from ftlayer.store.connection import client_for
 from runtime.bench.common import BENCH_STOP_GRACE_S, summary
 from runtime.bench.e2e import USERS, Run, make_value
 from runtime.driver.query_stop import stop_query

@@ -55,8 +55,9 @@ from datetime import datetime
 from typing import Any
 
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
-from ftlayer.connection import client_for, resolved
 from ftlayer.errors import FTLayerError
+from ftlayer.servers.process_server import resolved
+from ftlayer.store.connection import client_for
 from runtime.bench.common import delete_namespace
 from runtime.bench.e2e import first_map, make_value, second_map
 from runtime.sinks import ExecutorSink, SinkContext

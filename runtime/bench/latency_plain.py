@@ -13,7 +13,7 @@ from array import array
 from collections.abc import Mapping
 from typing import Any
 
-from ftlayer.connection import client_for
+from ftlayer.store.connection import client_for
 from runtime.bench.common import BENCH_STOP_GRACE_S, as_shipped
 from runtime.bench.e2e import first_map, make_value, second_map
 from runtime.bench.latency import LatencyBenchError, _batches, percentile

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.bench.common import delete_namespace, summary
 from runtime.bench.load import load_body
 

@@ -35,8 +35,8 @@ from typing import Any
 import redis
 
 from ftlayer.config import FTConfig
-from ftlayer.keyhash import key_hash, pmod
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.keyhash import key_hash, pmod
 from runtime.bench.common import delete_namespace, summary
 from serialization.payload import pack_payload
 
@@ -124,7 +124,7 @@ def bench_redis_cpu(url: str, records: int = 200_000, repeats: int = 3,
         "repeats": repeats,
         "us_per_record": {p: summary([r[p] for r in rounds]) for p in (*PHASES, "total")},
         "ack_scattered_us_per_record": round(worst["ack"], 3),
-        "layout": "format 3: chunks (ftlayer.chunks)",
+        "layout": "format 3: chunks (ftlayer.records.chunks)",
         "method": "server CPU (INFO cpu, user+sys) during each phase / records; persist in ingest's chunked "
         "batches, read through READ_CHANNEL, ack through completing-only flushes of 1000 per sink task in "
         "keyed-exchange order (2 sink tasks), trim to the tails; no Spark. ack_scattered: the same acks in "

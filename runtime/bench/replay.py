@@ -46,8 +46,8 @@ from typing import Any, cast
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError
-from ftlayer.keyhash import key_hash, pmod
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.keyhash import key_hash, pmod
 from runtime.bench.common import delete_namespace, round_dirs, summary
 from runtime.bench.replay_app import GO, SOURCE, TOPOLOGY, read_passes, user_key
 from runtime.chaos.procs import pending_ids
@@ -304,7 +304,7 @@ def bench_replay(url: str, *, records: int = 20_000, repeats: int = 3, workdir: 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m runtime.bench.replay``: print the figures as JSON (results.json is the lead's)."""
-    from ftlayer.server import EmbeddedServer
+    from ftlayer.servers.embedded import EmbeddedServer
 
     p = argparse.ArgumentParser(prog="python -m runtime.bench.replay", description=__doc__.split("\n")[0])
     p.add_argument("--records", type=int, default=20_000)

@@ -33,7 +33,7 @@ from typing import Any
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.bench.common import delete_namespace, round_dirs, summary
 from runtime.bench.retry_app import SOURCE, TOPOLOGY, user_of
 from runtime.driver.ingest import Ingestor

@@ -1,7 +1,7 @@
 """Scaling benchmark: throughput and Redis memory as the number of pending records grows.
 
 For each size N (default 10k, 100k, 1M) one fresh namespace on the server is
-filled through the real FT layer (:class:`~ftlayer.layer.FTLayer`, 2 channels,
+filled through the real FT layer (:class:`~ftlayer.facade.ft_layer.FTLayer`, 2 channels,
 records routed by key) and these figures are taken at N pending records:
 
 - ``persist_per_s``: records/s of :meth:`FTLayer.persist` while the table grows
@@ -54,8 +54,8 @@ import redis
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError, FTLayerError
-from ftlayer.ids import child_id
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.ids import child_id
 from runtime.driver.progress import TaskProgress
 from serialization.payload import pack_payload
 from serialization.serializers import make_records
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, default=20_000, help="records per acker sample")
     parser.add_argument("--out", type=Path, default=None, help="directory for scaling.json and the PNG plots")
     args = parser.parse_args(argv)
-    from ftlayer.server import EmbeddedServer
+    from ftlayer.servers.embedded import EmbeddedServer
 
     url = os.environ.get("FTLAYER_REDIS_URL", "")
     server = None if url else EmbeddedServer().start()

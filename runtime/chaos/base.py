@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.checker import Report, check
 from runtime.spark.xor_handler import DUPLICATE_FLUSH_PROPERTY
 from runtime.testing import CollectingSink, FaultLog, ScriptedSource

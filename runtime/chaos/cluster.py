@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import time
 
-from ftlayer.cluster_server import EmbeddedCluster
 from ftlayer.config import DURABILITY_MODES
+from ftlayer.servers.cluster import EmbeddedCluster
 from runtime.chaos.base import ChaosError, ScenarioContext, build, finish, run_query
 from runtime.chaos.faults import ChaosMap, Sampler
 from runtime.chaos.scenarios import paced

@@ -1,9 +1,9 @@
 """Chaos scenarios of the DataFrame path's sink side: a slow sink, a sink outage, a stateful aggregate.
 
 - ``slow-sink``: the first batch's write takes three times ``timeout_s``. Its records are held
-  while it runs (``ftlayer.holds``): none may time out or replay.
+  while it runs (``ftlayer.acker.holds``): none may time out or replay.
 - ``sink-outage``: the sink raises for five times ``timeout_s`` from its first write on. The
-  batch is retried in place with the sink breaker open (``ftlayer.breaker``): nothing may be
+  batch is retried in place with the sink breaker open (``ftlayer.acker.breaker``): nothing may be
   failed, replayed or dead-lettered, and everything is delivered once the sink is back.
 - ``aggregate``: ``groupBy(user).count()`` in complete mode (state in Spark's state store), with
   a Python worker killed once in the row function and one batch failing after its write and

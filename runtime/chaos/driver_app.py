@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.chaos.base import SOURCE, TOPOLOGY, TRIGGER_S, build
 from runtime.chaos.faults import ChaosMap
 from runtime.chaos.scenarios import paced

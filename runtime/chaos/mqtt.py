@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.chaos.base import TRIGGER_S, ChaosError, ScenarioContext, build, finish, sink_args
 from runtime.chaos.faults import ChaosMap
 from runtime.chaos.mqtt_publisher import Publisher

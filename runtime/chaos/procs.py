@@ -7,7 +7,7 @@ must live through them (a restart by the harness fails the scenario), and the ch
 every record the source produced: one that ingest took and never persisted is lost, not excused.
 
 What each asserts is in docs/fault-injection.md. The Redis kill runs against a server the scenario
-owns (an :class:`~ftlayer.server.EmbeddedServer` with a data directory), configured the way ftlayer
+owns (an :class:`~ftlayer.servers.embedded.EmbeddedServer` with a data directory), configured the way ftlayer
 configures its embedded server for the durability mode: ``appendfsync always`` for ``waitaof``,
 ``everysec`` otherwise.
 """
@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ftlayer.config import SINGLE_SERVER_DURABILITY
-from ftlayer.frames import SemiDeserializedSerializer
-from ftlayer.layer import FTLayer
-from ftlayer.server import EmbeddedServer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.frames import SemiDeserializedSerializer
+from ftlayer.servers.embedded import EmbeddedServer
 from runtime.chaos.base import ChaosError, ScenarioContext, build, finish, run_query, sink_args
 from runtime.chaos.faults import ChaosMap, Sampler
 from runtime.chaos.scenarios import paced

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ftlayer.server import EmbeddedServer, free_port
+from ftlayer.servers.embedded import EmbeddedServer, free_port
 from runtime.chaos.base import SOURCE, TOPOLOGY, ChaosError, ScenarioContext
 from runtime.chaos.ingest_cli import Consumer, IngestProcess
 from runtime.checker import Report, check

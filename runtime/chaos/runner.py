@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlayer.config import FTConfig
-from ftlayer.connection import resolved
+from ftlayer.servers.process_server import resolved
 from runtime.chaos import cluster as chaos_cluster
 from runtime.chaos import executors as chaos_executors
 from runtime.chaos import ingest_procs as chaos_ingest

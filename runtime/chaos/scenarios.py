@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.chaos.base import ChaosError, ScenarioContext, build, finish, run_query
 from runtime.chaos.faults import (
     ChaosMap,

@@ -102,7 +102,7 @@ class Target:
             if not Path(self.url).exists():
                 return []
             return list(DeltaTable(self.url).to_pyarrow_table().to_pylist())
-        from ftlayer.connection import client_for
+        from ftlayer.store.connection import client_for
 
         raw = client_for(self.url).hgetall(self.name)
         return [{**json.loads(v), "lineage_id": k.decode()} for k, v in raw.items()]  # type: ignore[union-attr]

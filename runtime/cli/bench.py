@@ -205,7 +205,7 @@ def _receivers(url: str, selected: list[str], args: argparse.Namespace) -> dict[
 
 def run(args: argparse.Namespace) -> int:
     """Run the selected benchmarks; print the JSON summary; merge it into results.json unless --no-write."""
-    from ftlayer.server import EmbeddedServer
+    from ftlayer.servers.embedded import EmbeddedServer
 
     selected = _selected(args)
     out = Path(args.out).resolve()

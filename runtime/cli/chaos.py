@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ftlayer.config import DURABILITY_MODES, SINGLE_SERVER_DURABILITY, FTConfig
-from ftlayer.connection import client_for, resolved
+from ftlayer.servers.process_server import resolved
+from ftlayer.store.connection import client_for
 from runtime.chaos.base import new_workdir
 from runtime.chaos.runner import OWN_SERVER, SCENARIOS, run_scenario
 from runtime.cli.common import connection_options, load_config

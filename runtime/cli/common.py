@@ -8,7 +8,7 @@ Contract:
 - Operator commands only talk to a server that is configured. They never start
   an embedded server: a fresh one would show an empty namespace and mislead.
 - Nothing here prints or raises a password: URLs pass through
-  :func:`ftlayer.connection.mask_url`, and Redis errors are re-raised as
+  :func:`ftlayer.store.connection.mask_url`, and Redis errors are re-raised as
   :class:`CLIError` naming the masked URL.
 """
 
@@ -24,10 +24,10 @@ from typing import Any
 import redis
 
 from ftlayer.config import FTConfig, mask_url
-from ftlayer.connection import client_for
 from ftlayer.errors import FTLayerError
-from ftlayer.keys import check_name
-from ftlayer.status import SourceName, registered_sources
+from ftlayer.keyspace.keys import check_name
+from ftlayer.status.read_model import SourceName, registered_sources
+from ftlayer.store.connection import client_for
 
 
 class CLIError(FTLayerError):

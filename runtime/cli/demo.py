@@ -29,7 +29,7 @@ from typing import Any
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import FailRecord
-from ftlayer.keyhash import key_hash
+from ftlayer.records.keyhash import key_hash
 from runtime.cli.demo_events import click_events
 from runtime.driver.progress import TaskProgress
 from runtime.sinks import JsonLinesSink

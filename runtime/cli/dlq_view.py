@@ -27,10 +27,10 @@ from typing import Any
 
 import redis
 
+from ftlayer.acker.dead_letters import DeadLetter, check_entry_ids
 from ftlayer.config import FTConfig
-from ftlayer.dead_letters import DeadLetter, check_entry_ids
 from ftlayer.errors import SerializationError
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.cli.common import format_ms, one_source, render_table, select_sources
 from serialization.payload import unpack_payload
 

@@ -2,10 +2,10 @@
 
 Server side (:func:`server_checks`, against the configured ``redis_url``; read-only):
 reachable; version (Valkey, or Redis >= 7.0: the scripts declare their keys with ``#!lua``
-flags); ``maxmemory-policy`` (must be ``noeviction``, see ``ftlayer.server_settings`` and
+flags); ``maxmemory-policy`` (must be ``noeviction``, see ``ftlayer.store.server_settings`` and
 docs/operations.md); AOF against the configured ``durability``; replication where the
 durability mode needs a replica; the ACL rights for every command ftlayer sends on the
-namespace's keys (:func:`ftlayer.server_commands.probe_permissions`: nothing runs); and, on a
+namespace's keys (:func:`ftlayer.store.server_commands.probe_permissions`: nothing runs); and, on a
 cluster, its state and, on every node it lists (primaries and replicas: a replica becomes the
 primary on a failover), ``maxmemory-policy`` and AOF as above (one check, ``cluster nodes``,
 naming each node that fails; a node that cannot be reached or queried is a warning). The other
@@ -33,10 +33,10 @@ from typing import Any
 import redis
 
 from ftlayer.config import FTConfig, mask_url
-from ftlayer.connection import client_for
 from ftlayer.errors import FTLayerError
-from ftlayer.server_commands import COMMANDS, needed, probe_permissions
-from ftlayer.server_settings import SAFE_POLICY
+from ftlayer.store.connection import client_for
+from ftlayer.store.server_commands import COMMANDS, needed, probe_permissions
+from ftlayer.store.server_settings import SAFE_POLICY
 
 MIN_REDIS = (7, 0)
 MIN_PYSPARK = (4, 0)

@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from ftlayer.config import FTConfig, mask_url
-from ftlayer.keys import check_name
-from ftlayer.layer import FTLayer
-from ftlayer.state import state_root
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.keyspace.keys import check_name
+from ftlayer.servers.state_dir import state_root
 from runtime.cli.common import CLIError, connection_options, load_config
 from runtime.cli.env import add_env_options
 from runtime.cli.ingest_mqtt import check_no_mqtt_options, mqtt_source, run_mqtt, topic_key

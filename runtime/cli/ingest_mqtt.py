@@ -26,7 +26,7 @@ from types import FrameType
 from typing import Any
 
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.cli.common import CLIError
 from runtime.cli.env import ENV_OPTIONS, EnvOption
 from runtime.driver.ingest import Ingestor

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.cli.common import CLIError
 from runtime.cli.env import ENV_OPTIONS, EnvOption
 from runtime.driver.ingest import Ingestor

@@ -31,7 +31,7 @@ from runtime.cli.env import add_env_options, env_help_epilog, resolve_env_defaul
 
 def _cmd_redis(args: argparse.Namespace) -> int:
     from ftlayer.config import FTConfig
-    from ftlayer.server import run_foreground
+    from ftlayer.servers.embedded import run_foreground
 
     if args.cluster:
         return _cmd_redis_cluster(args)
@@ -50,7 +50,7 @@ def _set_leaf_parsers(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_redis_cluster(args: argparse.Namespace) -> int:
-    from ftlayer.cluster_server import run_cluster_foreground
+    from ftlayer.servers.cluster import run_cluster_foreground
     from runtime.cli.common import CLIError
 
     if args.port is not None:

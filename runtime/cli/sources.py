@@ -5,14 +5,14 @@ Contract:
 
 - ``list`` (read-only): every registered source with its channel and shard counts, creation
   time, pending, failed-waiting and dead-letter counts and whether an FT service runs it
-  (the read model of ``ftlayer status``, :func:`ftlayer.status.sample`).
+  (the read model of ``ftlayer status``, :func:`ftlayer.status.read_model.sample`).
 - ``describe TOPOLOGY SOURCE`` (read-only): the source's ``meta``, its figures (as ``status``),
-  its keys grouped by kind (type, keys, entries, bytes; :func:`ftlayer.source_admin.inventory`)
+  its keys grouped by kind (type, keys, entries, bytes; :func:`ftlayer.status.source_admin.inventory`)
   and its leftovers (state a drained source should not hold, :meth:`FTLayer.leftovers`).
 - ``reset TOPOLOGY SOURCE`` deletes every key of the source and its registration
-  (:func:`ftlayer.source_admin.reset_source`), after printing what it deletes. It refuses while
+  (:func:`ftlayer.status.source_admin.reset_source`), after printing what it deletes. It refuses while
   records are pending or waiting for replay, an FT service runs the source or micro-batches
-  read it (:func:`ftlayer.source_admin.reset_blockers`), and on a namespace without ftlayer's
+  read it (:func:`ftlayer.status.source_admin.reset_blockers`), and on a namespace without ftlayer's
   owner record, unless ``--force``; it deletes only with ``--yes`` or a typed ``yes`` at a
   terminal (else exit 1); ``--dry-run`` prints and changes nothing. Dead letters are deleted
   with the rest: the summary counts them.
@@ -32,10 +32,10 @@ from typing import Any
 import redis
 
 from ftlayer.config import FTConfig, mask_url
-from ftlayer.keys import SourceKeys, check_name
-from ftlayer.layer import FTLayer
-from ftlayer.source_admin import SourceInventory, inventory, reset_blockers, reset_source
-from ftlayer.status import Snapshot, SourceStatus, registered_sources, sample
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.keyspace.keys import SourceKeys, check_name
+from ftlayer.status.read_model import Snapshot, SourceStatus, registered_sources, sample
+from ftlayer.status.source_admin import SourceInventory, inventory, reset_blockers, reset_source
 from runtime.cli.common import (
     CLIError,
     add_output_option,

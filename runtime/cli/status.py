@@ -23,17 +23,17 @@ Contract:
   ``sources``, a list of objects with ``topology``, ``source``,
   ``num_channels``, ``pending``, ``oldest_pending_age_s``,
   ``failed_waiting``, ``dead_letters``, ``bucket_gen``, ``counters`` (every
-  ``ftlayer.store.COUNTERS`` name plus ``failed`` = explicit + timeout),
+  ``ftlayer.store.source_store.COUNTERS`` name plus ``failed`` = explicit + timeout),
   ``rates_per_s`` (``RATE_COUNTERS``, per second, null without a window),
   ``service`` (``alive``, ``owner``, ``lease_ttl_s``) and ``ingest``
   (``state``, ``detail``, ``since_ms``, as the driver's ingest thread last
-  recorded them, see :mod:`ftlayer.ingest_state`; null if never recorded).
+  recorded them, see :mod:`ftlayer.status.ingest_state`; null if never recorded).
 - The INGEST column shows ``ERROR: <error>`` for an ingest thread that
   stopped on an error (its source raised): such a source is never drained.
 - The SINK column shows the sink breaker while it is open (``OPEN for 12s, 5 failed
   writes, replays paused (...)``: an acking point retries a failed write, see
-  :mod:`ftlayer.breaker`), else the micro-batches running now that read the source and
-  for how long (their holds, :mod:`ftlayer.holds`). In ``--json``: ``sink_breaker``
+  :mod:`ftlayer.acker.breaker`), else the micro-batches running now that read the source and
+  for how long (their holds, :mod:`ftlayer.acker.holds`). In ``--json``: ``sink_breaker``
   (``query``, ``since_ms``, ``failures``, ``error``, ``until_ms``; null when closed) and
   ``running_batches`` (``tag``, ``running_s``, ``held_until_ms`` each).
 - The Redis URL is shown with its password masked.
@@ -48,7 +48,7 @@ import time
 from typing import Any
 
 from ftlayer.config import FTConfig, mask_url
-from ftlayer.status import Snapshot, SourceStatus, sample
+from ftlayer.status.read_model import Snapshot, SourceStatus, sample
 from runtime.cli.common import (
     CLIError,
     add_output_option,

@@ -13,7 +13,7 @@ Modules: ``sources`` (driver handles: ingest, FT service, reading), ``acking``
 (the foreachBatch acking point), ``writer`` (the per-task acking stream writer), ``rowfn`` (row
 functions). The typed Spark data source
 itself is ``runtime.spark.typed_source``; the batch ack bookkeeping is
-``ftlayer.batch_acks``. docs/guarantees.md states what is per record and what
+``ftlayer.acker.batch_acks``. docs/guarantees.md states what is per record and what
 is per batch on this path.
 """
 

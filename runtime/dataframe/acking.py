@@ -11,8 +11,8 @@
   restart and reads its records again, so stateful plans lose nothing.
 - **A failed write is retried in place** (``runtime.dataframe.sink_retry``): with backoff, for
   up to ``sink_retry_budget_s``, on the same batch. Meanwhile the batch's records do not time
-  out (it holds them, ``ftlayer.holds``), the query reads nothing new and the sources' sink
-  breaker keeps replays paused (``ftlayer.breaker``): a sink outage costs no replay budget.
+  out (it holds them, ``ftlayer.acker.holds``), the query reads nothing new and the sources' sink
+  breaker keeps replays paused (``ftlayer.acker.breaker``): a sink outage costs no replay budget.
 - **When the retries are spent**, ``on_error`` decides:
 
   - ``"auto"`` (default): ``"raise"`` for a stateful plan, ``"replay"`` for a stateless one
@@ -35,14 +35,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from ftlayer.batch_acks import batch_tags
+from ftlayer.acker.batch_acks import batch_tags
+from ftlayer.acker.holds import CARRY_PREFIX
 from ftlayer.config import FTConfig
-from ftlayer.connection import client_for
 from ftlayer.errors import ConfigError
-from ftlayer.holds import CARRY_PREFIX
-from ftlayer.keys import query_batch_key
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.keyspace.keys import query_batch_key
 from ftlayer.logs import logger_for
+from ftlayer.store.connection import client_for
 from runtime.dataframe.plan import is_stateful
 from runtime.dataframe.sink_retry import SinkRetry
 from runtime.dataframe.sources import active_session, config_or_last

@@ -2,7 +2,7 @@
 
 The acking point (``runtime.dataframe.acking``) calls :func:`enter` before the user's function
 and :meth:`BatchContext.close` after it. The context tells it which query runs the batch and
-which sources' batch tags (``ftlayer.batch_acks``) the batch's read tasks filed:
+which sources' batch tags (``ftlayer.acker.batch_acks``) the batch's read tasks filed:
 
 - **Classic session.** The function runs on the query's own thread, which carries Spark's query
   id (local property ``sql.streaming.queryId``); the read tasks its actions start carry the query
@@ -39,11 +39,11 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ftlayer.batch_acks import BATCH_KEY_TTL_S, batch_tags, token_tags
+from ftlayer.acker.batch_acks import BATCH_KEY_TTL_S, batch_tags, token_tags
 from ftlayer.config import FTConfig
-from ftlayer.connection import client_for
-from ftlayer.keys import query_batch_key, token_batch_key
+from ftlayer.keyspace.keys import query_batch_key, token_batch_key
 from ftlayer.logs import logger_for
+from ftlayer.store.connection import client_for
 from runtime.spark.connect import batch_job_tag, is_connect, new_batch_token
 from runtime.spark.typed_source import QUERY_ID_PROPERTY
 

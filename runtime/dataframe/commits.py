@@ -25,12 +25,12 @@ from typing import Any
 
 from pyspark.sql.streaming.listener import QueryProgressEvent, QueryStartedEvent, QueryTerminatedEvent
 
-from ftlayer.batch_acks import batch_tags
+from ftlayer.acker.batch_acks import batch_tags
 from ftlayer.config import FTConfig
-from ftlayer.connection import client_for
-from ftlayer.keys import query_batch_key
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.keyspace.keys import query_batch_key
 from ftlayer.logs import logger_for
+from ftlayer.store.connection import client_for
 from runtime.dataframe.acking import settle_batch
 from runtime.dataframe.observe import reads_ftlayer
 from runtime.dataframe.plan import WRITER_MARK, forget_stateful, remember_stateful

@@ -23,8 +23,8 @@ import threading
 from typing import Any
 
 from ftlayer.config import FTConfig
-from ftlayer.connection import client_for
 from ftlayer.logs import logger_for
+from ftlayer.store.connection import client_for
 
 __all__ = [
     "STATEFUL_NODES", "WRITER_MARK", "find_query", "forget_stateful", "is_stateful", "mark_writer",
@@ -126,7 +126,7 @@ WRITER_MARK = "@writer"  # in a batch's index (dfq:<q>:<b>): the query writes wi
 def mark_writer(config: FTConfig, query_id: str, batch_id: int) -> None:
     """The acking writer's ``commit`` notes that ``query_id`` writes with it, so the commit listener
     tells it whether the query keeps state (queries that do not use it get no such key)."""
-    from ftlayer.keys import query_batch_key
+    from ftlayer.keyspace.keys import query_batch_key
 
     client = client_for(config.redis_url, config.connect_timeout_s)
     key = query_batch_key(config.namespace, query_id, batch_id)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError, RecordFailError
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.logs import logger_for
 from runtime.dataframe.sources import config_or_last, parse_schema
 from runtime.spark.payload_columns import METADATA_COLUMN

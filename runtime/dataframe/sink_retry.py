@@ -10,9 +10,9 @@ settled meanwhile), the acking writer retries ``fn`` on the task's rows. Contrac
   the last exception when the next wait would pass the budget (``sink_retry_budget_s = 0``:
   one attempt).
 - **Nothing times out meanwhile.** The batch is still running, so its hold keeps its records
-  from timing out (``ftlayer.holds``; up to ``max_batch_s``), and the query reads nothing new.
+  from timing out (``ftlayer.acker.holds``; up to ``max_batch_s``), and the query reads nothing new.
 - **Nothing is replayed meanwhile.** Every failed attempt opens (renews) the sink breaker of
-  every source the batch read (``ftlayer.breaker``), for ``max(10 s, sink_retry_budget_s)``:
+  every source the batch read (``ftlayer.acker.breaker``), for ``max(10 s, sink_retry_budget_s)``:
   the FT service replays none of their failed records, which would only meet the same broken
   sink. A successful write closes it. Giving up leaves it open: the next batches' writes (new
   records) are the probes, and replays resume when one succeeds, or when the breaker lapses
@@ -27,12 +27,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from ftlayer.breaker import SinkBreaker
+from ftlayer.acker.breaker import SinkBreaker
 from ftlayer.config import FTConfig
-from ftlayer.connection import client_for
 from ftlayer.errors import FTLayerError
-from ftlayer.keys import SourceKeys
+from ftlayer.keyspace.keys import SourceKeys
 from ftlayer.logs import logger_for
+from ftlayer.store.connection import client_for
 
 __all__ = ["BACKOFF_INITIAL_S", "BACKOFF_MAX_S", "SinkRetry", "breakers", "close_breakers"]
 

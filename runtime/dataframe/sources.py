@@ -16,7 +16,7 @@ Configuration, as on the Topology path: the config given, else ``FTConfig.load()
 (``ftlayer.toml`` < ``FTLAYER_*``), then the ``spark.ftlayer.*`` keys of the session
 (the one passed, else the active one) for every option not set in code.
 
-**Durable by default, one state model** (``ftlayer.state``): with no ``redis_url`` the
+**Durable by default, one state model** (``ftlayer.servers.state_dir``): with no ``redis_url`` the
 embedded server runs on the topology's state directory, ``<state_dir>/<topology>/redis/``
 (its AOF), the same one a ``Topology`` of that name uses, with the same lock (one process
 at a time) and the same die-with-the-driver rules: a re-run of the same program finds the
@@ -46,14 +46,14 @@ from typing import TYPE_CHECKING, Any
 from redis.backoff import ExponentialBackoff
 
 from ftlayer.config import FTConfig
-from ftlayer.connection import resolved
 from ftlayer.errors import ConfigError, RedisUnavailableError
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.facade.service import FTService
 from ftlayer.logs import logger_for
-from ftlayer.service import FTService
-from ftlayer.state import TopologyState, check_reachable_redis
+from ftlayer.servers.process_server import resolved
+from ftlayer.servers.state_dir import TopologyState
 from runtime.driver.ingest import Ingestor, KeySelector
-from runtime.spark.conf import effective_config
+from runtime.spark.conf import check_reachable_redis, effective_config
 from runtime.spark.connect import active_connect_session, check_server_reaches
 from runtime.spark.ft_source import FORMAT, source_options
 from runtime.spark.payload_columns import METADATA_COLUMN, metadata_type

@@ -196,7 +196,7 @@ class _Writer:
 
 
 def _fail_traced(config: FTConfig, results: list[TaskResult]) -> None:
-    from ftlayer.layer import FTLayer
+    from ftlayer.facade.ft_layer import FTLayer
 
     for r in results:
         for source, sids in r.failed.items():

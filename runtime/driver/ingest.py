@@ -89,13 +89,13 @@ from typing import Any, Protocol
 import redis
 from redis.backoff import ExponentialBackoff
 
-from ftlayer.chunks import PackedChunk
 from ftlayer.errors import DurabilityError, FTLayerError, SerializationError
-from ftlayer.frames import SemiDeserializedRecord
-from ftlayer.ingest_state import write_state
-from ftlayer.keyhash import NO_KEY_HASH, key_hash
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.logs import logger_for
+from ftlayer.records.chunks import PackedChunk
+from ftlayer.records.frames import SemiDeserializedRecord
+from ftlayer.records.keyhash import NO_KEY_HASH, key_hash
+from ftlayer.status.ingest_state import write_state
 from partitioners.factory import partitioner_for, source_strategy
 from runtime.sources import AckingSource, PausableSource, PollSource
 from serialization.payload import pack_payload, pack_payloads
@@ -229,7 +229,7 @@ class PersistDestination:
         return self.layer.pending_count()
 
     def report_state(self, state: str, detail: str) -> None:
-        """Record the ingest state for ``ftlayer status`` (:mod:`ftlayer.ingest_state`)."""
+        """Record the ingest state for ``ftlayer status`` (:mod:`ftlayer.status.ingest_state`)."""
         write_state(self.layer.store, state, detail)
 
 

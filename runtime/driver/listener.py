@@ -49,9 +49,9 @@ from pyspark.sql.streaming.listener import (
 )
 
 from ftlayer.errors import FTLayerError
-from ftlayer.layer import FTLayer
-from ftlayer.status import sample
-from ftlayer.store import SourceStore
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.status.read_model import sample
+from ftlayer.store.source_store import SourceStore
 from runtime.driver.json_listener import JsonEventListener
 from runtime.driver.listener_removal import remove_listener
 

@@ -58,10 +58,10 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.logs import logger_for
-from ftlayer.status import SourceStatus, sample
-from ftlayer.store import SourceStore
+from ftlayer.status.read_model import SourceStatus, sample
+from ftlayer.store.source_store import SourceStore
 
 log = logger_for(__name__)
 

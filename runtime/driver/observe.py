@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 
 if TYPE_CHECKING:  # runtime.driver.listener imports pyspark; this module stays importable without it
     from runtime.driver.listener import FTProgressListener

@@ -1,4 +1,4 @@
-"""Deletes the flush tokens of committed micro-batches (the tokens: ``ftlayer.flush_tokens``).
+"""Deletes the flush tokens of committed micro-batches (the tokens: ``ftlayer.acker.flush_tokens``).
 
 A StreamingQueryListener limited to one query name. Contract:
 
@@ -30,11 +30,11 @@ from pyspark.sql.streaming.listener import (
     QueryTerminatedEvent,
 )
 
+from ftlayer.acker.flush_tokens import delete_batch_tokens, stale_batches
 from ftlayer.errors import FTLayerError
-from ftlayer.flush_tokens import delete_batch_tokens, stale_batches
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.logs import logger_for
-from ftlayer.store import SourceStore
+from ftlayer.store.source_store import SourceStore
 from runtime.driver.json_listener import JsonEventListener
 
 log = logger_for(__name__)

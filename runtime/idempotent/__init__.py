@@ -1,7 +1,7 @@
 """Effectively-once sinks: writes keyed by lineage id, so a replay never shows a record twice.
 
 ftlayer replays a failed record under a new source record id but keeps its origin id and root
-current id, so each output has the same lineage id on every attempt (``ftlayer.lineage``). A sink
+current id, so each output has the same lineage id on every attempt (``ftlayer.records.lineage``). A sink
 that writes each output under its lineage id with a unique constraint (or merges on it) drops a
 replay whose first attempt already reached it. Modules, one target each: ``postgres`` (psycopg 3,
 ``INSERT ... ON CONFLICT DO NOTHING``), ``delta`` (a Delta table merged on the id, through

@@ -1,6 +1,6 @@
 """Effectively-once writes to a Delta table: rows merged on their lineage id, through delta-rs.
 
-A row's lineage id (``ftlayer.lineage``) is the same on every attempt of its source record. Each
+A row's lineage id (``ftlayer.records.lineage``) is the same on every attempt of its source record. Each
 write is one Delta ``MERGE ... ON t.<key> = s.<key> WHEN NOT MATCHED THEN INSERT *``, a single
 atomic commit: a replay, a Spark task retry, an in-place retry of a failed ``foreachBatch`` and
 a re-run of an uncommitted batch after a restart all find their rows already in the table and

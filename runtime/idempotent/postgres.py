@@ -1,6 +1,6 @@
 """Effectively-once writes to PostgreSQL: each row under its lineage id, ``ON CONFLICT DO NOTHING``.
 
-A row's lineage id (``ftlayer.lineage``) is the same on every attempt of its source record, so
+A row's lineage id (``ftlayer.records.lineage``) is the same on every attempt of its source record, so
 writing it into a column with a unique constraint makes a replay, a Spark task retry, an in-place
 retry of a failed ``foreachBatch`` and a re-run of an uncommitted batch after a restart all land
 on the row already there: the table shows each output once. Three entry points:

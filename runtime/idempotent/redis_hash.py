@@ -14,7 +14,7 @@ function that reads the clock) cannot change what a reader already saw.
 
 Bounds: one field per output, kept until the user deletes the hash; a hash of many millions of
 fields wants a ``key_fn`` that spreads them (per day, per user). Every write is retried by
-redis-py on a dropped connection (``ftlayer.connection.client_for``); a retried ``HSETNX`` is
+redis-py on a dropped connection (``ftlayer.store.connection.client_for``); a retried ``HSETNX`` is
 harmless. Returns of both: the number of fields newly written.
 """
 
@@ -42,7 +42,7 @@ _PIPELINE_ROWS = 1000
 
 def write_once(url: str, items: list[tuple[str, str, str]]) -> int:
     """``HSETNX key field value`` for each ``(key, field, value)``; the number of fields created."""
-    from ftlayer.connection import client_for
+    from ftlayer.store.connection import client_for
 
     client = client_for(url)
     created = 0

@@ -5,7 +5,7 @@ One row per source record, columns :data:`SOURCE_COLUMNS` (the Spark schema is
 later (``serialization.payload.unpack_payload``).
 
 :func:`frames_to_record_batch` is the hot path of the FT source's ``read()``. It
-checks every frame exactly as :class:`~ftlayer.frames.SemiDeserializedSerializer`
+checks every frame exactly as :class:`~ftlayer.records.frames.SemiDeserializedSerializer`
 does (length, version, reserved flags, CRC-32) but parses all headers at once
 with numpy instead of building a validated record object per frame. A frame
 that fails any check is handed to the serializer's ``decode``, so the ``FrameError`` raised names the problem exactly as
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ftlayer.errors import FrameError
-from ftlayer.frames import (
+from ftlayer.records.frames import (
     BODY_FIXED_SIZE,
     FRAME_VERSION,
     HEADER_SIZE,
@@ -43,7 +43,7 @@ __all__ = [
 SOURCE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("sid", "long", "int64"),  # source_record_id: the acker entry (tree) of the record
     ("cid", "long", "int64"),  # current_record_id: this record inside the tree
-    ("key_hash", "long", "int64"),  # ftlayer.keyhash.key_hash of the key (xxhash64 seed 42)
+    ("key_hash", "long", "int64"),  # ftlayer.records.keyhash.key_hash of the key (xxhash64 seed 42)
     ("origin", "long", "int64"),  # source_record_id of the first attempt (kept on replay)
     ("replay", "int", "int32"),  # replay count: 0 for a first attempt
     ("channel", "int", "int32"),  # channel the record was appended to (= Spark partition)
@@ -128,7 +128,7 @@ def spans_to_record_batch(blob: bytes, starts: Any, lengths: Any) -> Any:
 
     The FT source hands it a chunk's frames as Redis returned them, with the spans of its
     pending records (``runtime.spark.ft_source``): no frame is copied out on its own.
-    Every frame is checked as :class:`~ftlayer.frames.SemiDeserializedSerializer` checks it
+    Every frame is checked as :class:`~ftlayer.records.frames.SemiDeserializedSerializer` checks it
     (length, version, reserved flags, CRC-32); ``FrameError`` names the first bad one's
     index in the spans.
 

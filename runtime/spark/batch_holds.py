@@ -2,7 +2,7 @@
 
 Runs in the one long-lived Python process per query in which Spark calls the FT source's
 driver-side methods (``partitions``, ``latestOffset``, ``commit``; see ``runtime.spark.ft_source``).
-What a hold does is :mod:`ftlayer.holds`; this class decides when holds start, last and end:
+What a hold does is :mod:`ftlayer.acker.holds`; this class decides when holds start, last and end:
 
 - :meth:`begin` when Spark plans a batch (``partitions``): the hold starts with a deadline one
   lease ahead, and the heartbeat thread (started on first use, a daemon) renews it every
@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 
 from ftlayer.errors import FTLayerError
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.logs import logger_for
 
 __all__ = ["HOLD_SET_MARGIN_S", "BatchHolds"]

@@ -10,7 +10,7 @@ The sink is the last stage. A driver-side FT service rotates timeout buckets
 and replays failures; it stops with the query. With FT off the sources feed
 in-driver feeds instead (:mod:`runtime.driver.feed`) and no FT service runs.
 
-State (:mod:`ftlayer.state`): with no ``redis_url`` the embedded server runs on the
+State (:mod:`ftlayer.servers.state_dir`): with no ``redis_url`` the embedded server runs on the
 topology's state directory (``<state_dir>/<topology>/redis``), and with no
 checkpoint location the query checkpoints to ``<state_dir>/<topology>/checkpoint``,
 so a re-run of the same program resumes. A non-local Spark master with no
@@ -28,9 +28,9 @@ import redis
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import TopologyError
-from ftlayer.layer import FTLayer
-from ftlayer.service import FTService
-from ftlayer.state import TopologyState, check_reachable_redis
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.facade.service import FTService
+from ftlayer.servers.state_dir import TopologyState
 from partitioners.factory import replay_partitioner_for
 from runtime.driver.feed import Feed, FeedDestination, FeedProgress, FeedServer
 from runtime.driver.ingest import BatchDestination, Ingestor
@@ -39,7 +39,7 @@ from runtime.driver.token_janitor import TokenJanitor
 from runtime.graph import Graph, KeyByNode, Node, Op, OpNode, SinkNode, SourceNode, StateNode, UnionNode
 from runtime.query import FTProgress, FTQuery, Progress
 from runtime.sinks import ForeachBatchSink, RedisUrlSink
-from runtime.spark.conf import effective_config
+from runtime.spark.conf import check_reachable_redis, effective_config
 from runtime.spark.feed_source import feed_host
 from runtime.spark.fused_read import FusedStage
 from runtime.spark.row_batch import Fanout

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from ftlayer.config import SPARK_PREFIX, FTConfig
+from ftlayer.errors import ConfigError
 
 
 def ftlayer_conf(spark: Any) -> dict[str, str]:
@@ -32,3 +33,20 @@ def ftlayer_conf(spark: Any) -> dict[str, str]:
 def effective_config(config: FTConfig, spark: Any) -> FTConfig:
     """``config`` with the session's ``spark.ftlayer.*`` keys applied to the options not set in code."""
     return config.with_spark_conf(ftlayer_conf(spark))
+
+
+def check_reachable_redis(master: str, config: FTConfig) -> None:
+    """Refuse an embedded server for a non-local Spark master (ConfigError naming redis_url).
+
+    The embedded server listens on 127.0.0.1 of the driver machine: executors on other hosts
+    cannot reach it, so a cluster job must name a Redis every executor can reach.
+    """
+    if config.redis_url or master.startswith("local"):
+        return
+    msg = (
+        f"redis_url is empty but spark.master is {master!r}: the embedded server listens on "
+        "127.0.0.1 of the driver, which executors on other hosts cannot reach. Set redis_url "
+        "(FTLAYER_REDIS_URL or --conf spark.ftlayer.redis_url=redis://HOST:PORT/0) to a Redis "
+        "that every executor can reach (see docs/operations.md, 'Running on a Spark cluster')"
+    )
+    raise ConfigError(msg)

@@ -18,7 +18,7 @@ What this module gives the rest of the runtime:
   thread's operations with the job tag :func:`batch_job_tag` (``SparkSession.addTag``); Spark
   Connect gives it to every job of those operations (task local property ``spark.job.tags``),
   and the FT source's read tasks file the batch under the token (:func:`token_from_job_tags`,
-  ``ftlayer.batch_acks``).
+  ``ftlayer.acker.batch_acks``).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ftlayer.errors import ConnectServerError
-from ftlayer.server import free_port, popen_with_parent
+from ftlayer.servers.embedded import free_port, popen_with_parent
 
 __all__ = ["SERVER_CLASS", "LocalConnectServer", "spark_home"]
 

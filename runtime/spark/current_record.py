@@ -2,7 +2,7 @@
 
 Storm's ``collector.resetTimeout(tuple)``, for operators that know they are slow (a remote call
 with its own long retry, a large record). A running micro-batch already holds the records it
-read (``ftlayer.holds``, up to ``max_batch_s``); this restarts one record's timeout from now,
+read (``ftlayer.acker.holds``, up to ``max_batch_s``); this restarts one record's timeout from now,
 whatever the batch does, so it also helps past ``max_batch_s``.
 
 Contract: called from inside an operator function of a Topology (``map``, ``flat_map``,
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ftlayer.errors import FTLayerError
 
 if TYPE_CHECKING:
-    from ftlayer.layer import FTLayer
+    from ftlayer.facade.ft_layer import FTLayer
 
 __all__ = ["CURRENT", "Current", "reset_timeout"]
 

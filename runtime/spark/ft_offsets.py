@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ftlayer.chunks import CHUNK_KEY_BYTES
 from ftlayer.errors import ConfigError
+from ftlayer.records.chunks import CHUNK_KEY_BYTES
 
 __all__ = ["START_ID", "Position", "compare_ids", "max_id", "min_id", "parse_id"]
 

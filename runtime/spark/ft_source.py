@@ -63,7 +63,7 @@ user's driver process:
   the query's life, so it can keep state such as the AvailableNow target).
 - ``read`` runs in executor Python workers on a reader that was pickled during
   planning. Every Redis client is therefore created lazily in the process that
-  uses it (``ftlayer.connection.client_for`` caches one per process and URL) and
+  uses it (``ftlayer.store.connection.client_for`` caches one per process and URL) and
   is never pickled.
 
 Options (all strings, as Spark passes them): ``redis_url`` (required; executors
@@ -75,7 +75,7 @@ call, since one entry holds the ids of one persist call, 1 to
 ``flush_batch_size`` of them), ``connect_timeout_s`` and ``outage_budget_s``
 (default 300: every Redis command of the source, in the source runner and in
 ``read``, waits out an outage with backoff for up to that many seconds before
-it raises; see :mod:`ftlayer.outage`).
+it raises; see :mod:`ftlayer.store.outage`).
 """
 
 from __future__ import annotations
@@ -89,15 +89,15 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
 
-from ftlayer.batch_acks import BATCH_KEY_TTL_S, batch_tag
-from ftlayer.chunks import CHUNK_KEY_BYTES, STATE_HEADER
+from ftlayer.acker.batch_acks import BATCH_KEY_TTL_S, batch_tag
+from ftlayer.acker.holds import CARRY_PREFIX, hold_lease_s
 from ftlayer.config import FTConfig, parse_bool
-from ftlayer.connection import resolved
 from ftlayer.errors import ConfigError, FrameError, FTLayerError
-from ftlayer.holds import CARRY_PREFIX, hold_lease_s
-from ftlayer.keys import check_name
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.keyspace.keys import check_name
 from ftlayer.logs import logger_for
+from ftlayer.records.chunks import CHUNK_KEY_BYTES, STATE_HEADER
+from ftlayer.servers.process_server import resolved
 from runtime.spark.admission import AvailableNowBase, max_rows, read_all, read_max_rows
 from runtime.spark.arrow_codec import (
     SOURCE_COLUMNS,
@@ -176,7 +176,7 @@ class FTSourceOptions:
     num_shards: int = 1
     freeze_worker_heap: bool = True  # FTConfig.freeze_worker_heap, applied in the read tasks
     max_batch_s: float = DEFAULT_MAX_BATCH_S  # FTConfig.max_batch_s: the longest hold of a batch
-    hold_lease_s: float = 10.0  # how far one renewal moves a hold (ftlayer.holds.hold_lease_s)
+    hold_lease_s: float = 10.0  # how far one renewal moves a hold (ftlayer.acker.holds.hold_lease_s)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> FTSourceOptions:
@@ -246,7 +246,7 @@ class FTSourceOptions:
 class ChannelPartition(InputPartition):
     """Input partition ``channel`` of a micro-batch: stream ids in ``(start, end]`` of that channel's
     stream in each shard (``ranges``: ``(shard, start, end)``; one range for a one-shard source).
-    ``tag`` names the micro-batch (``ftlayer.batch_acks.batch_tag`` of its end offset): the read
+    ``tag`` names the micro-batch (``ftlayer.acker.batch_acks.batch_tag`` of its end offset): the read
     files what it read under it (the batch's hold set and, on the DataFrame path, its emitted ids)."""
 
     def __init__(self, channel: int, start: str, end: str,
@@ -263,7 +263,7 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
     """Stream reader of one ftlayer source (see the module notes for offsets and processes)."""
 
     # the DataFrame path's reader (typed_source) settles each batch at Spark's commit: its read
-    # tasks note the records of their range no longer pending (ftlayer.keys ``dfs:<tag>``)
+    # tasks note the records of their range no longer pending (ftlayer.keyspace.keys ``dfs:<tag>``)
     NOTES_SKIPS = False
 
     def __init__(self, options: FTSourceOptions) -> None:

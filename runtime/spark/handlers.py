@@ -49,10 +49,10 @@ from typing import Any
 
 import numpy as np
 
+from ftlayer.acker.flush_tokens import FlushToken
 from ftlayer.errors import FailRecord
-from ftlayer.flush_tokens import FlushToken
-from ftlayer.id_arrays import child_ids, xor_by_group
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.id_arrays import child_ids, xor_by_group
 from runtime.spark.current_record import CURRENT
 from runtime.spark.row_batch import CARRIER, Row, RowBatch
 from runtime.spark.xor_handler import DUPLICATE_FLUSH_ENV, DUPLICATE_FLUSH_PROPERTY, XorHandler, duplicate_flushes

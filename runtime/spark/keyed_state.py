@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from ftlayer.config import FTConfig
-from ftlayer.connection import client_for, ride_out
 from ftlayer.errors import KeyedStateError, SerializationError
+from ftlayer.store.connection import client_for, ride_out
 from serialization.payload import pack_payload, unpack_payload
 
 T = TypeVar("T")

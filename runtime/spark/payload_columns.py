@@ -14,7 +14,7 @@ Contract of :func:`decode_batch` (used by the typed FT source's ``read()``):
   8601 strings; dates as ``date`` or ISO strings. Naive datetimes are UTC.
 - the metadata column :data:`METADATA_COLUMN` (if the schema has it) is
   ``struct<sid, origin, replay, key_hash, source, lineage>`` of the record; ``lineage``
-  is the record's lineage id (``ftlayer.lineage``: the same on every replay).
+  is the record's lineage id (``ftlayer.records.lineage``: the same on every replay).
 
 Cost: one ``pa.array`` per column per page; only a page with a bad value is
 re-checked row by row.
@@ -38,7 +38,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from ftlayer.lineage import LINEAGE_CHARS, lineage_hex
+from ftlayer.records.lineage import LINEAGE_CHARS, lineage_hex
 from serialization.payload import unpack_payload
 
 __all__ = ["METADATA_COLUMN", "METADATA_DDL", "decode_batch", "metadata_type", "user_fields"]
@@ -63,7 +63,7 @@ def user_fields(schema: StructType) -> StructType:
 
 
 def lineage_column(raw: Any) -> Any:
-    """The lineage ids (``ftlayer.lineage``) of a raw FT source page as an Arrow string column,
+    """The lineage ids (``ftlayer.records.lineage``) of a raw FT source page as an Arrow string column,
     built from one hex buffer (no per-row Python)."""
     import numpy as np
     import pyarrow as pa

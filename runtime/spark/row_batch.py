@@ -21,9 +21,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from ftlayer.errors import SerializationError
-from ftlayer.id_arrays import child_ids
-from ftlayer.keyhash import NO_KEY_HASH
-from ftlayer.record import MAX_PAYLOAD_BYTES
+from ftlayer.records.id_arrays import child_ids
+from ftlayer.records.keyhash import NO_KEY_HASH
+from ftlayer.records.record import MAX_PAYLOAD_BYTES
 from serialization.payload import unpack_many, unpack_payload
 
 __all__ = ["CARRIER", "ROW_COLUMNS", "Fanout", "Row", "RowBatch", "decode_batch", "encoded_to_arrow"]

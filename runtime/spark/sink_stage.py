@@ -22,13 +22,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ftlayer.flush_tokens import NO_QUERY, QUERY_ID_PROPERTY, FlushToken, batch_key
-from ftlayer.lineage import lineage_ids
+from ftlayer.acker.flush_tokens import FlushToken, batch_key
+from ftlayer.records.lineage import lineage_ids
 from runtime.graph import Op
 from runtime.sinks import ExecutorSink, ForeachBatchSink, SinkContext
 from runtime.spark.handlers import CARRIER, FTHandler, handler_for
 from runtime.spark.row_batch import ROW_COLUMNS, RowBatch, decode_batch
 from runtime.spark.stages import TaskEnv, make_chain
+from runtime.spark.task_tokens import NO_QUERY, QUERY_ID_PROPERTY
 from runtime.spark.worker_heap import freeze_worker_heap
 from serialization.payload import unpack_payload
 

@@ -16,7 +16,7 @@ task, so a record costs one acker update per sink task instead of one per
 stage, and a recomputed stage carries the same deltas again (they depend
 on each row alone). A stage flushes only the explicit fails it saw, with
 the token ``<query id>/<micro-batch>`` + ``st<stage>/p<partition>``
-(``ftlayer.flush_tokens``), so a retried task never applies them twice.
+(``ftlayer.acker.flush_tokens``), so a retried task never applies them twice.
 
 Rows between stages: ``src int, sid long, cid long, origin long, key_hash
 long, channel int, payload binary, delta long`` (the origin id rides along so
@@ -35,13 +35,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ftlayer.acker.flush_tokens import FlushToken
 from ftlayer.config import FTConfig
-from ftlayer.flush_tokens import FlushToken, task_token
-from ftlayer.keyhash import NO_KEY_HASH, key_hash
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.keyhash import NO_KEY_HASH, key_hash
 from runtime.graph import Op
 from runtime.spark.handlers import FTHandler, handler_for
 from runtime.spark.row_batch import CARRIER, Fanout, decode_batch, encoded_to_arrow
+from runtime.spark.task_tokens import task_token
 from runtime.spark.worker_heap import freeze_worker_heap
 from serialization.payload import pack_payload
 

@@ -13,7 +13,7 @@ What ``read()`` adds, per page of a channel:
   call, reason naming the column): they are replayed with backoff and then
   dead-lettered, and never reach Spark; the query goes on;
 - the ids of the records it emits are filed for the micro-batch
-  (:meth:`ftlayer.batch_acks.BatchAcks.record`: one round trip, before the
+  (:meth:`ftlayer.acker.batch_acks.BatchAcks.record`: one round trip, before the
   rows are handed to Spark) under the batch's tag (its partition carries it),
   and the tag is listed under the query id and batch id that Spark puts in the
   task's local properties (``sql.streaming.queryId``, ``streaming.sql.batchId``),

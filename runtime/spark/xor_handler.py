@@ -14,10 +14,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ftlayer.acker_table import FlushResult
-from ftlayer.delta_arrays import DeltaArrays
-from ftlayer.flush_tokens import FlushToken
-from ftlayer.layer import FTLayer
+from ftlayer.acker.acker_table import FlushResult
+from ftlayer.acker.flush_tokens import FlushToken
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.delta_arrays import DeltaArrays
 
 __all__ = ["DUPLICATE_FLUSH_ENV", "DUPLICATE_FLUSH_PROPERTY", "XorHandler", "duplicate_flushes"]
 
@@ -41,7 +41,7 @@ def duplicate_flushes() -> bool:
 class XorHandler:
     """Per-task XOR accumulator: combined deltas and fails per (source index, source record id).
 
-    Deltas are kept as arrays (:class:`~ftlayer.delta_arrays.DeltaArrays` per source index):
+    Deltas are kept as arrays (:class:`~ftlayer.records.delta_arrays.DeltaArrays` per source index):
     :meth:`xor_many` appends a batch's, and they are combined (sorted by id, XORed per id,
     zeros dropped) when they are sent or read. ``fails`` maps source index -> {id: reason}
     (the first fail of an id in a task decides its reason); ``no_replay`` holds the failed

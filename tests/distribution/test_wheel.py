@@ -44,7 +44,7 @@ def test_the_wheel_installs_and_its_commands_run_from_the_venv(dist: Dist, tmp_p
 
     # the modules, the Lua scripts (package data) and the typing marker come from the venv's site-packages
     where = run([str(dist.python), "-c", "import ftlayer, runtime, serialization, partitioners\n"
-                 "from ftlayer.lua_source import load, script_names\n"
+                 "from ftlayer.scripting.lua_source import load, script_names\n"
                  "import importlib.resources as r\n"
                  "print(ftlayer.__file__, runtime.__file__, serialization.__file__, partitioners.__file__)\n"
                  "print(sum(bool(load(n).text) for n in script_names()), "

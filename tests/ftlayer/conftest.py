@@ -5,17 +5,17 @@ from typing import Any
 
 import pytest
 
-from ftlayer.chunks import frame_spans
 from ftlayer.config import FTConfig
-from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.chunks import frame_spans
+from ftlayer.records.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 
 _SER = SemiDeserializedSerializer()
 
 
 def chunk_records(frames: bytes | bytearray | memoryview, n: int) -> Iterator[SemiDeserializedRecord]:
     """The records of a chunk's ``n`` frames as the reader takes them: each entry found by
-    ``ftlayer.chunks.frame_spans``, then decoded alone (every frame checked). Lazy: the records
+    ``ftlayer.records.chunks.frame_spans``, then decoded alone (every frame checked). Lazy: the records
     before a bad frame are yielded, then ``FrameError``."""
     for start, end in frame_spans(frames, n):
         yield _SER.decode(frames[start:end])

@@ -25,8 +25,8 @@ from types import TracebackType
 
 import redis
 
-from ftlayer import lua_source
-from ftlayer.server import EmbeddedServer
+from ftlayer.scripting import lua_source
+from ftlayer.servers.embedded import EmbeddedServer
 
 PRIORITY = -10
 

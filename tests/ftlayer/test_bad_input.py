@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ftlayer.errors import FTLayerError, InvalidArgumentError, InvalidIdError
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from serialization.serializers import make_record
 
 

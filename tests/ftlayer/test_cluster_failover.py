@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from ftlayer.cluster_server import EmbeddedCluster
 from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.servers.cluster import EmbeddedCluster
 from serialization.serializers import make_record
 
 BATCHES, PER_BATCH = 40, 200

@@ -3,7 +3,7 @@
 Every script runs with a ``#!lua`` shebang, so a cluster node refuses any key a script
 does not declare ("Attempted to access a non local key"): running every state change
 here on the cluster is the check that all scripts declare their keys. The client is
-redis-py's RedisCluster, picked by ``ftlayer.connection`` from ``INFO cluster``.
+redis-py's RedisCluster, picked by ``ftlayer.store.connection`` from ``INFO cluster``.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from ftlayer.cluster_server import EmbeddedCluster
 from ftlayer.config import FTConfig
-from ftlayer.connection import is_cluster
 from ftlayer.errors import DurabilityError
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.servers.cluster import EmbeddedCluster
+from ftlayer.store.connection import is_cluster
 from serialization.serializers import make_record
 from tests.ftlayer.conftest import FakeClock, commit_all, hand_out
 

@@ -7,8 +7,8 @@ import random
 from collections.abc import Callable
 
 from ftlayer.config import FTConfig
-from ftlayer.ids import child_id
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.ids import child_id
 from serialization.serializers import make_record
 from tests.ftlayer.conftest import commit_all
 

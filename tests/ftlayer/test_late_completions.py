@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from ftlayer.cluster_server import EmbeddedCluster
+from ftlayer.acker.replayer import REPLACED_LINK_TTL_S
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
-from ftlayer.replayer import REPLACED_LINK_TTL_S
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.servers.cluster import EmbeddedCluster
 from serialization.serializers import make_record
 from tests.ftlayer.conftest import FakeClock, commit_all
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from ftlayer.chunks import chunk_key
 from ftlayer.errors import FrameError
-from ftlayer.frames import SemiDeserializedSerializer
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.chunks import chunk_key
+from ftlayer.records.frames import SemiDeserializedSerializer
 from serialization.serializers import make_record, make_records
 from tests.ftlayer.conftest import FakeClock
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ftlayer.ids import child_id
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.ids import child_id
 from serialization.serializers import make_record, make_records
 
 

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ftlayer.errors import FTLayerError, PartitioningError
-from ftlayer.keyhash import key_hash
+from ftlayer.records.keyhash import key_hash
 from partitioners import (
     STRATEGIES,
     FieldsPartitioner,

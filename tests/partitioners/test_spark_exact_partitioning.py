@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ftlayer.errors import PartitioningError
-from ftlayer.keyhash import key_hash
+from ftlayer.records.keyhash import key_hash
 from partitioners import FieldsPartitioner, exact_repartition, landing_values
 from partitioners.spark_exact import MAX_LANDING_CHANNELS, murmur3_hash_int
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.driver.ingest import Ingestor
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from ftlayer.frames import SemiDeserializedSerializer
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.frames import SemiDeserializedSerializer
 from runtime.chaos.ingest_cli import CHANNELS, IngestProcess
 from serialization.payload import unpack_payload
 

@@ -16,10 +16,10 @@ import pytest
 from pyspark.sql import functions as F
 
 import ftlayer
-from ftlayer.cluster_server import EmbeddedCluster
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
-from ftlayer.connection import is_cluster
 from ftlayer.errors import FailRecord
+from ftlayer.servers.cluster import EmbeddedCluster
+from ftlayer.store.connection import is_cluster
 from runtime.sinks import JsonLinesSink
 from runtime.topology import Topology
 from tests.runtime.test_dataframe import Run, _collector
@@ -59,7 +59,7 @@ def test_topology_with_keys_failures_and_a_poison_record(spark: Any, cluster_con
     run_to_drain(query)
     layer = query.layers[0]
     assert is_cluster(layer.store.client)
-    # one shard: one primary; 16 shards: spread over all three (ftlayer.shards)
+    # one shard: one primary; 16 shards: spread over all three (ftlayer.keyspace.shard_tags)
     assert len(_primaries_used(layer)) == (3 if cluster_config.num_shards == 16 else 1)
     delivered = [line["value"]["i"] for line in out.read_all()]
     assert set(delivered) == {i for i in range(n) if i % 10 != 3 and i != 7}

@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from ftlayer.config import ENV_PREFIX, FTConfig
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 
 pytestmark = pytest.mark.spark
 

@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame
 import ftlayer
 from ftlayer.config import FTConfig
 from ftlayer.errors import RedisUnavailableError
-from ftlayer.server import EmbeddedServer
+from ftlayer.servers.embedded import EmbeddedServer
 from runtime.dataframe import sources
 from tests.waiting import wait_until
 

@@ -1,7 +1,7 @@
 """Timeouts follow progress and sink outages pause, on the DataFrame path (real Spark, real server).
 
 - A batch that runs six times ``timeout_s`` replays nothing: its hold keeps its records from
-  timing out while it runs (``ftlayer.holds``).
+  timing out while it runs (``ftlayer.acker.holds``).
 - A batch that hangs past ``max_batch_s`` has its records time out and replay as usual.
 - A sink that fails every write for five times ``timeout_s`` costs nothing: the batch is retried
   in place and no record is failed, replayed or dead-lettered.
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame
 
-from ftlayer.breaker import SinkBreaker
+from ftlayer.acker.breaker import SinkBreaker
 from ftlayer.config import FTConfig
 from tests.runtime.test_dataframe import Run
 

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.sinks import JsonLinesSink
 
 pytestmark = pytest.mark.spark

@@ -15,7 +15,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError, FailRecord
-from ftlayer.keyhash import key_hash
+from ftlayer.records.keyhash import key_hash
 from runtime.driver.feed import Feed, FeedDestination, FeedServer
 from runtime.driver.ingest import Ingestor
 from runtime.sinks import ForeachBatchSink, JsonLinesSink

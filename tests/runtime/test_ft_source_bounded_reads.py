@@ -8,9 +8,9 @@ import pytest
 import redis
 
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from tests.ftlayer.script_latency import ScriptTimes
-from tests.ftlayer.test_bounded_scripts import persist_raw
+from tests.ftlayer.scripting.test_bounded_scripts import persist_raw
 from tests.runtime.spark.test_ft_source import CHANNELS, SRC, TOPO, read_partition, reader_for
 
 

@@ -9,8 +9,8 @@ import redis
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import DurabilityError
-from ftlayer.layer import FTLayer
-from ftlayer.server import EmbeddedServer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.servers.embedded import EmbeddedServer
 from runtime.driver.ingest import Ingestor
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
-from ftlayer.server import EmbeddedServer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.servers.embedded import EmbeddedServer
 from runtime.chaos.procs import pending_ids
 from runtime.driver.ingest import Ingestor
 from runtime.testing import EOF, Emit, Pause, ScriptedSource, Step

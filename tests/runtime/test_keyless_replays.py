@@ -13,12 +13,12 @@ import redis
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError
-from ftlayer.frames import SemiDeserializedSerializer
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.frames import SemiDeserializedSerializer
 from runtime.driver.ingest import Ingestor
 from runtime.spark.compile import source_layer
 from runtime.topology import Topology
-from tests.ftlayer.test_rotation_faults import FaultyRedis
+from tests.ftlayer.acker.test_rotation_faults import FaultyRedis
 
 N, CHANNELS = 4_000, 4
 _SER = SemiDeserializedSerializer()

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import redis
 
-from ftlayer.chunks import chunk_key, frame_spans, index_of
+from ftlayer.acker.dead_letters import DeadLetter
 from ftlayer.config import FTConfig
-from ftlayer.dead_letters import DeadLetter
 from ftlayer.errors import FailRecord
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.chunks import chunk_key, frame_spans, index_of
 from runtime.sinks import JsonLinesSink
 from runtime.spark.keyed_state import KeyedStateStore, state_key
 from runtime.topology import FTQuery, Topology

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from ftlayer.config import FTConfig
-from ftlayer.keyhash import key_hash
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.keyhash import key_hash
 from runtime.sinks import JsonLinesSink, SinkContext
 from runtime.topology import FTQuery, Topology
 

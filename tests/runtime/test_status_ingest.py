@@ -8,7 +8,7 @@ from typing import Any
 import redis
 
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.cli.main import main
 from runtime.driver.ingest import Ingestor
 from runtime.testing import Abort, Emit, ScriptedSource

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ftlayer.acker.flush_tokens import FlushToken, batch_key
 from ftlayer.config import FTConfig
-from ftlayer.flush_tokens import FlushToken, batch_key
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.driver.token_janitor import TokenJanitor, last_committed_batch
 from serialization.serializers import make_record
 

@@ -10,7 +10,7 @@ import pytest
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import FailRecord
-from ftlayer.keyhash import key_hash
+from ftlayer.records.keyhash import key_hash
 from runtime.sinks import JsonLinesSink
 from runtime.topology import FTQuery, Topology
 

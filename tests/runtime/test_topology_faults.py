@@ -11,7 +11,7 @@ import pytest
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import FailRecord
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.driver.ingest import Ingestor
 from runtime.sinks import JsonLinesSink
 from runtime.testing import once

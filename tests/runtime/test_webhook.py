@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
-from ftlayer.server import EmbeddedServer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.servers.embedded import EmbeddedServer
 from runtime.chaos.procs import pending_ids
 from runtime.chaos.webhook_client import RetryingClient, post
 from runtime.driver.ingest import Ingestor

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.driver.ingest import Ingestor
 from runtime.driver.webhook import WebhookSource
 from tests.waiting import wait_until

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ftlayer.errors import FrameError, SerializationError
-from ftlayer.ids import RecordId
+from ftlayer.records.ids import RecordId
 from serialization import (
     HEADER_SIZE,
     SemiDeserializedRecord,

@@ -1,4 +1,4 @@
--- Chunks (ftlayer.chunks). chunk_load reads a chunk into a Lua table holding its header fields
+-- Chunks (ftlayer.records.chunks). chunk_load reads a chunk into a Lua table holding its header fields
 -- and its settled bitmap as a table of byte values; records are settled by flipping a bit of that
 -- table (chunk_settle) and the state is written back once per chunk (chunk_save), or the chunk's
 -- three fields are deleted when its last record settles. The ack value of a pending record is its
@@ -88,7 +88,7 @@ local function chunk_frame(c, i)
   return string.sub(c.fr, p, p + 3 + struct.unpack('>I4', c.fr, p))
 end
 
-local TIMEOUT_REASON = 'timeout'  -- the reason EXPIRE fails a record with (ftlayer.replayer.TIMEOUT_REASON)
+local TIMEOUT_REASON = 'timeout'  -- the reason EXPIRE fails a record with (ftlayer.acker.replayer.TIMEOUT_REASON)
 
 local function failed_by_timeout(v)
   -- whether `failed` value v (FAILED_PREFIX, reason, frame) is a timeout's, waiting for its replay

@@ -1,4 +1,4 @@
--- Filing new chunks: PERSIST, REPLAY and REQUEUE. Input format: ftlayer.chunks.CHUNK_IN_HEADER.
+-- Filing new chunks: PERSIST, REPLAY and REQUEUE. Input format: ftlayer.records.chunks.CHUNK_IN_HEADER.
 -- Needs lib/keys.lua, lib/counts.lua and lib/chunk.lua before it.
 
 local function parse_chunks(blob, nch)

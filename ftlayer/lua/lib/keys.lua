@@ -1,5 +1,5 @@
 -- KEYS[1..11] of every script that changes record state, bound to names (the declarations
--- list them as ftlayer.lua_script.STATE_KEYS; SourceStore.state_keys passes them in this order).
+-- list them as ftlayer.scripting.lua_script.STATE_KEYS; SourceStore.state_keys passes them in this order).
 -- A script that persists sets CH_BASE to where its channel streams start in KEYS.
 
 local K_CK, K_CI, K_CF, K_XV, K_LIVE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]

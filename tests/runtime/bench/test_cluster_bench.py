@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ftlayer.shards import key_slot_of, slot_ranges
+from ftlayer.keyspace.shard_tags import key_slot_of, slot_ranges
 from runtime.bench.cluster import TOPOLOGY, bench_cluster_scaling, spread_sources
 
 

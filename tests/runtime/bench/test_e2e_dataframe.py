@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from ftlayer.config import FTConfig
-from ftlayer.connection import client_for
+from ftlayer.store.connection import client_for
 from runtime.bench.e2e_dataframe import bench_e2e_dataframe, run_dataframe
 
 pytestmark = pytest.mark.spark

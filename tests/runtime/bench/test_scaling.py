@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from ftlayer.errors import ConfigError, FTLayerError
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.bench import scaling as bs
 from runtime.bench.plot import MEMORY_PNG, THROUGHPUT_PNG, PlotDependencyError, plot_scaling
 

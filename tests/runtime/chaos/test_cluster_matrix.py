@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from ftlayer.cluster_server import EmbeddedCluster
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
+from ftlayer.servers.cluster import EmbeddedCluster
 from runtime.chaos.runner import run_scenario
 from tests.runtime.chaos.test_matrix import _no_loss_no_leak
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ftlayer.config import FTConfig
-from ftlayer.server import EmbeddedServer
+from ftlayer.servers.embedded import EmbeddedServer
 from runtime.chaos.base import ChaosError
 from runtime.chaos.runner import run_scenario
 from runtime.checker import Report

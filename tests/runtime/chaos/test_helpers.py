@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.checker import check
 from runtime.cli.main import build_parser
 from runtime.driver.ingest import Ingestor

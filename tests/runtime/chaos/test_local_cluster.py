@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.chaos.base import SOURCE, TOPOLOGY, ChaosError, ScenarioContext
 from runtime.chaos.executors import executor_pids, has_executor_jvms, kill_executor
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ftlayer.config import FTConfig
-from ftlayer.server import EmbeddedServer
+from ftlayer.servers.embedded import EmbeddedServer
 from runtime.chaos.driver_app import warm_python_workers
 from runtime.chaos.runner import run_scenario
 from runtime.checker import Report

@@ -16,7 +16,7 @@ import pytest
 
 import runtime.cli.config
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.cli.main import build_parser, main
 from serialization.serializers import make_record
 

@@ -10,9 +10,9 @@ import redis
 
 import runtime.cli.confirm
 from ftlayer.config import FTConfig
-from ftlayer.frames import SemiDeserializedRecord, SemiDeserializedSerializer
-from ftlayer.keys import owner_key
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.keyspace.keys import owner_key
+from ftlayer.records.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 from runtime.cli.main import main
 from serialization.payload import unpack_payload
 from serialization.serializers import make_record

@@ -12,7 +12,7 @@ import redis
 
 import runtime.cli.confirm
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.cli.main import main
 from serialization.serializers import make_record
 

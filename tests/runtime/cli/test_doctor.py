@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import redis
 
-from ftlayer.server import EmbeddedServer
+from ftlayer.servers.embedded import EmbeddedServer
 from runtime.cli.main import main
 
 ADMIN = "doctor-admin-PW"

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from ftlayer.config import FTConfig
-from ftlayer.frames import SemiDeserializedSerializer
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.frames import SemiDeserializedSerializer
 from runtime.driver.file_source import LinesSource, offset_file
 from serialization.payload import unpack_payload
 

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from ftlayer.config import FTConfig
-from ftlayer.keyhash import key_hash
-from ftlayer.layer import FTLayer
-from ftlayer.server import EmbeddedServer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.keyhash import key_hash
+from ftlayer.servers.embedded import EmbeddedServer
 from runtime.chaos.mqtt_publisher import Publisher
 from runtime.cli.main import main
 from runtime.driver.mosquitto import EmbeddedMosquitto

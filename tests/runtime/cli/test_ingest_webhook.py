@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.cli.main import main
 from runtime.driver.webhook_body import SIGNATURE_HEADER, sign
 from tests.runtime.mqtt_support import CHANNELS, IngestProcess, persisted_ids, self_signed

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from ftlayer.server import EmbeddedServer
+from ftlayer.servers.embedded import EmbeddedServer
 from runtime.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[3]

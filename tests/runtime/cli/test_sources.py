@@ -8,8 +8,8 @@ from typing import Any
 import redis
 
 from ftlayer.config import FTConfig
-from ftlayer.keys import SourceKeys, owner_key, sources_key
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.keyspace.keys import SourceKeys, owner_key, sources_key
 from runtime.cli.main import main
 from serialization.serializers import make_record
 

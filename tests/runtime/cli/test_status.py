@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import redis
 
-import ftlayer.connection
+import ftlayer.servers.process_server
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
-from ftlayer.server import EmbeddedServer
-from ftlayer.status import Snapshot, SourceStatus, oldest_pending_age_ms
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.servers.embedded import EmbeddedServer
+from ftlayer.status.read_model import Snapshot, SourceStatus, oldest_pending_age_ms
 from runtime.cli.main import main
 from runtime.cli.status import rates
 from serialization.serializers import make_record
@@ -176,11 +176,11 @@ def test_without_a_url_status_refuses_and_starts_no_server(
     for var in ("FTLAYER_REDIS_URL", "FTLAYER_CONFIG"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.chdir(tmp_path)
-    before = ftlayer.connection._embedded
+    before = ftlayer.servers.process_server._embedded
     assert main(["status", "--namespace", "x", "--interval", "0"]) == 2
     err = capsys.readouterr().err
     assert "--redis-url" in err and "FTLAYER_REDIS_URL" in err and err.startswith("ftlayer: error: ")
-    assert ftlayer.connection._embedded is before
+    assert ftlayer.servers.process_server._embedded is before
 
 
 def test_status_json_as_a_subprocess_reads_env(ft_config: FTConfig, redis_client: redis.Redis) -> None:
@@ -219,7 +219,7 @@ def test_password_never_printed(capsys: Any) -> None:
 def test_status_shows_the_sink_breaker_and_the_running_batches(
     ft_config: FTConfig, redis_client: redis.Redis, capsys: Any,
 ) -> None:
-    from ftlayer.breaker import SinkBreaker
+    from ftlayer.acker.breaker import SinkBreaker
 
     layer = FTLayer(ft_config, "topo", "sinky", num_channels=2).open()
     now_ms = int(time.time() * 1000)

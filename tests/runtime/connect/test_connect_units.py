@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from ftlayer.batch_acks import batch_tags, token_tags
+from ftlayer.acker.batch_acks import batch_tags, token_tags
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError, ConnectServerError, FTLayerError, SparkConnectUnsupportedError
-from ftlayer.keys import token_batch_key
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.keyspace.keys import token_batch_key
 from runtime.dataframe import batch_context, sources
 from runtime.dataframe.acking import acking, settle_batch
 from runtime.driver.listener_removal import remove_listener

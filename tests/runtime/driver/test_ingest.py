@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from ftlayer.config import FTConfig
-from ftlayer.keyhash import key_hash
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.keyhash import key_hash
 from runtime.driver import ingest as ingest_module
 from runtime.driver.ingest import Ingestor
 from tests.waiting import wait_until

@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
-from ftlayer.server import free_port
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.servers.embedded import free_port
 from runtime.driver.listener import LOGGER_NAME, FTProgressListener, attach, detach
 from runtime.driver.metrics import MetricsError
 from runtime.driver.observe import TopologyObservers

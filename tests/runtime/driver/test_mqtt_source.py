@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from ftlayer.config import FTConfig
-from ftlayer.keyhash import key_hash
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.keyhash import key_hash
 from runtime.chaos.mqtt_publisher import Publisher
 from runtime.driver.ingest import Ingestor
 from runtime.driver.mosquitto import EmbeddedMosquitto

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
-from ftlayer.server import EmbeddedServer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.servers.embedded import EmbeddedServer
 from runtime.driver.webhook import WebhookSource, tls_context
 from runtime.driver.webhook_body import SIGNATURE_HEADER, WebhookError, sign
 from tests.runtime.mqtt_support import persisted_ids, self_signed

@@ -18,7 +18,7 @@ from pathlib import Path
 import redis
 
 from ftlayer.config import FTConfig
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from serialization.serializers import make_record
 
 ROOT = Path(__file__).resolve().parents[3]

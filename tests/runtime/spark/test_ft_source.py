@@ -13,9 +13,9 @@ import redis
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError, FrameError
-from ftlayer.frames import SemiDeserializedSerializer
-from ftlayer.keyhash import key_hash, pmod
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.frames import SemiDeserializedSerializer
+from ftlayer.records.keyhash import key_hash, pmod
 from runtime.spark.arrow_codec import arrow_schema, frames_to_record_batch
 from runtime.spark.ft_source import (
     FTSource,

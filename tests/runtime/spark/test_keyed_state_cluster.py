@@ -9,8 +9,8 @@ from typing import Any, cast
 import pytest
 import redis
 
-from ftlayer.cluster_server import EmbeddedCluster
 from ftlayer.config import FTConfig
+from ftlayer.servers.cluster import EmbeddedCluster
 from runtime.spark.keyed_state import KeyedStateStore
 
 

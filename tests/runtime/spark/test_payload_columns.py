@@ -6,7 +6,7 @@ import datetime as dt
 
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
-from ftlayer.frames import encode_source_frames
+from ftlayer.records.frames import encode_source_frames
 from runtime.spark.arrow_codec import frames_to_record_batch
 from runtime.spark.payload_columns import METADATA_COLUMN, decode_batch, metadata_type
 from serialization.payload import pack_payload

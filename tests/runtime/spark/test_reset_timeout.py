@@ -10,7 +10,7 @@ import pytest
 import ftlayer
 from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError
-from ftlayer.layer import FTLayer
+from ftlayer.facade.ft_layer import FTLayer
 from runtime.spark.handlers import handler_for
 from runtime.spark.row_batch import RowBatch
 from serialization.serializers import make_record

@@ -1,7 +1,7 @@
 """Columnar stage rows: decoding, anchoring and encoding agree with the row-by-row rules.
 
 ``reference_process`` is the rule a stage applies to each input row, written
-one row at a time with :func:`ftlayer.ids.child_id`; the handler computes the
+one row at a time with :func:`ftlayer.records.ids.child_id`; the handler computes the
 same over a whole batch with arrays. They must give the same rows, ids and
 deltas for any mix of maps, filters, flat maps, failures and carrier rows.
 """
@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ftlayer.errors import FailRecord
-from ftlayer.ids import child_id
-from ftlayer.keyhash import NO_KEY_HASH
+from ftlayer.records.ids import child_id
+from ftlayer.records.keyhash import NO_KEY_HASH
 from runtime.spark.handlers import CARRIER, FTHandler, NonFTHandler, Row
 from runtime.spark.row_batch import ROW_COLUMNS, RowBatch, decode_batch, encoded_to_arrow
 from serialization.payload import pack_payload

@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import pytest
+import redis
+
+from ftlayer.config import FTConfig, mask_url
+from ftlayer.errors import RedisUnavailableError
+from ftlayer.servers.embedded import EmbeddedServer, free_port
+from ftlayer.store.connection import client_for
+
+
+def test_mask_url_hides_password() -> None:
+    assert mask_url("redis://user:s3cret@host:6379/0") == "redis://user:***@host:6379/0"
+    assert mask_url("rediss://:pw@h/1") == "rediss://:***@h/1"
+    assert mask_url("redis://host:1") == "redis://host:1"
+
+
+def test_unreachable_url_gives_one_clear_error_without_password() -> None:
+    url = f"redis://bob:topsecret@127.0.0.1:{free_port()}/0"
+    with pytest.raises(RedisUnavailableError) as err:
+        client_for(url, connect_timeout_s=0.5)
+    assert "bob:***@127.0.0.1" in str(err.value)
+    assert "topsecret" not in str(err.value)
+
+
+def test_embedded_server_has_aof_and_survives_kill_and_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    server = EmbeddedServer(data_dir=tmp_path, appendfsync="always").start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        assert client.config_get("appendonly")["appendonly"] == "yes"
+        client.set("k", "v")
+        server.kill()
+        server.restart()
+        client = redis.Redis.from_url(server.url)
+        assert client.get("k") == b"v"
+    finally:
+        server.stop()
+    assert tmp_path.exists()  # a given data dir is kept
+
+
+def test_password_protected_server_needs_the_password() -> None:
+    with EmbeddedServer(password="pw-123") as server:
+        assert client_for(server.url, 1.0).ping()
+        wrong = server.url.replace("pw-123", "nope")
+        with pytest.raises(RedisUnavailableError) as err:
+            client_for(wrong, 1.0)
+        assert "nope" not in str(err.value)
+
+
+def test_no_url_starts_the_embedded_server() -> None:
+    from ftlayer.servers.process_server import connect, embedded_server
+
+    cfg = FTConfig()
+    assert connect(cfg).ping()
+    assert embedded_server(cfg).pid is not None
+
+
+def test_server_restarted_from_a_short_lived_thread_outlives_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # PR_SET_PDEATHSIG is tied to the forking thread: a restart done by a fault injector's
+    # thread must not kill the server when that thread ends
+    import threading
+    import time
+
+    server = EmbeddedServer(data_dir=tmp_path / "d").start()
+    try:
+        def bounce() -> None:
+            server.kill()
+            server.restart()
+
+        worker = threading.Thread(target=bounce)
+        worker.start()
+        worker.join()
+        time.sleep(0.5)  # a SIGTERM from the parent-death signal would have landed by now
+        assert redis.Redis.from_url(server.url).ping()
+    finally:
+        server.stop()
+
+
+def test_free_port_stays_below_the_ephemeral_range() -> None:
+    """A killed server restarts on its port: the port must not be one the kernel hands to client sockets."""
+    import socket
+    from pathlib import Path
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(10_000 <= p < low for p in ports), ports
+    assert len(ports) > 1  # drawn at random, so two servers started together rarely meet
+    # a client connection's own local port is ephemeral: it can never be one of ours
+    with socket.socket() as server, socket.socket() as client:
+        port = free_port()
+        server.bind(("127.0.0.1", port))
+        server.listen()
+        client.connect(("127.0.0.1", port))
+        assert client.getsockname()[1] >= low
