@@ -40,8 +40,7 @@ from typing import Any
 
 from runtime.sinks import JsonLinesSink
 
-__all__ = ["EOF", "Abort", "CollectingSink", "Emit", "FaultLog", "Pause", "ScriptedSource", "default_value",
-           "hold_until", "once"]
+__all__ = ["EOF", "Abort", "CollectingSink", "Emit", "FaultLog", "Pause", "ScriptedSource", "default_value", "once"]
 
 
 @dataclass(frozen=True)
@@ -85,27 +84,6 @@ class _EOFType:
 
 EOF = _EOFType()
 Step = Emit | Pause | Abort | _EOFType
-
-
-def hold_until(release: str | Path | None, timeout_s: float = 900.0, poll_s: float = 0.05) -> None:
-    """Wait until the file ``release`` exists (return at once when ``release`` is None).
-
-    A driver program that a kill scenario restarts can be started ahead of the kill with its
-    SparkSession up and its Python workers warm, then hold here, before it builds its config,
-    source or query, until the harness releases it after the kill: the restarted driver is still
-    a new process with a new JVM that has seen nothing of the killed one (its namespace,
-    checkpoint and port untouched until the release), and the scenario does not wait out a JVM
-    start after the kill. After ``timeout_s`` without a release it raises TimeoutError, so a
-    driver whose harness died does not wait forever.
-    """
-    if release is None:
-        return
-    path, deadline = Path(release), time.monotonic() + timeout_s
-    while not path.exists():
-        if time.monotonic() > deadline:
-            msg = f"never released: {path} did not appear within {timeout_s:g} s"
-            raise TimeoutError(msg)
-        time.sleep(poll_s)
 
 
 def default_value(i: int) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from runtime.chaos.faults import ChaosMap
 from runtime.chaos.scenarios import paced
 from runtime.chaos.targets import Target
 from runtime.spark.session import local_session
-from runtime.testing import EOF, ScriptedSource, hold_until
+from runtime.testing import EOF, ScriptedSource
 
 
 def _identity_batches(batches: Iterator[Any]) -> Iterator[Any]:
@@ -54,18 +54,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sleep-ms", type=float, default=5.0, help="processing time per record")
     p.add_argument("--pipeline", choices=("topology", "dataframe"), default="topology")
     p.add_argument("--sink-spec", default=None, help="the scenario's target (runtime.chaos.targets.Target.spec)")
-    p.add_argument("--hold-until", default=None, metavar="FILE",
-                   help="once Spark is up, wait for FILE before anything else (runtime.testing.hold_until)")
     args = p.parse_args(argv)
-    spark = local_session("ftlayer-chaos-driver")
-    warm_python_workers(spark)
-    hold_until(args.hold_until)
     target = Target.from_spec(args.sink_spec) if args.sink_spec else Target("lines", str(Path(args.workdir) / "out"))
     cfg = FTConfig(redis_url=args.redis_url, namespace=args.namespace, timeout_s=args.timeout_s, num_buckets=3)
     workdir = Path(args.workdir)
     # phase 1: persist calls of 100 records (stream entries small enough for 400-record batches)
     layer = FTLayer(cfg, TOPOLOGY, SOURCE)
     source = ScriptedSource(paced(args.records, 100, 0.02, warm=layer) if args.phase == 1 else [EOF])
+    spark = local_session("ftlayer-chaos-driver")
+    warm_python_workers(spark)
     if args.pipeline == "dataframe":
         from runtime.chaos.dataframe import serve
 

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from ftlayer.config import SINGLE_SERVER_DURABILITY
@@ -35,26 +34,6 @@ from runtime.testing import CollectingSink, ScriptedSource
 from serialization.payload import unpack_payload
 
 WINDOW_S = 2.0  # everysec: up to ~1 s of acknowledged persists, ~2 s under fsync stalls
-DRIVER_TIMEOUT_S = 8.0  # the record timeout of the driver programs a scenario kills (their --timeout-s)
-DRIVER_BUCKETS = 3  # and their num_buckets
-
-
-def all_due_after_s(timeout_s: float = DRIVER_TIMEOUT_S, num_buckets: int = DRIVER_BUCKETS) -> float:
-    """Seconds after a driver's death by which every record it left pending is due for its timeout.
-
-    A record fails at the first expiry ``timeout_s * (1 + 1/(num_buckets - 1))`` after its persist
-    or the last refile by a running batch's hold (``ftlayer.holds``), and the dead driver's holds
-    lapse within one lease (at most one rotation interval). A driver restarted this long after the
-    kill finds every record the dead one left pending due, as one that spends longer than that
-    starting its JVM does.
-    """
-    return timeout_s * (1 + 1 / (num_buckets - 1))
-
-
-def release_after(release: Path, since: float, delay_s: float) -> None:
-    """Create ``release`` (``runtime.testing.hold_until``) ``delay_s`` after ``since`` (monotonic)."""
-    time.sleep(max(0.0, since + delay_s - time.monotonic()))
-    release.touch()
 
 
 def pending_ids(layer: FTLayer) -> list[int]:
@@ -64,49 +43,24 @@ def pending_ids(layer: FTLayer) -> list[int]:
             for _sid, frame in layer.iter_pending()]
 
 
-def _driver(ctx: ScenarioContext, phase: int, records: int, pipeline: str,
-            hold_until: Path | None = None) -> subprocess.Popen[str]:
+def _driver(ctx: ScenarioContext, phase: int, records: int, pipeline: str) -> subprocess.Popen[str]:
     cfg = ctx.config
-    hold = ["--hold-until", str(hold_until)] if hold_until is not None else []
     return subprocess.Popen(
         [sys.executable, "-m", "runtime.chaos.driver_app", "--phase", str(phase), "--redis-url", cfg.redis_url,
          "--namespace", cfg.namespace, "--workdir", str(ctx.workdir), "--records", str(records),
-         "--timeout-s", str(DRIVER_TIMEOUT_S), "--pipeline", pipeline, *hold, *sink_args(ctx)],
+         "--pipeline", pipeline, *sink_args(ctx)],
         stdout=subprocess.PIPE, stderr=(ctx.workdir / f"driver{phase}.log").open("w"), text=True,
         start_new_session=True,
     )
 
 
-def kill_group(proc: subprocess.Popen[str]) -> None:
-    """SIGKILL ``proc``'s process group (a driver and its Spark JVM) if it still runs, and reap it."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(30)
-
-
 def kill_driver(ctx: ScenarioContext, records: int, kill_timeout_s: float = 240.0,
                 pipeline: str = "topology") -> Report:
     """SIGKILL the driver (and its Spark JVM) while records are pending; a restarted driver (same
-    pipeline, namespace and checkpoint, a source with nothing new) finishes everything.
-
-    The restarted driver's process starts with the first one and holds, its JVM up
-    (``runtime.testing.hold_until``), touching nothing of the scenario, until every record the
-    killed driver left pending is due for its timeout (:func:`all_due_after_s` after the kill, as
-    when the restart spends that long starting a JVM); the scenario does not wait out a JVM start."""
+    pipeline, namespace and checkpoint, a source with nothing new) finishes everything."""
     layer = ctx.layer()
-    release = ctx.workdir / "release-driver2"
     first = _driver(ctx, 1, records, pipeline)
-    second = _driver(ctx, 2, records, pipeline, hold_until=release)
-    ctx.say("phase 1 driver started (and the phase 2 driver, held until the kill)")
-    try:
-        return _kill_driver(ctx, layer, first, second=second, release=release, records=records,
-                            kill_timeout_s=kill_timeout_s)
-    finally:
-        kill_group(second)  # only if the scenario failed before it ended
-
-
-def _kill_driver(ctx: ScenarioContext, layer: FTLayer, first: subprocess.Popen[str], *,
-                 second: subprocess.Popen[str], release: Path, records: int, kill_timeout_s: float) -> Report:
+    ctx.say("phase 1 driver started")
     at_kill: dict[str, int] = {}
     try:
         deadline = time.monotonic() + kill_timeout_s
@@ -122,14 +76,15 @@ def _kill_driver(ctx: ScenarioContext, layer: FTLayer, first: subprocess.Popen[s
             msg = f"chaos kill-driver: phase 1 never reached the kill point: {layer.stats()}"
             raise ChaosError(msg)
     finally:
-        kill_group(first)  # the driver and its Spark JVM, no clean shutdown
-    killed_at = time.monotonic()
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)  # the driver and its Spark JVM, no clean shutdown
+        first.wait(30)
     at_kill = layer.stats()
     pending = pending_ids(layer)
     ctx.faults.record("kill-driver", pending)
     ctx.notes.append(f"driver killed with {at_kill['pending']} pending, {at_kill['acked']} acked")
-    ctx.say(f"driver killed ({at_kill['pending']} pending); phase 2 starts once they are due")
-    release_after(release, killed_at, all_due_after_s())
+    ctx.say(f"driver killed ({at_kill['pending']} pending); starting phase 2")
+    second = _driver(ctx, 2, records, pipeline)
     out, _ = second.communicate(timeout=600)
     ctx.say(f"phase 2 driver exited {second.returncode}")
     ctx.notes.append(f"restarted driver: exit {second.returncode}: {out.strip().splitlines()[-1:] or ''}")
