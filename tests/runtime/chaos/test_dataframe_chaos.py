@@ -59,14 +59,6 @@ def test_scenarios_without_a_dataframe_variant_say_so(spark: Any, ft_config: FTC
         run_scenario("sink-outage", spark, ft_config, 10, workdir=tmp_path)
 
 
-def test_kill_driver_dataframe(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
-    """kill -9 of a DataFrame driver (and its JVM) mid-stream; a restarted driver on the same
-    checkpoint delivers everything phase 1 persisted."""
-    report = run_scenario("kill-driver", spark, ft_config, 1500, workdir=tmp_path, pipeline="dataframe")
-    _ok(report)
-    assert report.delivered == 1500
-
-
 @pytest.mark.parametrize("durability", ["everysec", "waitaof"])
 def test_kill_redis_dataframe(spark: Any, ft_config: FTConfig, tmp_path: Path, durability: str) -> None:
     fsync = "always" if durability == "waitaof" else "everysec"
