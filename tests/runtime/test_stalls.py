@@ -26,14 +26,17 @@ pytestmark = pytest.mark.spark
 
 
 class BlockingSink(CallableSink):
-    """Writes to a JSON-lines sink, but first waits while ``gate`` exists (the stall)."""
+    """Writes to a JSON-lines sink, but first waits while ``gate`` exists (the stall). Its first
+    call touches ``reached``: a task has read the blocked batch's records by then."""
 
-    def __init__(self, out: JsonLinesSink, gate: Path) -> None:
+    def __init__(self, out: JsonLinesSink, gate: Path, reached: Path) -> None:
         super().__init__(self._write, pass_context=True)
         self.out = out
         self.gate = str(gate)
+        self.reached = str(reached)
 
     def _write(self, values: list[Any], ctx: SinkContext) -> None:
+        Path(self.reached).touch()
         while os.path.exists(self.gate):
             time.sleep(0.05)
         self.out.write(values, ctx)
@@ -52,17 +55,20 @@ def test_a_stall_longer_than_the_replay_budget_dead_letters_nothing(
     topo = Topology("stall", cfg)
     topo.source("events", ({"i": i} for i in range(n)), key=lambda e: e["i"] % 7).map(
         lambda e: {**e, "seen": True}
-    ).sink(BlockingSink(out, gate))
+    ).sink(BlockingSink(out, gate, tmp_path / "reached"))
     query = topo.start(spark, checkpoint_location=str(tmp_path / "ckpt"), trigger_interval_s=0.2,
                        max_records_per_batch=100)
     layer = query.layers[0]
     try:
-        # stall: wait (bounded) for ingest to finish and for (max_replays + 2) full timeouts to pass
+        # stall: wait (bounded) for ingest to finish and for the blocked batch's task to have read its
+        # records (on a loaded machine a task may start many seconds after its batch was planned:
+        # CI saw a stall counted from the planning pass before anything was read, so no record of
+        # the batch was ever seen and none timed out), then for (max_replays + 2) full timeouts
         deadline = time.monotonic() + 240
         gen0: int | None = None
         while time.monotonic() < deadline:
             st = layer.stats()
-            if gen0 is None and st["persisted"] == n:
+            if gen0 is None and st["persisted"] == n and (tmp_path / "reached").exists():
                 gen0 = st["gen"]
             if gen0 is not None and st["gen"] >= gen0 + (cfg.max_replays + 2) * cfg.num_buckets:
                 break
