@@ -28,9 +28,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from runtime.chaos.base import ChaosError, ScenarioContext
+from runtime.chaos.base import ScenarioContext
 from runtime.chaos.dataframe import Lines, _run
-from runtime.chaos.executors import ExecutorKiller, StallUntilKilled, has_executor_jvms
+from runtime.chaos.executors import ExecutorKiller, StallUntilKilled, check_kill_executor
 from runtime.chaos.faults import ConnectionDropper, FailAtRate, KillWorker, Poison, RecordFault
 from runtime.chaos.scenarios import paced, warm_up
 from runtime.checker import Report
@@ -39,13 +39,7 @@ from runtime.testing import EOF, Emit, FaultLog, Pause, ScriptedSource
 
 def kill_executor(ctx: ScenarioContext, records: int, at_fraction: float = 0.3) -> Report:
     """SIGKILL the executor JVM running the task of id ``records * at_fraction`` while it runs."""
-    if not has_executor_jvms(ctx.spark):
-        msg = (f"chaos {ctx.name}: master {ctx.spark.sparkContext.master!r} runs executors inside the "
-               "driver's JVM; use a master with executor JVMs, e.g. --master 'local-cluster[2,1,1024]'")
-        raise ChaosError(msg)
-    if not 0.0 < at_fraction < 1.0:
-        msg = f"chaos {ctx.name}: at_fraction must be in (0, 1), got {at_fraction}"
-        raise ChaosError(msg)
+    check_kill_executor(ctx, at_fraction)
     ctx.config = ctx.config.replace(timeout_s=30.0)
     layer = ctx.layer()
     at = max(1, int(records * at_fraction))

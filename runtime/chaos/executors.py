@@ -175,11 +175,9 @@ class ExecutorKiller(_DriverThread):
             return
 
 
-def kill_executor(ctx: ScenarioContext, records: int, at_fraction: float = 0.3) -> Report:
-    """kill -9 one executor JVM once ``at_fraction`` of the records are acked; nothing is lost."""
-    from runtime.chaos.scenarios import _run, paced
-    from runtime.testing import ScriptedSource
-
+def check_kill_executor(ctx: ScenarioContext, at_fraction: float) -> None:
+    """Refuse a kill-executor run (either pipeline) on a master without executor JVMs or with
+    ``at_fraction`` outside (0, 1), naming what to change (ChaosError)."""
     if not has_executor_jvms(ctx.spark):
         msg = (f"chaos {ctx.name}: master {ctx.spark.sparkContext.master!r} runs executors inside the "
                "driver's JVM; use a master with executor JVMs, e.g. --master 'local-cluster[2,1,1024]'")
@@ -187,6 +185,14 @@ def kill_executor(ctx: ScenarioContext, records: int, at_fraction: float = 0.3) 
     if not 0.0 < at_fraction < 1.0:
         msg = f"chaos {ctx.name}: at_fraction must be in (0, 1), got {at_fraction}"
         raise ChaosError(msg)
+
+
+def kill_executor(ctx: ScenarioContext, records: int, at_fraction: float = 0.3) -> Report:
+    """kill -9 one executor JVM once ``at_fraction`` of the records are acked; nothing is lost."""
+    from runtime.chaos.scenarios import _run, paced
+    from runtime.testing import ScriptedSource
+
+    check_kill_executor(ctx, at_fraction)
     ctx.config = ctx.config.replace(timeout_s=30.0)
     layer = ctx.layer()
     threshold = max(1, int(records * at_fraction))
