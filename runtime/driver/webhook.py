@@ -60,7 +60,7 @@ from runtime.driver.webhook_body import WebhookAuth, WebhookError
 log = logger_for(__name__)
 
 STALE_POLL_S = 10.0  # /readyz: ingest must have polled within this long (else no ingest runs the source)
-GATHER_S = 0.0005  # poll(): with requests waiting for confirmation, how long more may be gathered before ingest flushes
+IDLE_POLL_S = 0.05  # poll(): how long it waits for a request while nothing is queued nor in flight
 
 
 @dataclass(eq=False)
@@ -158,6 +158,7 @@ class WebhookSource:
         self._paused: str | None = None
         self._ending = False
         self._last_poll: float | None = None  # monotonic time of ingest's last poll
+        self._wake_due = False  # a wake of ingest is scheduled on the server's loop (see offer)
         self._server: Any = None  # runtime.driver.webhook_http.HttpServer while listening
         self._listen()
 
@@ -205,8 +206,18 @@ class WebhookSource:
             ticket = _Ticket(values, loop.create_future(), loop)
             self._queue.append(ticket)
             self._queued += len(values)
-            self._lock.notify_all()
+            if not self._wake_due:  # ingest is woken once per turn of the loop, not per request
+                self._wake_due = True
+                loop.call_soon(self._wake)
             return ticket
+
+    def _wake(self) -> None:
+        """On the server's loop, after the requests read in one turn were offered: let ingest take
+        them all at once (one hand-over and one persist for a burst of requests, instead of a
+        thread switch per request while the loop still reads the others)."""
+        with self._lock:
+            self._wake_due = False
+            self._lock.notify_all()
 
     def withdraw(self, ticket: Any) -> None:
         """The answer gave up waiting: take back the records if ingest never polled them (a retry
@@ -253,16 +264,20 @@ class WebhookSource:
     waits_when_idle = True  # poll() waits by itself: ingest polls again at once (runtime.driver.ingest)
 
     def poll(self) -> Iterable[Any] | None:
-        """Records of waiting requests (up to ``chunk``, whole requests), None once :meth:`end` was
-        called and every request taken was handed over, else [] if none came within 50 ms, or
-        within ``GATHER_S`` while records handed over wait for their confirmation: an idle poll
-        is what makes ingest persist its batch, and their clients wait for it."""
+        """Records of waiting requests (up to ``chunk``, whole requests); None once :meth:`end` was
+        called and every request taken was handed over; else [] at once while records handed over
+        wait for their confirmation (an idle poll is what makes ingest persist its batch, and their
+        clients wait for it), or [] if no request came within ``IDLE_POLL_S``. A request offered
+        wakes ingest once the loop's turn that read it is over, so the requests read together are
+        handed over together."""
         with self._lock:
             self._last_poll = time.monotonic()
             if not self._queue:
                 if self._ending:
                     return None
-                self._lock.wait(GATHER_S if self._inflight else 0.05)
+                if self._inflight:
+                    return []
+                self._lock.wait(IDLE_POLL_S)
             out: list[Any] = []
             while self._queue and (not out or len(out) + len(self._queue[0].values) <= self.chunk):
                 ticket = self._queue.popleft()

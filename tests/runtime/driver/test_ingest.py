@@ -89,6 +89,40 @@ def test_callable_and_poll_sources(ft_config: FTConfig) -> None:
     assert layer2.stats()["persisted"] == 1 + 2 + 3 + 4
 
 
+def test_a_poll_is_taken_whole_and_persisted_at_most_batch_size_at_a_time(ft_config: FTConfig) -> None:
+    """A poll's records go into the batch together (one step per poll, not per record); a poll
+    larger than the batch size is persisted in batches of at most that size, each acked once
+    persisted and in order; a None inside a poll is nothing, as from any other source."""
+    layer = _layer(ft_config, ingest_batch_records=40)
+    sizes: list[int] = []
+    real_put = ingest_module.PersistDestination.put
+
+    class Poller:
+        def __init__(self) -> None:
+            self.polls = [list(range(100)), [], [100, None, 101], []]
+            self.acked: list[Any] = []
+
+        def poll(self) -> Any:
+            return self.polls.pop(0) if self.polls else None
+
+        def ack(self, values: list[Any]) -> None:
+            self.acked += values
+
+    def put(dest: Any, payloads: list[bytes], hashes: list[int], channels: list[int]) -> None:
+        sizes.append(len(payloads))
+        real_put(dest, payloads, hashes, channels)
+
+    poller = Poller()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ingest_module.PersistDestination, "put", put)
+        ing = Ingestor(layer, poller)
+        ing.run()
+    assert ing.error is None and ing.ingested == 102
+    assert sizes == [40, 40, 20, 2]  # the 100 in slices of the batch size; the 2 at the idle poll
+    assert poller.acked == [*range(102)]
+    assert sorted(_persisted(layer)) == list(range(102))
+
+
 def test_broken_source_stops_ingest_but_keeps_what_was_read(ft_config: FTConfig) -> None:
     def gen() -> Any:
         yield from range(10)
