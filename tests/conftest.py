@@ -39,10 +39,12 @@ import redis
 
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
 from ftlayer.servers.embedded import EmbeddedServer
+from tests.spark_jvm import configure as configure_spark_jvms
 
-# Every JVM the suite starts (the session below, driver apps, the demo) reads the tests' Spark conf
-# (tests/spark-conf/spark-defaults.conf says what and why). A SPARK_CONF_DIR set by the caller wins.
-os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).parent / "spark-conf"))
+# Every JVM the suite starts (the session below, driver apps, the demo, the Connect server) gets the
+# tests' Spark conf (tests/spark-conf/spark-defaults.conf says what and why) and, once built, the
+# class-data archive (tests/spark_jvm.py). A SPARK_CONF_DIR set by the caller wins.
+configure_spark_jvms()
 
 pytest_plugins = ["tests.cpu_log"]
 

@@ -2,7 +2,7 @@
 a process of its own started on first use (:class:`runtime.spark.connect_server.LocalConnectServer`).
 
 Its Python workers import this checkout (``PYTHONPATH``), as the client programs do
-(``connect_app``); it reads the tests' Spark conf (``SPARK_CONF_DIR``, tests/conftest.py) and logs
+(``connect_app``); it gets the tests' Spark conf (``SPARK_SUBMIT_OPTS``, tests/spark_jvm.py) and logs
 to ``server.log`` in its own temporary directory. A test that uses it must be marked ``spark``
 (tests/conftest.py refuses it otherwise).
 """
