@@ -28,6 +28,7 @@ from ftlayer.records.frames import (
     MAX_PAYLOAD_BYTES,
     OFFSET_CRC,
     SemiDeserializedSerializer,
+    header_dtype,
 )
 
 __all__ = [
@@ -95,14 +96,6 @@ def split_bad_frames(frames: Sequence[bytes], *, prefix: int = 0) -> tuple[list[
     return good, bad
 
 
-def _header_dtype() -> Any:
-    import numpy as np
-
-    return np.dtype([("body_len", ">u4"), ("version", "u1"), ("flags", "u1"), ("src", ">u2"), ("sid", ">i8"),
-                     ("cid", ">i8"), ("khash", ">i8"), ("origin", ">i8"), ("replay", ">u2"),
-                     ("channel", ">u2"), ("crc", ">u4")])
-
-
 def frames_to_record_batch(frames: Sequence[bytes], *, prefix: int = 0) -> Any:
     """One ``pyarrow.RecordBatch`` (schema :func:`arrow_schema`) with a row per frame, in order.
 
@@ -153,7 +146,7 @@ def spans_to_record_batch(blob: bytes, starts: Any, lengths: Any) -> Any:
         raise _bad_frame(frame(int(short[0])), int(short[0]))
     buf = np.frombuffer(blob, dtype=np.uint8)
     at = starts[:, None] + np.arange(HEADER_SIZE, dtype=np.int64)
-    head = buf[at].view(_header_dtype()).reshape(n)
+    head = buf[at].view(header_dtype()).reshape(n)
     body = head["body_len"].astype(np.int64)
     bad = (body + 4 != lengths) | (body > _MAX_BODY) | (head["version"] != FRAME_VERSION) | (head["flags"] != 0)
     view, crc32 = memoryview(blob), zlib.crc32
