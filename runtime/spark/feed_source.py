@@ -1,7 +1,7 @@
 """The FT-off source: a PySpark streaming data source over a driver-side :class:`runtime.driver.feed.Feed`.
 
 ``format("ftlayer_feed")`` gives the same columns as the FT source
-(:data:`runtime.spark.arrow_codec.SOURCE_SCHEMA_DDL`), so the same compiled topology
+(:data:`runtime.spark.row_contract.SOURCE_ROW`), so the same compiled topology
 runs on either::
 
     sid long, cid long, key_hash long, origin long, replay int, channel int, payload binary
@@ -51,13 +51,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
+from pyspark.sql.types import StructType
 
 from ftlayer.errors import ConfigError
 from runtime.driver.feed import DEFAULT_READ_BYTES, FeedServer, recv_message, send_message
 from runtime.spark.admission import AvailableNowBase, max_rows, read_all, read_max_rows
-from runtime.spark.arrow_codec import SOURCE_COLUMNS, SOURCE_SCHEMA_DDL, arrow_schema
 from runtime.spark.option_names import SourceOptionMap
+from runtime.spark.row_contract import SOURCE_ROW, STAGE_ROW
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -65,12 +65,9 @@ if TYPE_CHECKING:
 FORMAT = "ftlayer_feed"
 Offset = dict[str, Any]  # {"feed": feed id, "ch<c>": seq}
 
-_SPARK_TYPES = {"long": LongType, "int": IntegerType, "binary": BinaryType}
-
-
 def feed_schema() -> StructType:
-    """The Spark schema: the FT source's (:data:`SOURCE_SCHEMA_DDL`)."""
-    return StructType([StructField(name, _SPARK_TYPES[sql]()) for name, sql, _ in SOURCE_COLUMNS])
+    """The Spark schema: the FT source's (:data:`runtime.spark.row_contract.SOURCE_ROW`)."""
+    return SOURCE_ROW.struct_type()
 
 
 def _ch(c: int) -> str:
@@ -191,12 +188,19 @@ def chunk_batch(chunk: Sequence[Any], channel: int, after: int, until: int) -> A
     import pyarrow as pa
 
     first, count, sids, hashes, offsets, data = chunk
-    sid = pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(sids)])
-    kh = pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(hashes)])
-    payload = pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-    replay = pa.repeat(pa.scalar(0, pa.int32()), count)
-    ch = pa.repeat(pa.scalar(channel, pa.int32()), count)
-    batch = pa.RecordBatch.from_arrays([sid, sid, kh, sid, replay, ch, payload], schema=arrow_schema())
+    schema = SOURCE_ROW.arrow_schema()
+
+    def typed(name: str) -> Any:
+        return schema.field(name).type
+
+    sid = pa.Array.from_buffers(typed("sid"), count, [None, pa.py_buffer(sids)])
+    kh = pa.Array.from_buffers(typed("key_hash"), count, [None, pa.py_buffer(hashes)])
+    payload = pa.Array.from_buffers(typed("payload"), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    replay = pa.repeat(pa.scalar(0, typed("replay")), count)
+    ch = pa.repeat(pa.scalar(channel, typed("channel")), count)
+    columns = {"sid": sid, "cid": sid, "key_hash": kh, "origin": sid, "replay": replay, "channel": ch,
+               "payload": payload}
+    batch = pa.RecordBatch.from_arrays([columns[name] for name in SOURCE_ROW.names], schema=schema)
     lo = max(after + 1, first)
     hi = min(until, first + count - 1)
     return batch.slice(lo - first, max(0, hi - lo + 1))
@@ -328,23 +332,23 @@ class FeedSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        from runtime.spark.fused_read import fused_from, row_struct
+        from runtime.spark.fused_read import fused_from
 
-        return row_struct() if fused_from(self.options) is not None else feed_schema()
+        return STAGE_ROW.struct_type() if fused_from(self.options) is not None else feed_schema()
 
     def streamReader(self, schema: StructType) -> FeedStreamReader:
-        from runtime.spark.fused_read import fused_from, row_struct, same_schema
+        from runtime.spark.fused_read import fused_from
 
         fused = fused_from(self.options)
         if fused is not None:
-            if not same_schema(schema, row_struct()):
+            if not STAGE_ROW.same_struct(schema):
                 msg = f"a feed source with a fused stage has the stage's row schema; got {schema.simpleString()!r}"
                 raise ConfigError(msg)
             reader = FeedStreamReader(FeedOptions.parse(self.options))
             reader.fused = fused
             return reader
-        if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in feed_schema()]:
-            msg = f"the feed source has the fixed schema {SOURCE_SCHEMA_DDL!r}; got {schema.simpleString()!r}"
+        if not SOURCE_ROW.same_struct(schema):
+            msg = f"the feed source has the fixed schema {SOURCE_ROW.ddl!r}; got {schema.simpleString()!r}"
             raise ConfigError(msg)
         return FeedStreamReader(FeedOptions.parse(self.options))
 

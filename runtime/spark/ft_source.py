@@ -2,7 +2,7 @@
 
 ``spark.readStream.format("ftlayer")`` (after :func:`register`) or
 :func:`read_stream` gives one row per persisted source record, with the columns
-of :data:`runtime.spark.arrow_codec.SOURCE_SCHEMA_DDL`::
+of :data:`runtime.spark.row_contract.SOURCE_ROW`::
 
     sid long, cid long, key_hash long, origin long, replay int, channel int, payload binary
 
@@ -87,7 +87,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
+from pyspark.sql.types import StructType
 
 from ftlayer.acker.batch_acks import BATCH_KEY_TTL_S, batch_tag
 from ftlayer.acker.holds import CARRY_PREFIX, hold_lease_s
@@ -100,7 +100,6 @@ from ftlayer.records.chunks import CHUNK_KEY_BYTES, STATE_HEADER
 from ftlayer.servers.process_server import resolved
 from runtime.spark.admission import AvailableNowBase, max_rows, read_all, read_max_rows
 from runtime.spark.arrow_codec import (
-    SOURCE_COLUMNS,
     SOURCE_SCHEMA_DDL,
     frames_to_record_batch,
     spans_to_record_batch,
@@ -111,6 +110,7 @@ from runtime.spark.ft_offsets import START_ID, Position, compare_ids, parse_id
 from runtime.spark.ft_offsets import max_id as _max_id
 from runtime.spark.ft_offsets import min_id as _min_id
 from runtime.spark.option_names import SourceOptionMap, camel_case
+from runtime.spark.row_contract import SOURCE_ROW, STAGE_ROW
 from runtime.spark.worker_heap import freeze_worker_heap
 
 if TYPE_CHECKING:
@@ -142,12 +142,9 @@ DEFAULT_MAX_BATCH_S = FTConfig().max_batch_s
 # An offset: channel stream key ("ch<c>", "ch<c>s<shard>" with shards) -> Redis stream id ("<ms>-<seq>").
 Offset = dict[str, str]
 
-_SPARK_TYPES = {"long": LongType, "int": IntegerType, "binary": BinaryType}
-
-
 def source_schema() -> StructType:
-    """The Spark schema of the FT source (same as :data:`SOURCE_SCHEMA_DDL`)."""
-    return StructType([StructField(name, _SPARK_TYPES[sql]()) for name, sql, _ in SOURCE_COLUMNS])
+    """The Spark schema of the FT source: :data:`runtime.spark.row_contract.SOURCE_ROW`'s."""
+    return SOURCE_ROW.struct_type()
 
 
 def channel_key(channel: int, shard: int = 0, num_shards: int = 1) -> str:
@@ -659,15 +656,15 @@ class FTSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        from runtime.spark.fused_read import fused_from, row_struct
+        from runtime.spark.fused_read import fused_from
 
-        return row_struct() if fused_from(self.options) is not None else source_schema()
+        return STAGE_ROW.struct_type() if fused_from(self.options) is not None else source_schema()
 
     def streamReader(self, schema: StructType) -> FTStreamReader:
         fused = fused_reader(self.options, schema)
         if fused is not None:
             return fused
-        if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in source_schema()]:
+        if not SOURCE_ROW.same_struct(schema):
             msg = f"the FT source has the fixed schema {SOURCE_SCHEMA_DDL!r}; got {schema.simpleString()!r}"
             raise ConfigError(msg)
         return FTStreamReader(FTSourceOptions.parse(self.options))
@@ -675,12 +672,12 @@ class FTSource(DataSource):
 
 def fused_reader(options: Mapping[str, str], schema: StructType) -> FTStreamReader | None:
     """The reader of a source that runs the compiler's first stage (option ``fused_stage``), or None."""
-    from runtime.spark.fused_read import fused_from, row_struct, same_schema
+    from runtime.spark.fused_read import fused_from
 
     fused = fused_from(options)
     if fused is None:
         return None
-    if not same_schema(schema, row_struct()):
+    if not STAGE_ROW.same_struct(schema):
         msg = f"an FT source with a fused stage has the stage's row schema; got {schema.simpleString()!r}"
         raise ConfigError(msg)
     reader = FTStreamReader(FTSourceOptions.parse(options))

@@ -3,7 +3,7 @@
 A source read by exactly one operator chain (no fan-out) does not hand its rows to Spark
 and take them back in a ``mapInArrow`` stage: the chain runs in the Python worker that
 reads the source, on the batches it reads, and the source's DataFrame has the stage's
-output columns (``ROW_SCHEMA``). That saves, per record, one Arrow round trip between the
+output columns (``runtime.spark.row_contract.STAGE_ROW``). That saves, per record, one Arrow round trip between the
 JVM and a Python worker (Arrow to Spark rows and back, measured at about a fifth of the
 JVM's CPU per record with FT off).
 
@@ -22,12 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftlayer.errors import ConfigError
-from runtime.spark.row_batch import ROW_COLUMNS
+from runtime.spark.row_contract import STAGE_ROW
 from runtime.spark.stages import Stage
 
 FUSED_OPTION = "fused_stage"
-
-_SPARK_TYPES = {"int": "IntegerType", "long": "LongType", "binary": "BinaryType"}
 
 
 @dataclass(frozen=True)
@@ -47,15 +45,17 @@ class FusedStage:
         return self.stage(self._rows(rb) for rb in batches)
 
     def _rows(self, rb: Any) -> Any:
-        """A source batch as the rows a stage reads: ``src`` and a zero ``delta`` added."""
+        """A source batch as the rows a stage reads (SOURCE_ROW to STAGE_ROW: ``src`` and a zero
+        ``delta`` added)."""
         import pyarrow as pa
 
         n = rb.num_rows
-        src = pa.repeat(pa.scalar(self.src, pa.int32()), n)
-        delta = pa.repeat(pa.scalar(0, pa.int64()), n)
-        cols = {"src": src, "delta": delta}
-        return pa.RecordBatch.from_arrays([cols[c] if c in cols else rb.column(c) for c in ROW_COLUMNS],
-                                          names=list(ROW_COLUMNS))
+        schema = STAGE_ROW.arrow_schema()
+        added = {"src": self.src, "delta": 0}
+        return pa.RecordBatch.from_arrays(
+            [pa.repeat(pa.scalar(added[f.name], f.type), n) if f.name in added else rb.column(f.name)
+             for f in schema],
+            schema=schema)
 
 
 def fused_from(options: Mapping[str, str]) -> str | None:
@@ -80,20 +80,3 @@ def decode(text: str) -> FusedStage:
         msg = f"source option {FUSED_OPTION!r} holds a {type(fused).__name__}, not a fused stage"
         raise ConfigError(msg)
     return fused
-
-
-def row_struct() -> Any:
-    """``ROW_SCHEMA`` as a Spark StructType (the schema of a source that runs a fused stage)."""
-    from pyspark.sql import types as T
-
-    from runtime.spark.stages import ROW_SCHEMA
-
-    fields = []
-    for part in ROW_SCHEMA.split(","):
-        name, sql = part.split()
-        fields.append(T.StructField(name, getattr(T, _SPARK_TYPES[sql])()))
-    return T.StructType(fields)
-
-
-def same_schema(a: Any, b: Any) -> bool:
-    return [(f.name, f.dataType) for f in a.fields] == [(f.name, f.dataType) for f in b.fields]

@@ -48,9 +48,9 @@ from runtime.spark.ft_source import (
     FTSourceOptions,
     FTStreamReader,
     fused_reader,
-    source_schema,
 )
 from runtime.spark.payload_columns import METADATA_COLUMN, decode_batch, metadata_type
+from runtime.spark.row_contract import SOURCE_ROW
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -120,8 +120,7 @@ class FTDataSource(FTSource):
         fused = fused_reader(self.options, schema)
         if fused is not None:
             return fused
-        raw = source_schema()
-        if [(f.name, f.dataType) for f in schema.fields] == [(f.name, f.dataType) for f in raw.fields]:
+        if SOURCE_ROW.same_struct(schema):
             return FTStreamReader(FTSourceOptions.parse(self.options))
         return TypedStreamReader(FTSourceOptions.parse(self.options), schema)
 
