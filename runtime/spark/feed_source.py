@@ -57,7 +57,7 @@ from ftlayer.errors import ConfigError
 from runtime.driver.feed import DEFAULT_READ_BYTES, FeedServer, recv_message, send_message
 from runtime.spark.admission import AvailableNowBase, max_rows, read_all, read_max_rows
 from runtime.spark.option_names import SourceOptionMap
-from runtime.spark.row_contract import SOURCE_ROW, STAGE_ROW
+from runtime.spark.row_contract import SOURCE_ROW
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -213,7 +213,6 @@ class FeedStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignor
         self.opts = options
         self._target: Offset | None = None
         self._last_tails: Offset | None = None
-        self.fused: str | None = None  # the first stage, run in the read task (runtime.spark.fused_read)
 
     @property
     def client(self) -> FeedClient:
@@ -294,17 +293,7 @@ class FeedStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignor
                 for c in range(self.opts.num_channels)]
 
     def read(self, partition: FeedPartition) -> Iterator[Any]:  # type: ignore[override]
-        """Record batches of the buffered rows of ``(start, end]`` of one channel (run through the
-        fused first stage, if the compiler gave one: ``runtime.spark.fused_read``)."""
-        if self.fused is not None:
-            from runtime.spark.fused_read import decode
-
-            yield from decode(self.fused).run(self.read_raw(partition))
-            return
-        yield from self.read_raw(partition)
-
-    def read_raw(self, partition: FeedPartition) -> Iterator[Any]:
-        """Record batches of the buffered rows of ``(start, end]`` of one channel."""
+        """Record batches (SOURCE_ROW) of the buffered rows of ``(start, end]`` of one channel."""
         import pyarrow as pa
 
         c, after, until = partition.channel, partition.start, partition.end
@@ -332,21 +321,9 @@ class FeedSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        from runtime.spark.fused_read import fused_from
-
-        return STAGE_ROW.struct_type() if fused_from(self.options) is not None else feed_schema()
+        return feed_schema()
 
     def streamReader(self, schema: StructType) -> FeedStreamReader:
-        from runtime.spark.fused_read import fused_from
-
-        fused = fused_from(self.options)
-        if fused is not None:
-            if not STAGE_ROW.same_struct(schema):
-                msg = f"a feed source with a fused stage has the stage's row schema; got {schema.simpleString()!r}"
-                raise ConfigError(msg)
-            reader = FeedStreamReader(FeedOptions.parse(self.options))
-            reader.fused = fused
-            return reader
         if not SOURCE_ROW.same_struct(schema):
             msg = f"the feed source has the fixed schema {SOURCE_ROW.ddl!r}; got {schema.simpleString()!r}"
             raise ConfigError(msg)
@@ -361,12 +338,8 @@ def feed_host(spark: SparkSession) -> str:
     return str(spark.conf.get("spark.driver.host"))
 
 
-def read_feed_stream(
-    spark: SparkSession, server: FeedServer, *, max_records_per_batch: int | None = None,
-    fused_stage: str | None = None,
-) -> DataFrame:
-    """A streaming DataFrame of a started feed server's rows (registers the format first)."""
-    spark.dataSource.register(FeedSource)
+def feed_options(server: FeedServer, *, max_records_per_batch: int | None = None) -> dict[str, str]:
+    """The feed source's options for a started feed server (validated here, not in a Spark worker)."""
     options = {
         "address": server.address,
         "token": server.token,
@@ -376,6 +349,11 @@ def read_feed_stream(
     if max_records_per_batch is not None:
         options["max_records_per_batch"] = str(max_records_per_batch)
     FeedOptions.parse(options)
-    if fused_stage is not None:  # the first stage runs in the read task (runtime.spark.fused_read)
-        options["fused_stage"] = fused_stage
+    return options
+
+
+def read_feed_stream(spark: SparkSession, server: FeedServer, *, max_records_per_batch: int | None = None) -> DataFrame:
+    """A streaming DataFrame of a started feed server's rows (registers the format first)."""
+    spark.dataSource.register(FeedSource)
+    options = feed_options(server, max_records_per_batch=max_records_per_batch)
     return spark.readStream.format(FORMAT).options(**options).load()

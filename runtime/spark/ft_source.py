@@ -110,7 +110,7 @@ from runtime.spark.ft_offsets import START_ID, Position, compare_ids, parse_id
 from runtime.spark.ft_offsets import max_id as _max_id
 from runtime.spark.ft_offsets import min_id as _min_id
 from runtime.spark.option_names import SourceOptionMap, camel_case
-from runtime.spark.row_contract import SOURCE_ROW, STAGE_ROW
+from runtime.spark.row_contract import SOURCE_ROW
 from runtime.spark.worker_heap import freeze_worker_heap
 
 if TYPE_CHECKING:
@@ -269,7 +269,6 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         self._checked = False
         self._target: Offset | None = None  # Trigger.AvailableNow: tails when the query started
         self._last_tails: Offset | None = None  # seen by the last latestOffset, for progress reports
-        self.fused: str | None = None  # the first stage, run in the read task (runtime.spark.fused_read)
         self._holds: BatchHolds | None = None  # driver side only: the running batch's hold
         self._carry: str | None = None  # driver side only: the hold of the unread rest of a cut entry
 
@@ -564,18 +563,9 @@ class FTStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[
         return None
 
     def read(self, partition: ChannelPartition) -> Iterator[Any]:  # type: ignore[override]
-        """Arrow record batches of the still-pending records of ``(start, end]`` of one channel
-        (run through the fused first stage, if the compiler gave one: ``runtime.spark.fused_read``)."""
+        """Arrow record batches (SOURCE_ROW) of the still-pending records of ``(start, end]`` of one
+        channel, of each shard."""
         freeze_worker_heap(self.opts.freeze_worker_heap)
-        if self.fused is not None:
-            from runtime.spark.fused_read import decode
-
-            yield from decode(self.fused).run(self.read_raw(partition))
-            return
-        yield from self.read_raw(partition)
-
-    def read_raw(self, partition: ChannelPartition) -> Iterator[Any]:
-        """The records of ``(start, end]`` of one channel (of each shard) as read (source columns)."""
         tag = getattr(partition, "tag", None)
         for shard, after, until in partition.ranges:
             yield from self._read_range(partition.channel, shard, after, until, tag)
@@ -656,33 +646,13 @@ class FTSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        from runtime.spark.fused_read import fused_from
-
-        return STAGE_ROW.struct_type() if fused_from(self.options) is not None else source_schema()
+        return source_schema()
 
     def streamReader(self, schema: StructType) -> FTStreamReader:
-        fused = fused_reader(self.options, schema)
-        if fused is not None:
-            return fused
         if not SOURCE_ROW.same_struct(schema):
             msg = f"the FT source has the fixed schema {SOURCE_SCHEMA_DDL!r}; got {schema.simpleString()!r}"
             raise ConfigError(msg)
         return FTStreamReader(FTSourceOptions.parse(self.options))
-
-
-def fused_reader(options: Mapping[str, str], schema: StructType) -> FTStreamReader | None:
-    """The reader of a source that runs the compiler's first stage (option ``fused_stage``), or None."""
-    from runtime.spark.fused_read import fused_from
-
-    fused = fused_from(options)
-    if fused is None:
-        return None
-    if not STAGE_ROW.same_struct(schema):
-        msg = f"an FT source with a fused stage has the stage's row schema; got {schema.simpleString()!r}"
-        raise ConfigError(msg)
-    reader = FTStreamReader(FTSourceOptions.parse(options))
-    reader.fused = fused
-    return reader
 
 
 REGISTERED_ATTR = "_ftlayer_format"  # set on a session once format "ftlayer" is registered in it
@@ -733,7 +703,6 @@ def read_stream(
     *,
     max_records_per_batch: int | None = None,
     read_page_entries: int | None = None,
-    fused_stage: str | None = None,
 ) -> DataFrame:
     """A streaming DataFrame of the source's persisted records (registers the format first).
 
@@ -744,6 +713,4 @@ def read_stream(
     register(spark)
     options = source_options(cfg, topology, source, num_channels, max_records_per_batch=max_records_per_batch,
                              read_page_entries=read_page_entries)
-    if fused_stage is not None:  # the first stage runs in the read task (runtime.spark.fused_read)
-        options["fused_stage"] = fused_stage
     return spark.readStream.format(FORMAT).options(**options).load()

@@ -3,29 +3,51 @@
 A source read by exactly one operator chain (no fan-out) does not hand its rows to Spark
 and take them back in a ``mapInArrow`` stage: the chain runs in the Python worker that
 reads the source, on the batches it reads, and the source's DataFrame has the stage's
-output columns (``runtime.spark.row_contract.STAGE_ROW``). That saves, per record, one Arrow round trip between the
-JVM and a Python worker (Arrow to Spark rows and back, measured at about a fifth of the
-JVM's CPU per record with FT off).
+output columns (``runtime.spark.row_contract.STAGE_ROW``). That saves, per record, one
+Arrow round trip between the JVM and a Python worker (Arrow to Spark rows and back,
+measured at about a fifth of the JVM's CPU per record with FT off).
 
 Nothing else changes: the stage is the same object with the same id, so its child ids,
 deltas, fails, flush tokens (``st<stage>/p<partition>``, the partition being the channel)
-and FT-off drop counts are what the separate stage would have produced. The compiler
-passes the stage to the source as an option (the DataSource API takes strings only): a
-base64 cloudpickle, unpickled in the executor at read time.
+and FT-off drop counts are what the separate stage would have produced.
+
+The sources know nothing of this. The compiler (``runtime.spark.compile``) wraps a source's
+reader with its stage: :func:`read_fused` reads format ``ftlayer_fused``
+(:class:`FusedSource`), whose options are the inner source's (format :data:`INNER_OPTION`)
+plus the stage (:data:`FUSED_OPTION`: the DataSource API takes strings only, so a base64
+cloudpickle, unpickled in the executor at read time). Its reader (:class:`FusedReader`)
+passes every offset, partition and commit call to the inner source's reader and runs the
+stage over the batches the inner ``read()`` yields.
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.types import StructType
 
 from ftlayer.errors import ConfigError
+from runtime.spark.admission import AvailableNowBase
+from runtime.spark.feed_source import FeedSource, FeedStreamReader
+from runtime.spark.ft_source import FTSource, FTStreamReader
 from runtime.spark.row_contract import STAGE_ROW
 from runtime.spark.stages import Stage
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["FORMAT", "FUSED_OPTION", "INNER_OPTION", "FusedReader", "FusedSource", "FusedStage", "decode",
+           "fused_from", "read_fused"]
+
+FORMAT = "ftlayer_fused"
 FUSED_OPTION = "fused_stage"
+INNER_OPTION = "fused_inner"  # the format of the source whose reader is wrapped
+#: The sources a stage may be fused into, by format.
+INNER_SOURCES: dict[str, type[FTSource] | type[FeedSource]] = {FTSource.name(): FTSource, FeedSource.name(): FeedSource}
 
 
 @dataclass(frozen=True)
@@ -60,10 +82,7 @@ class FusedStage:
 
 def fused_from(options: Mapping[str, str]) -> str | None:
     """The encoded stage in a source's options (case-insensitive, as Spark passes them), or None."""
-    for key, value in options.items():
-        if str(key).lower() == FUSED_OPTION:
-            return str(value)
-    return None
+    return _option(options, FUSED_OPTION)
 
 
 def decode(text: str) -> FusedStage:
@@ -80,3 +99,84 @@ def decode(text: str) -> FusedStage:
         msg = f"source option {FUSED_OPTION!r} holds a {type(fused).__name__}, not a fused stage"
         raise ConfigError(msg)
     return fused
+
+
+def _option(options: Mapping[str, str], name: str) -> str | None:
+    for key, value in options.items():
+        if str(key).lower() == name:
+            return str(value)
+    return None
+
+
+class FusedReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[misc]
+    """A source's reader with the compiler's first stage run over what it reads.
+
+    Offsets, partitions, commits and read limits are the inner reader's, call for call; ``read``
+    yields the stage's output batches (STAGE_ROW) for the inner ``read``'s batches (SOURCE_ROW).
+    """
+
+    def __init__(self, inner: FTStreamReader | FeedStreamReader, fused: str) -> None:
+        self.inner = inner
+        self.fused = fused  # decoded in the read task (decode), never on the driver
+
+    def initialOffset(self) -> Any:
+        return self.inner.initialOffset()
+
+    def latestOffset(self, start: Any = None, limit: Any = None) -> Any:
+        # the inner readers' signature: pyspark reads admission control from it
+        return self.inner.latestOffset(start, limit)
+
+    def getDefaultReadLimit(self) -> Any:
+        return self.inner.getDefaultReadLimit()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.inner.prepareForTriggerAvailableNow()
+
+    def reportLatestOffset(self) -> Any:
+        return self.inner.reportLatestOffset()
+
+    def partitions(self, start: Any, end: Any) -> Sequence[InputPartition]:
+        return self.inner.partitions(start, end)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        """The stage's output batches for the inner reader's batches of ``partition``."""
+        return decode(self.fused).run(self.inner.read(partition))  # type: ignore[arg-type]
+
+    def commit(self, end: Any) -> None:
+        self.inner.commit(end)
+
+    def stop(self) -> None:
+        self.inner.stop()
+
+
+class FusedSource(DataSource):
+    """``format("ftlayer_fused")``: the source of format ``fused_inner`` with the stage
+    ``fused_stage`` run in its read tasks; its schema is the stage's rows (STAGE_ROW)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> StructType:
+        return STAGE_ROW.struct_type()
+
+    def streamReader(self, schema: StructType) -> FusedReader:
+        fused, inner = _option(self.options, FUSED_OPTION), _option(self.options, INNER_OPTION)
+        if fused is None or inner not in INNER_SOURCES:
+            msg = (f"a fused source needs options {FUSED_OPTION!r} and {INNER_OPTION!r} (one of "
+                   f"{sorted(INNER_SOURCES)}); got {sorted(self.options)}")
+            raise ConfigError(msg)
+        if not STAGE_ROW.same_struct(schema):
+            msg = f"a {inner} source with a fused stage has the stage's row schema; got {schema.simpleString()!r}"
+            raise ConfigError(msg)
+        options = {k: v for k, v in self.options.items() if str(k).lower() not in (FUSED_OPTION, INNER_OPTION)}
+        source = INNER_SOURCES[inner](options)
+        return FusedReader(source.streamReader(source.schema()), fused)
+
+
+def read_fused(spark: SparkSession, inner_format: str, options: Mapping[str, str], fused: FusedStage) -> DataFrame:
+    """A streaming DataFrame of the source ``inner_format`` read with ``options`` (as its own
+    ``read_*`` function builds them), its reader wrapped with ``fused``'s stage (STAGE_ROW)."""
+    spark.dataSource.register(FusedSource)
+    wrapped = {**options, INNER_OPTION: inner_format, FUSED_OPTION: fused.encode()}
+    return spark.readStream.format(FORMAT).options(**wrapped).load()

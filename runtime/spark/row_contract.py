@@ -77,15 +77,15 @@ class RowContract:
         """The Spark DDL string: ``"sid long, cid long, ..."``."""
         return ", ".join(f"{name} {KINDS[kind].sql}" for name, kind in self.columns)
 
-    @functools.cache  # noqa: B019 - a handful of frozen contracts, each built once
     def struct_type(self) -> StructType:
-        """The Spark ``StructType`` (every field nullable, as Spark parses :attr:`ddl`)."""
+        """The Spark ``StructType`` (every field nullable, as Spark parses :attr:`ddl`); a new one
+        each call (a StructType is mutable: ``add``)."""
         from pyspark.sql import types
 
         return types.StructType([types.StructField(name, getattr(types, KINDS[kind].spark)())
                                  for name, kind in self.columns])
 
-    @functools.cache  # noqa: B019 - as struct_type
+    @functools.cache  # noqa: B019 - a handful of frozen contracts; an Arrow schema is immutable
     def arrow_schema(self) -> Any:
         """The ``pyarrow.Schema`` (equal to Spark's own conversion of :meth:`struct_type`)."""
         import pyarrow as pa

@@ -47,7 +47,6 @@ from runtime.spark.ft_source import (
     FTSource,
     FTSourceOptions,
     FTStreamReader,
-    fused_reader,
 )
 from runtime.spark.payload_columns import METADATA_COLUMN, decode_batch, metadata_type
 from runtime.spark.row_contract import SOURCE_ROW
@@ -117,9 +116,6 @@ class FTDataSource(FTSource):
     """``format("ftlayer")`` for both paths: the raw source schema (the Topology compiler) or a user schema."""
 
     def streamReader(self, schema: StructType) -> FTStreamReader:
-        fused = fused_reader(self.options, schema)
-        if fused is not None:
-            return fused
         if SOURCE_ROW.same_struct(schema):
             return FTStreamReader(FTSourceOptions.parse(self.options))
         return TypedStreamReader(FTSourceOptions.parse(self.options), schema)
