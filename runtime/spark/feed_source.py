@@ -48,14 +48,14 @@ import socket
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
 from ftlayer.errors import ConfigError
 from runtime.driver.feed import DEFAULT_READ_BYTES, FeedServer, recv_message, send_message
-from runtime.spark.admission import AvailableNowBase, max_rows, read_all, read_max_rows
+from runtime.spark.admission import max_rows
+from runtime.spark.channel_source import ChannelPartition, ChannelSource, ChannelStreamReader
 from runtime.spark.option_names import SourceOptionMap
 from runtime.spark.row_contract import SOURCE_ROW
 
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 FORMAT = "ftlayer_feed"
-Offset = dict[str, Any]  # {"feed": feed id, "ch<c>": seq}
+Offset = dict[str, Any]  # {"feed": feed id, "ch<c>": seq}; channel_source.Offset
 
 def feed_schema() -> StructType:
     """The Spark schema: the FT source's (:data:`runtime.spark.row_contract.SOURCE_ROW`)."""
@@ -172,15 +172,12 @@ def client_for(address: str, token: str) -> FeedClient:
         return client
 
 
-class FeedPartition(InputPartition):
+class FeedPartition(ChannelPartition):
     """Input partition ``channel``: seqs ``(start, end]`` of that channel of feed ``feed_id``."""
 
     def __init__(self, channel: int, feed_id: str, start: int, end: int) -> None:
-        super().__init__(channel)
-        self.channel = channel
+        super().__init__(channel, start, end)
         self.feed_id = feed_id
-        self.start = start
-        self.end = end
 
 
 def chunk_batch(chunk: Sequence[Any], channel: int, after: int, until: int) -> Any:
@@ -206,19 +203,21 @@ def chunk_batch(chunk: Sequence[Any], channel: int, after: int, until: int) -> A
     return batch.slice(lo - first, max(0, hi - lo + 1))
 
 
-class FeedStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[misc]
+class FeedStreamReader(ChannelStreamReader):
     """Stream reader of one feed (see the module notes)."""
 
+    opts: FeedOptions
+
     def __init__(self, options: FeedOptions) -> None:
-        self.opts = options
-        self._target: Offset | None = None
-        self._last_tails: Offset | None = None
+        super().__init__(options)
 
     @property
     def client(self) -> FeedClient:
         return client_for(self.opts.address, self.opts.token)
 
-    def _tails(self, trim_upto: Offset | None = None) -> Offset:
+    def tails(self, *, trim_upto: Mapping[str, Any] | None = None) -> Offset:
+        """The feed's tails (and its id), in one call; with ``trim_upto``, the feed first drops the
+        rows up to it (if it names this feed)."""
         n = self.opts.num_channels
         trim = None
         if trim_upto is not None and trim_upto.get("feed") == self.opts.feed_id:
@@ -249,23 +248,16 @@ class FeedStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignor
     def initialOffset(self) -> Offset:
         return {"feed": self.opts.feed_id, **{_ch(c): 0 for c in range(self.opts.num_channels)}}
 
-    def getDefaultReadLimit(self) -> Any:
-        n = self.opts.max_records_per_batch
-        return read_all() if n is None else read_max_rows(n)
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self._tails()
-
     def latestOffset(self, start: Offset | None = None, limit: Any = None) -> Offset:
         """The tails (capped by the AvailableNow target and ``limit``); commits ``start`` first.
 
         Without admission control (pyspark 4.0: no arguments) it returns the tails.
         """
         if start is None:
-            tails = self._last_tails = self._tails()
+            tails = self._last_tails = self.tails()
             return tails
         self._check(start, "start")
-        tails = self._last_tails = self._tails(trim_upto=start)
+        tails = self._last_tails = self.tails(trim_upto=start)
         begin = self._from(start)
         share = None
         cap = max_rows(limit)
@@ -279,9 +271,6 @@ class FeedStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignor
                 tail = min(tail, begin[k] + share)
             end[k] = max(begin[k], tail)
         return end
-
-    def reportLatestOffset(self) -> Offset:
-        return dict(self._last_tails) if self._last_tails is not None else self._tails()
 
     def partitions(self, start: Offset, end: Offset) -> Sequence[FeedPartition]:
         """One partition per channel, partition ``i`` = channel ``i`` (empty ranges included)."""
@@ -313,20 +302,16 @@ class FeedStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignor
             self.client.call("commit", self.opts.feed_id, [int(end[_ch(c)]) for c in range(self.opts.num_channels)])
 
 
-class FeedSource(DataSource):
+class FeedSource(ChannelSource):
     """``format("ftlayer_feed")``: the rows of a driver-side feed (FT off) as a stream."""
 
-    @classmethod
-    def name(cls) -> str:
-        return FORMAT
-
-    def schema(self) -> StructType:
-        return feed_schema()
+    FORMAT = FORMAT
+    LABEL = "feed source"
 
     def streamReader(self, schema: StructType) -> FeedStreamReader:
-        if not SOURCE_ROW.same_struct(schema):
-            msg = f"the feed source has the fixed schema {SOURCE_ROW.ddl!r}; got {schema.simpleString()!r}"
-            raise ConfigError(msg)
+        return cast("FeedStreamReader", super().streamReader(schema))
+
+    def open_reader(self) -> FeedStreamReader:
         return FeedStreamReader(FeedOptions.parse(self.options))
 
 

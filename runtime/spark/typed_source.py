@@ -43,7 +43,7 @@ from ftlayer.errors import ConfigError
 from runtime.spark.connect import JOB_TAGS_PROPERTY, token_from_job_tags
 from runtime.spark.ft_source import (
     REGISTERED_ATTR,
-    ChannelPartition,
+    FTPartition,
     FTSource,
     FTSourceOptions,
     FTStreamReader,
@@ -87,7 +87,7 @@ class TypedStreamReader(FTStreamReader):
             raise ConfigError(msg)
         self.schema = schema
 
-    def read(self, partition: ChannelPartition) -> Iterator[Any]:  # type: ignore[override]
+    def read(self, partition: FTPartition) -> Iterator[Any]:  # type: ignore[override]
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
@@ -117,7 +117,7 @@ class FTDataSource(FTSource):
 
     def streamReader(self, schema: StructType) -> FTStreamReader:
         if SOURCE_ROW.same_struct(schema):
-            return FTStreamReader(FTSourceOptions.parse(self.options))
+            return self.open_reader()
         return TypedStreamReader(FTSourceOptions.parse(self.options), schema)
 
 
