@@ -154,8 +154,9 @@ def spans_to_record_batch(blob: bytes, starts: Any, lengths: Any) -> Any:
     np.cumsum(sizes, out=offsets[1:])
     # the payloads back to back: one join of slices (a memcpy each), not a gather index per byte
     data = b"".join([view[s + HEADER_SIZE : e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)])
-    payloads = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
     schema = arrow_schema()
+    payloads = pa.Array.from_buffers(schema.field("payload").type, n, [None, pa.py_buffer(offsets),
+                                                                       pa.py_buffer(data)])
     columns = {name: pa.array(head[field].astype(SOURCE_ROW.numpy_dtype(name)), schema.field(name).type)
                for name, field in _FROM_HEADER.items()}
     columns["payload"] = payloads

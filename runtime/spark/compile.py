@@ -44,7 +44,7 @@ from runtime.spark.conf import check_reachable_redis, effective_config
 from runtime.spark.feed_source import feed_host
 from runtime.spark.fused_read import FusedStage
 from runtime.spark.row_batch import Fanout
-from runtime.spark.row_contract import STAGE_ROW
+from runtime.spark.row_contract import STAGE_ROW, stage_row_additions
 from runtime.spark.sink_stage import DriverSinkBatch, SinkStage
 from runtime.spark.stages import ROW_SCHEMA, Stage, StatefulStage, TaskEnv
 from runtime.trigger import Trigger
@@ -147,8 +147,7 @@ class Compiler:
                                  max_records_per_batch=self._max_records)
             else:
                 df = read_feed_stream(self.spark, self._feeds[node.index], max_records_per_batch=self._max_records)
-            # SOURCE_ROW to STAGE_ROW: the source's index and a zero delta added
-            added = {"src": node.index, "delta": 0}
+            added = stage_row_additions(node.index)  # SOURCE_ROW to STAGE_ROW
             return df.select(*[F.lit(added[name]).cast(STAGE_ROW.kind(name).sql).alias(name) if name in added
                                else name for name in STAGE_ROW.names])
         if isinstance(node, OpNode):

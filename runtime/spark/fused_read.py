@@ -34,7 +34,7 @@ from ftlayer.errors import ConfigError
 from runtime.spark.admission import AvailableNowBase
 from runtime.spark.feed_source import FeedSource, FeedStreamReader
 from runtime.spark.ft_source import FTSource, FTStreamReader
-from runtime.spark.row_contract import STAGE_ROW
+from runtime.spark.row_contract import STAGE_ROW, stage_row_additions
 from runtime.spark.stages import Stage
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class FusedStage:
 
         n = rb.num_rows
         schema = STAGE_ROW.arrow_schema()
-        added = {"src": self.src, "delta": 0}
+        added = stage_row_additions(self.src)
         return pa.RecordBatch.from_arrays(
             [pa.repeat(pa.scalar(added[f.name], f.type), n) if f.name in added else rb.column(f.name)
              for f in schema],

@@ -30,7 +30,7 @@ from ftlayer.errors import ConfigError
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
-__all__ = ["KINDS", "SOURCE_ROW", "STAGE_ROW", "Kind", "RowContract"]
+__all__ = ["KINDS", "SOURCE_ROW", "STAGE_ROW", "Kind", "RowContract", "stage_row_additions"]
 
 
 @dataclass(frozen=True)
@@ -133,3 +133,9 @@ STAGE_ROW = RowContract((
     ("payload", "binary"),  # msgpack bytes; null on a carrier row
     ("delta", "long"),  # the XOR this row carries to the sink
 ))
+
+
+def stage_row_additions(src: int) -> dict[str, int]:
+    """The STAGE_ROW columns a SOURCE_ROW row lacks, with their values for a row of source ``src``:
+    its source index and a zero carried delta (the compiler's select and the fused read add them)."""
+    return {"src": src, "delta": 0}  # tests/runtime/spark/test_row_contract.py: exactly the missing ones

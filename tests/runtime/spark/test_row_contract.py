@@ -12,7 +12,7 @@ import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from ftlayer.errors import ConfigError
-from runtime.spark.row_contract import KINDS, SOURCE_ROW, STAGE_ROW, RowContract
+from runtime.spark.row_contract import KINDS, SOURCE_ROW, STAGE_ROW, RowContract, stage_row_additions
 
 # the four forms, read back as (name, kind) pairs, each through its own library
 _SQL_KIND = {k.sql: name for name, k in KINDS.items()}
@@ -124,3 +124,11 @@ def test_fused_rows_are_stage_rows() -> None:
     rows = FusedStage(5, stage)._rows(rb)
     assert rows.schema.equals(STAGE_ROW.arrow_schema())
     assert rows.column("src").to_pylist() == [5] and rows.column("delta").to_pylist() == [0]
+
+
+def test_a_source_row_becomes_a_stage_row_by_the_additions_alone() -> None:
+    added = stage_row_additions(3)
+    assert set(added) == set(STAGE_ROW.names) - set(SOURCE_ROW.names)
+    assert set(SOURCE_ROW.names) - set(STAGE_ROW.names) == {"replay"}  # dropped by the select
+    assert all(SOURCE_ROW.kind(n) == STAGE_ROW.kind(n) for n in set(SOURCE_ROW.names) & set(STAGE_ROW.names))
+    assert added == {"src": 3, "delta": 0}
