@@ -32,8 +32,9 @@ from pyspark.sql.types import StructType
 
 from ftlayer.errors import ConfigError
 from runtime.spark.admission import AvailableNowBase
-from runtime.spark.feed_source import FeedSource, FeedStreamReader
-from runtime.spark.ft_source import FTSource, FTStreamReader
+from runtime.spark.channel_source import ChannelSource, ChannelStreamReader
+from runtime.spark.feed_source import FeedSource
+from runtime.spark.ft_source import FTSource
 from runtime.spark.row_contract import STAGE_ROW, stage_row_additions
 from runtime.spark.stages import Stage
 
@@ -47,7 +48,7 @@ FORMAT = "ftlayer_fused"
 FUSED_OPTION = "fused_stage"
 INNER_OPTION = "fused_inner"  # the format of the source whose reader is wrapped
 #: The sources a stage may be fused into, by format.
-INNER_SOURCES: dict[str, type[FTSource] | type[FeedSource]] = {FTSource.name(): FTSource, FeedSource.name(): FeedSource}
+INNER_SOURCES: dict[str, type[ChannelSource]] = {FTSource.name(): FTSource, FeedSource.name(): FeedSource}
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ class FusedReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[mis
     yields the stage's output batches (STAGE_ROW) for the inner ``read``'s batches (SOURCE_ROW).
     """
 
-    def __init__(self, inner: FTStreamReader | FeedStreamReader, fused: str) -> None:
+    def __init__(self, inner: ChannelStreamReader, fused: str) -> None:
         self.inner = inner
         self.fused = fused  # decoded in the read task (decode), never on the driver
 
@@ -140,7 +141,7 @@ class FusedReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[mis
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         """The stage's output batches for the inner reader's batches of ``partition``."""
-        return decode(self.fused).run(self.inner.read(partition))  # type: ignore[arg-type]
+        return decode(self.fused).run(self.inner.read(partition))
 
     def commit(self, end: Any) -> None:
         self.inner.commit(end)
