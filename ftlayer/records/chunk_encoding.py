@@ -34,20 +34,12 @@ from ftlayer.records.chunks import (
     bitmap_bytes,
     new_chunk_bases,
 )
-from ftlayer.records.frames import BODY_FIXED_SIZE, FRAME_VERSION, HEADER_SIZE, OFFSET_CRC
+from ftlayer.records.frames import BODY_FIXED_SIZE, FRAME_VERSION, HEADER_SIZE, OFFSET_CRC, header_dtype
 from ftlayer.records.ids import new_ids
 
 __all__ = ["encode_source_chunks"]
 
 _MASK64 = (1 << 64) - 1
-
-
-def _header_dtype() -> Any:
-    import numpy as np
-
-    return np.dtype([("body_len", ">u4"), ("version", "u1"), ("flags", "u1"), ("src", ">u2"), ("sid", ">i8"),
-                     ("cid", ">i8"), ("khash", ">i8"), ("origin", ">i8"), ("replay", ">u2"),
-                     ("channel", ">u2"), ("crc", ">u4")])
 
 
 def chunk_runs(channels: Any, sizes: Any, max_records: int = CHUNK_TARGET_RECORDS,
@@ -113,7 +105,7 @@ def encode_source_chunks(
     index = np.arange(n, dtype=np.int64) - np.repeat(np.asarray([s for s, _ in runs], dtype=np.int64), lengths)
     sids = np.repeat(bases, lengths) | index  # by position in order
     cids = np.asarray(new_ids(n), dtype=np.int64)  # by position in order
-    head = np.zeros(n, dtype=_header_dtype())
+    head = np.zeros(n, dtype=header_dtype())
     head["body_len"] = plen[order] + BODY_FIXED_SIZE
     head["version"] = FRAME_VERSION
     head["src"] = source_id

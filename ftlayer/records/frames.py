@@ -35,6 +35,7 @@ then rejects except with probability 2**-32.
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from collections.abc import Sequence
@@ -48,6 +49,7 @@ __all__ = [
     "BODY_FIXED_SIZE",
     "FAILED_PREFIX",
     "FRAME_VERSION",
+    "HEADER_FIELDS",
     "HEADER_SIZE",
     "MAX_PAYLOAD_BYTES",
     "NO_CHANNEL",
@@ -67,6 +69,7 @@ __all__ = [
     "SemiDeserializedSerializer",
     "encode_frame",
     "encode_source_frames",
+    "header_dtype",
 ]
 
 FRAME_VERSION = 1
@@ -90,9 +93,31 @@ OFFSET_PAYLOAD = 48
 # A ``failed`` value is ``failed at, ms f64 (8) | reason length u16 (2) | reason | frame``.
 FAILED_PREFIX = 10
 
+#: The header, field by field: (short name, ``struct`` code), big-endian, in offset order. The
+#: one source of the header's layout: the structs below and :func:`header_dtype` (numpy) are built
+#: from it (tests/ftlayer/records/test_frames.py checks the ``OFFSET_*`` constants, which the Lua
+#: reads, against it).
+HEADER_FIELDS: tuple[tuple[str, str], ...] = (
+    ("body_len", "I"), ("version", "B"), ("flags", "B"), ("src", "H"), ("sid", "q"), ("cid", "q"),
+    ("khash", "q"), ("origin", "q"), ("replay", "H"), ("channel", "H"), ("crc", "I"),
+)
+_CODES = "".join(code for _, code in HEADER_FIELDS)
 _U32 = struct.Struct(">I")
-_CRC_COVERED = struct.Struct(">BBHqqqqHH")  # bytes [4:44)
-_HEADER = struct.Struct(">IBBHqqqqHHI")  # bytes [0:48)
+_CRC_COVERED = struct.Struct(">" + _CODES[1:-1])  # bytes [4:44): all but body_len and crc
+_HEADER = struct.Struct(">" + _CODES)  # bytes [0:48)
+_NUMPY_CODES = {"B": "u1", "H": ">u2", "I": ">u4", "q": ">i8"}
+
+
+@functools.cache
+def header_dtype() -> Any:
+    """The frame header as a numpy structured dtype (``HEADER_SIZE`` bytes, fields named as in
+    :data:`HEADER_FIELDS`), for parsing or writing the headers of many frames as one array.
+    numpy is imported on first use."""
+    import numpy as np
+
+    return np.dtype([(name, _NUMPY_CODES[code]) for name, code in HEADER_FIELDS])
+
+
 _MAX_BODY = BODY_FIXED_SIZE + MAX_PAYLOAD_BYTES
 _crc32 = zlib.crc32
 

@@ -1,7 +1,7 @@
 """Frames to Arrow: the columnar form in which the FT source hands records to Spark.
 
-One row per source record, columns :data:`SOURCE_COLUMNS` (the Spark schema is
-:data:`SOURCE_SCHEMA_DDL`). Payloads stay msgpack bytes; operators unpack them
+One row per source record, the columns of :data:`runtime.spark.row_contract.SOURCE_ROW` (the
+Spark schema is :data:`SOURCE_SCHEMA_DDL`). Payloads stay msgpack bytes; operators unpack them
 later (``serialization.payload.unpack_payload``).
 
 :func:`frames_to_record_batch` is the hot path of the FT source's ``read()``. It
@@ -28,10 +28,11 @@ from ftlayer.records.frames import (
     MAX_PAYLOAD_BYTES,
     OFFSET_CRC,
     SemiDeserializedSerializer,
+    header_dtype,
 )
+from runtime.spark.row_contract import SOURCE_ROW
 
 __all__ = [
-    "SOURCE_COLUMNS",
     "SOURCE_SCHEMA_DDL",
     "arrow_schema",
     "frames_to_record_batch",
@@ -39,30 +40,19 @@ __all__ = [
     "split_bad_frames",
 ]
 
-#: (name, Spark SQL type, Arrow type name) of every column the FT source emits.
-SOURCE_COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("sid", "long", "int64"),  # source_record_id: the acker entry (tree) of the record
-    ("cid", "long", "int64"),  # current_record_id: this record inside the tree
-    ("key_hash", "long", "int64"),  # ftlayer.records.keyhash.key_hash of the key (xxhash64 seed 42)
-    ("origin", "long", "int64"),  # source_record_id of the first attempt (kept on replay)
-    ("replay", "int", "int32"),  # replay count: 0 for a first attempt
-    ("channel", "int", "int32"),  # channel the record was appended to (= Spark partition)
-    ("payload", "binary", "binary"),  # msgpack bytes
-)
-SOURCE_SCHEMA_DDL = ", ".join(f"{name} {sql}" for name, sql, _ in SOURCE_COLUMNS)
+#: The Spark schema of the FT source, generated from its row contract (runtime.spark.row_contract).
+SOURCE_SCHEMA_DDL = SOURCE_ROW.ddl
 
+#: Each fixed-width source column and the frame header field (ftlayer.records.frames.HEADER_FIELDS) it is.
+_FROM_HEADER = {"sid": "sid", "cid": "cid", "key_hash": "khash", "origin": "origin", "replay": "replay",
+                "channel": "channel"}
 _MAX_BODY = BODY_FIXED_SIZE + MAX_PAYLOAD_BYTES
 _SERIALIZER = SemiDeserializedSerializer()
-_schema_cache: list[Any] = []
 
 
 def arrow_schema() -> Any:
-    """The ``pyarrow.Schema`` of the FT source (equal to Spark's own conversion of its schema)."""
-    if not _schema_cache:
-        import pyarrow as pa
-
-        _schema_cache.append(pa.schema([pa.field(n, getattr(pa, t)()) for n, _, t in SOURCE_COLUMNS]))
-    return _schema_cache[0]
+    """The ``pyarrow.Schema`` of the FT source: :data:`SOURCE_ROW`'s (equal to Spark's own conversion)."""
+    return SOURCE_ROW.arrow_schema()
 
 
 def _bad_frame(frame: bytes, index: int) -> FrameError:
@@ -93,14 +83,6 @@ def split_bad_frames(frames: Sequence[bytes], *, prefix: int = 0) -> tuple[list[
         else:
             good.append(item)
     return good, bad
-
-
-def _header_dtype() -> Any:
-    import numpy as np
-
-    return np.dtype([("body_len", ">u4"), ("version", "u1"), ("flags", "u1"), ("src", ">u2"), ("sid", ">i8"),
-                     ("cid", ">i8"), ("khash", ">i8"), ("origin", ">i8"), ("replay", ">u2"),
-                     ("channel", ">u2"), ("crc", ">u4")])
 
 
 def frames_to_record_batch(frames: Sequence[bytes], *, prefix: int = 0) -> Any:
@@ -153,7 +135,7 @@ def spans_to_record_batch(blob: bytes, starts: Any, lengths: Any) -> Any:
         raise _bad_frame(frame(int(short[0])), int(short[0]))
     buf = np.frombuffer(blob, dtype=np.uint8)
     at = starts[:, None] + np.arange(HEADER_SIZE, dtype=np.int64)
-    head = buf[at].view(_header_dtype()).reshape(n)
+    head = buf[at].view(header_dtype()).reshape(n)
     body = head["body_len"].astype(np.int64)
     bad = (body + 4 != lengths) | (body > _MAX_BODY) | (head["version"] != FRAME_VERSION) | (head["flags"] != 0)
     view, crc32 = memoryview(blob), zlib.crc32
@@ -172,17 +154,10 @@ def spans_to_record_batch(blob: bytes, starts: Any, lengths: Any) -> Any:
     np.cumsum(sizes, out=offsets[1:])
     # the payloads back to back: one join of slices (a memcpy each), not a gather index per byte
     data = b"".join([view[s + HEADER_SIZE : e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)])
-    payloads = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-    i64, i32 = pa.int64(), pa.int32()
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array(head["sid"].astype(np.int64), i64),
-            pa.array(head["cid"].astype(np.int64), i64),
-            pa.array(head["khash"].astype(np.int64), i64),
-            pa.array(head["origin"].astype(np.int64), i64),
-            pa.array(head["replay"].astype(np.int32), i32),
-            pa.array(head["channel"].astype(np.int32), i32),
-            payloads,
-        ],
-        schema=arrow_schema(),
-    )
+    schema = arrow_schema()
+    payloads = pa.Array.from_buffers(schema.field("payload").type, n, [None, pa.py_buffer(offsets),
+                                                                       pa.py_buffer(data)])
+    columns = {name: pa.array(head[field].astype(SOURCE_ROW.numpy_dtype(name)), schema.field(name).type)
+               for name, field in _FROM_HEADER.items()}
+    columns["payload"] = payloads
+    return pa.RecordBatch.from_arrays([columns[name] for name in SOURCE_ROW.names], schema=schema)

@@ -30,6 +30,7 @@ from ftlayer.config import FTConfig
 from ftlayer.errors import TopologyError
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.facade.service import FTService
+from ftlayer.servers.process_server import resolved
 from ftlayer.servers.state_dir import TopologyState
 from partitioners.factory import replay_partitioner_for
 from runtime.driver.feed import Feed, FeedDestination, FeedProgress, FeedServer
@@ -43,6 +44,7 @@ from runtime.spark.conf import check_reachable_redis, effective_config
 from runtime.spark.feed_source import feed_host
 from runtime.spark.fused_read import FusedStage
 from runtime.spark.row_batch import Fanout
+from runtime.spark.row_contract import STAGE_ROW, stage_row_additions
 from runtime.spark.sink_stage import DriverSinkBatch, SinkStage
 from runtime.spark.stages import ROW_SCHEMA, Stage, StatefulStage, TaskEnv
 from runtime.trigger import Trigger
@@ -145,8 +147,9 @@ class Compiler:
                                  max_records_per_batch=self._max_records)
             else:
                 df = read_feed_stream(self.spark, self._feeds[node.index], max_records_per_batch=self._max_records)
-            return df.select(F.lit(node.index).cast("int").alias("src"), "sid", "cid", "origin",
-                             "key_hash", "channel", "payload", F.lit(0).cast("long").alias("delta"))
+            added = stage_row_additions(node.index)  # SOURCE_ROW to STAGE_ROW
+            return df.select(*[F.lit(added[name]).cast(STAGE_ROW.kind(name).sql).alias(name) if name in added
+                               else name for name in STAGE_ROW.names])
         if isinstance(node, OpNode):
             return self.stage_df(node, key=None)
         if isinstance(node, KeyByNode):
@@ -205,19 +208,21 @@ class Compiler:
         ops, parent, node = self.chain(tail)
         stage = Stage(self.env, self._next_stage(), tuple(ops), key=key, fanout=self.fanout(parent, node))
         if isinstance(parent, SourceNode) and stage.fanout is None and self.config.fuse_source_stage:
-            return self.source_df(parent, FusedStage(parent.index, stage).encode())
+            return self.source_df(parent, FusedStage(parent.index, stage))
         return self.df_for(parent).mapInArrow(stage, ROW_SCHEMA)
 
-    def source_df(self, node: SourceNode, fused_stage: str) -> Any:
-        """The source's DataFrame with the stage ``fused_stage`` run in its read tasks (ROW_SCHEMA)."""
-        from runtime.spark.feed_source import read_feed_stream
-        from runtime.spark.ft_source import read_stream
+    def source_df(self, node: SourceNode, fused: FusedStage) -> Any:
+        """The source's DataFrame with its reader wrapped with ``fused``'s stage, run in the read
+        tasks (runtime.spark.fused_read): the rows are the stage's (STAGE_ROW)."""
+        from runtime.spark import feed_source, ft_source
+        from runtime.spark.fused_read import read_fused
 
         if self.config.ft_on:
-            return read_stream(self.spark, self.config, self.topology.name, node.name, self.n,
-                               max_records_per_batch=self._max_records, fused_stage=fused_stage)
-        return read_feed_stream(self.spark, self._feeds[node.index], max_records_per_batch=self._max_records,
-                                fused_stage=fused_stage)
+            options = ft_source.source_options(resolved(self.config), self.topology.name, node.name, self.n,
+                                               max_records_per_batch=self._max_records)
+            return read_fused(self.spark, ft_source.FORMAT, options, fused)
+        options = feed_source.feed_options(self._feeds[node.index], max_records_per_batch=self._max_records)
+        return read_fused(self.spark, feed_source.FORMAT, options, fused)
 
     def start(self, checkpoint: str | None, trigger: Trigger, max_records: int | None, query_name: str) -> FTQuery:
         topo = self.topology

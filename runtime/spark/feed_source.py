@@ -1,7 +1,7 @@
 """The FT-off source: a PySpark streaming data source over a driver-side :class:`runtime.driver.feed.Feed`.
 
 ``format("ftlayer_feed")`` gives the same columns as the FT source
-(:data:`runtime.spark.arrow_codec.SOURCE_SCHEMA_DDL`), so the same compiled topology
+(:data:`runtime.spark.row_contract.SOURCE_ROW`), so the same compiled topology
 runs on either::
 
     sid long, cid long, key_hash long, origin long, replay int, channel int, payload binary
@@ -48,29 +48,26 @@ import socket
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
+from pyspark.sql.types import StructType
 
 from ftlayer.errors import ConfigError
 from runtime.driver.feed import DEFAULT_READ_BYTES, FeedServer, recv_message, send_message
-from runtime.spark.admission import AvailableNowBase, max_rows, read_all, read_max_rows
-from runtime.spark.arrow_codec import SOURCE_COLUMNS, SOURCE_SCHEMA_DDL, arrow_schema
+from runtime.spark.admission import max_rows
+from runtime.spark.channel_source import ChannelPartition, ChannelSource, ChannelStreamReader
 from runtime.spark.option_names import SourceOptionMap
+from runtime.spark.row_contract import SOURCE_ROW
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 FORMAT = "ftlayer_feed"
-Offset = dict[str, Any]  # {"feed": feed id, "ch<c>": seq}
-
-_SPARK_TYPES = {"long": LongType, "int": IntegerType, "binary": BinaryType}
-
+Offset = dict[str, Any]  # {"feed": feed id, "ch<c>": seq}; channel_source.Offset
 
 def feed_schema() -> StructType:
-    """The Spark schema: the FT source's (:data:`SOURCE_SCHEMA_DDL`)."""
-    return StructType([StructField(name, _SPARK_TYPES[sql]()) for name, sql, _ in SOURCE_COLUMNS])
+    """The Spark schema: the FT source's (:data:`runtime.spark.row_contract.SOURCE_ROW`)."""
+    return SOURCE_ROW.struct_type()
 
 
 def _ch(c: int) -> str:
@@ -175,15 +172,12 @@ def client_for(address: str, token: str) -> FeedClient:
         return client
 
 
-class FeedPartition(InputPartition):
+class FeedPartition(ChannelPartition):
     """Input partition ``channel``: seqs ``(start, end]`` of that channel of feed ``feed_id``."""
 
     def __init__(self, channel: int, feed_id: str, start: int, end: int) -> None:
-        super().__init__(channel)
-        self.channel = channel
+        super().__init__(channel, start, end)
         self.feed_id = feed_id
-        self.start = start
-        self.end = end
 
 
 def chunk_batch(chunk: Sequence[Any], channel: int, after: int, until: int) -> Any:
@@ -191,31 +185,39 @@ def chunk_batch(chunk: Sequence[Any], channel: int, after: int, until: int) -> A
     import pyarrow as pa
 
     first, count, sids, hashes, offsets, data = chunk
-    sid = pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(sids)])
-    kh = pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(hashes)])
-    payload = pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-    replay = pa.repeat(pa.scalar(0, pa.int32()), count)
-    ch = pa.repeat(pa.scalar(channel, pa.int32()), count)
-    batch = pa.RecordBatch.from_arrays([sid, sid, kh, sid, replay, ch, payload], schema=arrow_schema())
+    schema = SOURCE_ROW.arrow_schema()
+
+    def typed(name: str) -> Any:
+        return schema.field(name).type
+
+    sid = pa.Array.from_buffers(typed("sid"), count, [None, pa.py_buffer(sids)])
+    kh = pa.Array.from_buffers(typed("key_hash"), count, [None, pa.py_buffer(hashes)])
+    payload = pa.Array.from_buffers(typed("payload"), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    replay = pa.repeat(pa.scalar(0, typed("replay")), count)
+    ch = pa.repeat(pa.scalar(channel, typed("channel")), count)
+    columns = {"sid": sid, "cid": sid, "key_hash": kh, "origin": sid, "replay": replay, "channel": ch,
+               "payload": payload}
+    batch = pa.RecordBatch.from_arrays([columns[name] for name in SOURCE_ROW.names], schema=schema)
     lo = max(after + 1, first)
     hi = min(until, first + count - 1)
     return batch.slice(lo - first, max(0, hi - lo + 1))
 
 
-class FeedStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignore[misc]
+class FeedStreamReader(ChannelStreamReader):
     """Stream reader of one feed (see the module notes)."""
 
+    opts: FeedOptions
+
     def __init__(self, options: FeedOptions) -> None:
-        self.opts = options
-        self._target: Offset | None = None
-        self._last_tails: Offset | None = None
-        self.fused: str | None = None  # the first stage, run in the read task (runtime.spark.fused_read)
+        super().__init__(options)
 
     @property
     def client(self) -> FeedClient:
         return client_for(self.opts.address, self.opts.token)
 
-    def _tails(self, trim_upto: Offset | None = None) -> Offset:
+    def tails(self, *, trim_upto: Mapping[str, Any] | None = None) -> Offset:
+        """The feed's tails (and its id), in one call; with ``trim_upto``, the feed first drops the
+        rows up to it (if it names this feed)."""
         n = self.opts.num_channels
         trim = None
         if trim_upto is not None and trim_upto.get("feed") == self.opts.feed_id:
@@ -246,23 +248,16 @@ class FeedStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignor
     def initialOffset(self) -> Offset:
         return {"feed": self.opts.feed_id, **{_ch(c): 0 for c in range(self.opts.num_channels)}}
 
-    def getDefaultReadLimit(self) -> Any:
-        n = self.opts.max_records_per_batch
-        return read_all() if n is None else read_max_rows(n)
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self._tails()
-
     def latestOffset(self, start: Offset | None = None, limit: Any = None) -> Offset:
         """The tails (capped by the AvailableNow target and ``limit``); commits ``start`` first.
 
         Without admission control (pyspark 4.0: no arguments) it returns the tails.
         """
         if start is None:
-            tails = self._last_tails = self._tails()
+            tails = self._last_tails = self.tails()
             return tails
         self._check(start, "start")
-        tails = self._last_tails = self._tails(trim_upto=start)
+        tails = self._last_tails = self.tails(trim_upto=start)
         begin = self._from(start)
         share = None
         cap = max_rows(limit)
@@ -277,9 +272,6 @@ class FeedStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignor
             end[k] = max(begin[k], tail)
         return end
 
-    def reportLatestOffset(self) -> Offset:
-        return dict(self._last_tails) if self._last_tails is not None else self._tails()
-
     def partitions(self, start: Offset, end: Offset) -> Sequence[FeedPartition]:
         """One partition per channel, partition ``i`` = channel ``i`` (empty ranges included)."""
         self._check(start, "start")
@@ -290,17 +282,7 @@ class FeedStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignor
                 for c in range(self.opts.num_channels)]
 
     def read(self, partition: FeedPartition) -> Iterator[Any]:  # type: ignore[override]
-        """Record batches of the buffered rows of ``(start, end]`` of one channel (run through the
-        fused first stage, if the compiler gave one: ``runtime.spark.fused_read``)."""
-        if self.fused is not None:
-            from runtime.spark.fused_read import decode
-
-            yield from decode(self.fused).run(self.read_raw(partition))
-            return
-        yield from self.read_raw(partition)
-
-    def read_raw(self, partition: FeedPartition) -> Iterator[Any]:
-        """Record batches of the buffered rows of ``(start, end]`` of one channel."""
+        """Record batches (SOURCE_ROW) of the buffered rows of ``(start, end]`` of one channel."""
         import pyarrow as pa
 
         c, after, until = partition.channel, partition.start, partition.end
@@ -320,32 +302,16 @@ class FeedStreamReader(DataSourceStreamReader, AvailableNowBase):  # type: ignor
             self.client.call("commit", self.opts.feed_id, [int(end[_ch(c)]) for c in range(self.opts.num_channels)])
 
 
-class FeedSource(DataSource):
+class FeedSource(ChannelSource):
     """``format("ftlayer_feed")``: the rows of a driver-side feed (FT off) as a stream."""
 
-    @classmethod
-    def name(cls) -> str:
-        return FORMAT
-
-    def schema(self) -> StructType:
-        from runtime.spark.fused_read import fused_from, row_struct
-
-        return row_struct() if fused_from(self.options) is not None else feed_schema()
+    FORMAT = FORMAT
+    LABEL = "feed source"
 
     def streamReader(self, schema: StructType) -> FeedStreamReader:
-        from runtime.spark.fused_read import fused_from, row_struct, same_schema
+        return cast("FeedStreamReader", super().streamReader(schema))
 
-        fused = fused_from(self.options)
-        if fused is not None:
-            if not same_schema(schema, row_struct()):
-                msg = f"a feed source with a fused stage has the stage's row schema; got {schema.simpleString()!r}"
-                raise ConfigError(msg)
-            reader = FeedStreamReader(FeedOptions.parse(self.options))
-            reader.fused = fused
-            return reader
-        if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in feed_schema()]:
-            msg = f"the feed source has the fixed schema {SOURCE_SCHEMA_DDL!r}; got {schema.simpleString()!r}"
-            raise ConfigError(msg)
+    def open_reader(self) -> FeedStreamReader:
         return FeedStreamReader(FeedOptions.parse(self.options))
 
 
@@ -357,12 +323,8 @@ def feed_host(spark: SparkSession) -> str:
     return str(spark.conf.get("spark.driver.host"))
 
 
-def read_feed_stream(
-    spark: SparkSession, server: FeedServer, *, max_records_per_batch: int | None = None,
-    fused_stage: str | None = None,
-) -> DataFrame:
-    """A streaming DataFrame of a started feed server's rows (registers the format first)."""
-    spark.dataSource.register(FeedSource)
+def feed_options(server: FeedServer, *, max_records_per_batch: int | None = None) -> dict[str, str]:
+    """The feed source's options for a started feed server (validated here, not in a Spark worker)."""
     options = {
         "address": server.address,
         "token": server.token,
@@ -372,6 +334,11 @@ def read_feed_stream(
     if max_records_per_batch is not None:
         options["max_records_per_batch"] = str(max_records_per_batch)
     FeedOptions.parse(options)
-    if fused_stage is not None:  # the first stage runs in the read task (runtime.spark.fused_read)
-        options["fused_stage"] = fused_stage
+    return options
+
+
+def read_feed_stream(spark: SparkSession, server: FeedServer, *, max_records_per_batch: int | None = None) -> DataFrame:
+    """A streaming DataFrame of a started feed server's rows (registers the format first)."""
+    spark.dataSource.register(FeedSource)
+    options = feed_options(server, max_records_per_batch=max_records_per_batch)
     return spark.readStream.format(FORMAT).options(**options).load()

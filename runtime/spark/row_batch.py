@@ -1,7 +1,8 @@
 """Rows between stages, held by column: what a stage decodes from an Arrow batch and emits.
 
-A :class:`RowBatch` is the columnar form of the rows ``(src, sid, cid, origin,
-value, carried delta)`` (``runtime.spark.handlers.Row``): the ids and deltas are
+The columns are :data:`runtime.spark.row_contract.STAGE_ROW`'s (:data:`ROW_COLUMNS`, their
+numpy dtypes and Arrow schema come from there). A :class:`RowBatch` is the columnar form of the
+rows ``(src, sid, cid, origin, value, carried delta)`` (``runtime.spark.handlers.Row``): the ids and deltas are
 numpy ``int64``/``int32`` arrays taken from the Arrow batch without a copy, only
 the values are Python objects. The per-record work a stage cannot avoid (unpack,
 the user's function, pack) stays a Python loop; everything else (child ids,
@@ -24,11 +25,13 @@ from ftlayer.errors import SerializationError
 from ftlayer.records.id_arrays import child_ids
 from ftlayer.records.keyhash import NO_KEY_HASH
 from ftlayer.records.record import MAX_PAYLOAD_BYTES
+from runtime.spark.row_contract import STAGE_ROW
 from serialization.payload import unpack_many, unpack_payload
 
 __all__ = ["CARRIER", "ROW_COLUMNS", "Fanout", "Row", "RowBatch", "decode_batch", "encoded_to_arrow"]
 
-ROW_COLUMNS = ("src", "sid", "cid", "origin", "key_hash", "channel", "payload", "delta")
+ROW_COLUMNS = STAGE_ROW.names
+_DTYPES = STAGE_ROW.numpy_dtypes()  # each fixed-width column's numpy dtype
 
 
 class _Carrier:
@@ -78,8 +81,9 @@ class RowBatch:
         def col(k: int, dtype: Any) -> Any:
             return np.fromiter((r[k] for r in rows), dtype=dtype, count=len(rows))
 
-        return cls(col(0, np.int32), col(1, np.int64), col(2, np.int64), col(3, np.int64), [r[4] for r in rows],
-                   col(5, np.int64))
+        d = _DTYPES
+        return cls(col(0, d["src"]), col(1, d["sid"]), col(2, d["cid"]), col(3, d["origin"]), [r[4] for r in rows],
+                   col(5, d["delta"]))
 
 
 @dataclass(frozen=True)
@@ -104,9 +108,9 @@ class FailingHandler(Protocol):
     def fail(self, src: int, sid: int, exc: BaseException) -> None: ...
 
 
-def _ints(rb: Any, name: str, dtype: Any) -> Any:
+def _ints(rb: Any, name: str) -> Any:
     # no nulls in these columns: a view of Arrow's buffer, no copy
-    return np.asarray(rb.column(name).to_numpy(zero_copy_only=False), dtype=dtype)
+    return np.asarray(rb.column(name).to_numpy(zero_copy_only=False), dtype=_DTYPES[name])
 
 
 def _values(rb: Any, handler: FailingHandler, src: Any, sid: Any) -> tuple[list[Any], Any]:
@@ -144,10 +148,10 @@ def decode_batch(rb: Any, handler: FailingHandler, fanout: Fanout | None) -> Row
     rows (every copy reads the same upstream rows, and each delta must be applied
     exactly once) and adds the fan-out's own delta (the original out, every copy in).
     """
-    src, sid = _ints(rb, "src", np.int32), _ints(rb, "sid", np.int64)
+    src, sid = _ints(rb, "src"), _ints(rb, "sid")
     values, keep = _values(rb, handler, src, sid)
-    cid = _ints(rb, "cid", np.int64)
-    origin, delta = _ints(rb, "origin", np.int64), _ints(rb, "delta", np.int64)
+    cid = _ints(rb, "cid")
+    origin, delta = _ints(rb, "origin"), _ints(rb, "delta")
     if keep is None:
         batch = RowBatch(src, sid, cid, origin, values, delta)
     else:  # the careful path: bad payloads dropped, carriers (null payloads) have no current id
@@ -186,13 +190,11 @@ def encoded_to_arrow(batch: RowBatch, n: int) -> Any:
         values = [filler if v is CARRIER else v for v in values]
     payloads = [v[0] for v in values]
     hashes = [v[1] for v in values]
-    kh = np.fromiter(hashes, dtype=np.int64, count=len(values))
+    kh = np.fromiter(hashes, dtype=_DTYPES["key_hash"], count=len(values))
     channel = np.mod(kh, n)
     if carriers:
         channel[carriers] = np.mod(batch.sid[carriers], n)
-    return pa.RecordBatch.from_arrays(
-        [pa.array(batch.src, pa.int32()), pa.array(batch.sid, pa.int64()), pa.array(batch.cid, pa.int64()),
-         pa.array(batch.origin, pa.int64()), pa.array(kh, pa.int64()), pa.array(channel.astype(np.int32), pa.int32()),
-         pa.array(payloads, pa.binary()), pa.array(batch.delta, pa.int64())],
-        names=list(ROW_COLUMNS),
-    )
+    columns = {"src": batch.src, "sid": batch.sid, "cid": batch.cid, "origin": batch.origin, "key_hash": kh,
+               "channel": channel.astype(_DTYPES["channel"]), "payload": payloads, "delta": batch.delta}
+    schema = STAGE_ROW.arrow_schema()
+    return pa.RecordBatch.from_arrays([pa.array(columns[f.name], f.type) for f in schema], schema=schema)

@@ -18,10 +18,11 @@ on each row alone). A stage flushes only the explicit fails it saw, with
 the token ``<query id>/<micro-batch>`` + ``st<stage>/p<partition>``
 (``ftlayer.acker.flush_tokens``), so a retried task never applies them twice.
 
-Rows between stages: ``src int, sid long, cid long, origin long, key_hash
-long, channel int, payload binary, delta long`` (the origin id rides along so
-sinks can deduplicate replays; carrier rows have a null payload). A stage before a keyed edge fills ``key_hash`` and
-``channel = pmod(key_hash, n)`` from the key selector; the exchange then puts
+Rows between stages: :data:`runtime.spark.row_contract.STAGE_ROW`, ``src int, sid long,
+cid long, origin long, key_hash long, channel int, payload binary, delta long`` (the origin
+id rides along so sinks can deduplicate replays; carrier rows have a null payload). A stage
+before a keyed edge fills ``key_hash`` and ``channel = pmod(key_hash, n)`` from the key
+selector; the exchange then puts
 channel c in Spark partition c exactly (``partitioners.spark_exact``).
 
 Everything here is shipped to executors and must be picklable: user functions
@@ -42,11 +43,12 @@ from ftlayer.records.keyhash import NO_KEY_HASH, key_hash
 from runtime.graph import Op
 from runtime.spark.handlers import FTHandler, handler_for
 from runtime.spark.row_batch import CARRIER, Fanout, decode_batch, encoded_to_arrow
+from runtime.spark.row_contract import STAGE_ROW
 from runtime.spark.task_tokens import task_token
 from runtime.spark.worker_heap import freeze_worker_heap
 from serialization.payload import pack_payload
 
-ROW_SCHEMA = "src int, sid long, cid long, origin long, key_hash long, channel int, payload binary, delta long"
+ROW_SCHEMA = STAGE_ROW.ddl  # a stage's mapInArrow output schema
 
 
 def make_chain(ops: Sequence[Op]) -> Callable[[Any], list[Any]]:

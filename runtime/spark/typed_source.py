@@ -43,14 +43,13 @@ from ftlayer.errors import ConfigError
 from runtime.spark.connect import JOB_TAGS_PROPERTY, token_from_job_tags
 from runtime.spark.ft_source import (
     REGISTERED_ATTR,
-    ChannelPartition,
+    FTPartition,
     FTSource,
     FTSourceOptions,
     FTStreamReader,
-    fused_reader,
-    source_schema,
 )
 from runtime.spark.payload_columns import METADATA_COLUMN, decode_batch, metadata_type
+from runtime.spark.row_contract import SOURCE_ROW
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -88,7 +87,7 @@ class TypedStreamReader(FTStreamReader):
             raise ConfigError(msg)
         self.schema = schema
 
-    def read(self, partition: ChannelPartition) -> Iterator[Any]:  # type: ignore[override]
+    def read(self, partition: FTPartition) -> Iterator[Any]:  # type: ignore[override]
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
@@ -117,12 +116,8 @@ class FTDataSource(FTSource):
     """``format("ftlayer")`` for both paths: the raw source schema (the Topology compiler) or a user schema."""
 
     def streamReader(self, schema: StructType) -> FTStreamReader:
-        fused = fused_reader(self.options, schema)
-        if fused is not None:
-            return fused
-        raw = source_schema()
-        if [(f.name, f.dataType) for f in schema.fields] == [(f.name, f.dataType) for f in raw.fields]:
-            return FTStreamReader(FTSourceOptions.parse(self.options))
+        if SOURCE_ROW.same_struct(schema):
+            return self.open_reader()
         return TypedStreamReader(FTSourceOptions.parse(self.options), schema)
 
 

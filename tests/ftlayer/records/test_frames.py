@@ -432,3 +432,53 @@ def test_encode_source_frames_names_the_record_that_does_not_fit() -> None:
 
     with pytest.raises(SerializationError, match="source record 1 of a batch of 2"):
         encode_source_frames(0, [1, 2, 3, 2**63], [0, 0], [b"\x01", b"\x02"], [0, 0])
+
+
+# --- the header layout: one table (HEADER_FIELDS), its struct and numpy forms ------------------
+
+
+def test_header_dtype_matches_the_struct_layout_field_by_field() -> None:
+    from ftlayer.records.frames import _HEADER, HEADER_FIELDS, header_dtype
+
+    dtype = header_dtype()
+    assert dtype.itemsize == HEADER_SIZE == _HEADER.size
+    assert list(dtype.names) == [name for name, _ in HEADER_FIELDS]
+    at = 0
+    for name, code in HEADER_FIELDS:
+        width = struct.calcsize(">" + code)
+        field, offset = dtype.fields[name]
+        assert offset == at, name
+        assert field.itemsize == width, name
+        assert field.kind == ("i" if code == "q" else "u"), name
+        assert width == 1 or field.byteorder == ">", name
+        at += width
+    assert at == HEADER_SIZE
+    offsets = {name: dtype.fields[name][1] for name in dtype.names}
+    assert [offsets[n] for n in ("version", "flags", "src", "sid", "cid", "khash", "origin", "replay", "channel",
+                                 "crc")] == [
+        OFFSET_VERSION, OFFSET_FLAGS, OFFSET_SOURCE_ID, OFFSET_SOURCE_RECORD_ID, OFFSET_CURRENT_RECORD_ID,
+        OFFSET_KEY_HASH, OFFSET_ORIGIN_ID, OFFSET_REPLAY_COUNT, OFFSET_CHANNEL, OFFSET_CRC,
+    ]
+    assert offsets["body_len"] == 0 and OFFSET_PAYLOAD == HEADER_SIZE
+
+
+@settings(max_examples=200, deadline=None)
+@given(records)
+def test_a_frame_encoded_by_frames_decodes_through_header_dtype(rec: SemiDeserializedRecord) -> None:
+    import numpy as np
+
+    from ftlayer.records.frames import header_dtype
+
+    frame = SER.encode(rec)
+    head = np.frombuffer(frame[:HEADER_SIZE], dtype=header_dtype())[0]
+    assert int(head["body_len"]) == len(frame) - 4
+    assert int(head["version"]) == FRAME_VERSION
+    assert int(head["flags"]) == 0
+    assert int(head["src"]) == rec.source_id
+    assert (int(head["sid"]), int(head["cid"])) == tuple(rec.record_id)
+    assert int(head["khash"]) == rec.key_hash
+    assert int(head["origin"]) == rec.origin_id
+    assert int(head["replay"]) == rec.replay_count
+    assert int(head["channel"]) == (NO_CHANNEL if rec.channel is None else rec.channel)
+    assert int(head["crc"]) == zlib.crc32(frame[HEADER_SIZE:], zlib.crc32(frame[4:OFFSET_CRC]))
+    assert frame[HEADER_SIZE:] == rec.payload

@@ -94,3 +94,45 @@ def test_fused_and_separate_stages_give_the_same_run(spark: Any, ft_config: FTCo
     # MapInArrow (the sink stage) where the separate stages hold two
     assert "MicroBatchScan[src#" in plans[True] and "MicroBatchScan[sid#" in plans[False], plans
     assert plans[False].count("MapInArrow") == 2 * plans[True].count("MapInArrow") > 0, plans
+
+
+def test_the_compiler_wraps_a_feed_reader_with_its_stage() -> None:
+    """format ftlayer_fused over a real feed server: offsets, partitions and commits are the feed
+    reader's, call for call; read() yields the stage's rows (STAGE_ROW) for the feed's rows."""
+    from runtime.driver.feed import Feed, FeedDestination, FeedServer
+    from runtime.driver.ingest import Ingestor
+    from runtime.spark.feed_source import FORMAT as FEED_FORMAT
+    from runtime.spark.feed_source import FeedStreamReader, feed_options
+    from runtime.spark.fused_read import FUSED_OPTION, INNER_OPTION, FusedReader, FusedSource
+    from runtime.spark.row_contract import STAGE_ROW
+
+    cfg = FTConfig(status="off", flush_batch_size=50)
+    server = FeedServer(Feed(2)).start()
+    try:
+        Ingestor(FeedDestination(server.feed, cfg), ({"i": i} for i in range(100))).run()
+        env = TaskEnv(cfg, "t", ("s",), 2)
+        fused = FusedStage(4, Stage(env, 9, (Op("map", _double, 1),)))
+        options = {**feed_options(server), INNER_OPTION: FEED_FORMAT, FUSED_OPTION: fused.encode()}
+        source = FusedSource(options)
+        assert STAGE_ROW.same_struct(source.schema())
+        reader = source.streamReader(source.schema())
+        assert isinstance(reader, FusedReader) and isinstance(reader.inner, FeedStreamReader)
+        reader = pickle.loads(pickle.dumps(reader))  # as shipped to a read task
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, None)
+        assert start == reader.inner.initialOffset() and end == reader.inner.reportLatestOffset()
+        parts = reader.partitions(start, end)
+        assert [p.channel for p in parts] == [0, 1]
+        out = [b for p in parts for b in reader.read(p)]
+        assert all(b.schema.equals(STAGE_ROW.arrow_schema()) for b in out)
+        rows = [r for b in out for r in b.to_pylist()]
+        assert {r["src"] for r in rows} == {4}
+        assert sorted(unpack_payload(r["payload"])["n"] for r in rows) == [2 * i for i in range(100)]
+        reader.commit(end)
+        assert server.feed.stats()["committed"] == 100
+        with pytest.raises(ConfigError, match="row schema"):
+            source.streamReader(STAGE_ROW.struct_type().add("x", "integer"))
+        with pytest.raises(ConfigError, match=INNER_OPTION):
+            FusedSource({**options, INNER_OPTION: "parquet"}).streamReader(source.schema())
+    finally:
+        server.stop()
