@@ -17,6 +17,8 @@ module:
   as the driver JVM's own flags, every other key as ``-Dspark.…`` (SparkConf reads ``spark.*``
   system properties). Every ``spark-submit`` reads ``SPARK_SUBMIT_OPTS``, PySpark's own launch
   included, so the in-process session, the driver apps and the Connect server all get it.
+- The executor JVMs of a ``local-cluster`` master start with the same classpath, so they map it
+  too (``spark.executor.defaultJavaOptions``).
 - A JVM that cannot use the archive (another classpath, such as the shipped-environment test's
   own Spark; another JDK) runs without it; ``-Xlog:cds…=off`` keeps its warning out of the
   driver's stdout, which some tests read.
@@ -43,6 +45,7 @@ CONF_FILE = ROOT / "tests" / "spark-conf" / "spark-defaults.conf"
 CACHE = ROOT / ".cache" / "spark-cds"
 EMPTY_CONF_DIR = CACHE / "conf"
 DRIVER_OPTIONS = "spark.driver.defaultJavaOptions"
+EXECUTOR_OPTIONS = "spark.executor.defaultJavaOptions"
 QUIET_CDS = "-Xlog:cds=off,cds+dynamic=off"
 
 
@@ -66,11 +69,21 @@ def archive_path(conf: dict[str, str]) -> Path:
     return CACHE / f"spark-{pyspark.__version__}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}.jsa"
 
 
-def submit_opts(conf: dict[str, str], cds_flag: str | None) -> str:
-    """``SPARK_SUBMIT_OPTS`` carrying ``conf``: the driver options as flags, the rest as ``-D``."""
+def submit_opts(conf: dict[str, str], archive: Path | None = None, *, dump: bool = False) -> str:
+    """``SPARK_SUBMIT_OPTS`` carrying ``conf``: the driver options as flags, the rest as ``-D``.
+
+    With ``archive``, the driver maps it, and so do the executor JVMs of ``local-cluster`` masters
+    (their classpath starts as the driver's); with ``dump`` too, the driver writes it at exit
+    instead (the executors are left out: each would write it).
+    """
     parts = shlex.split(conf.get(DRIVER_OPTIONS, ""))
-    if cds_flag is not None:
-        parts += [cds_flag, QUIET_CDS]
+    conf = dict(conf)
+    if archive is not None and dump:
+        parts.append(f"-XX:ArchiveClassesAtExit={archive}")
+    elif archive is not None:
+        mapped = f"-XX:SharedArchiveFile={archive} {QUIET_CDS}"
+        parts += shlex.split(mapped)
+        conf[EXECUTOR_OPTIONS] = f"{conf.get(EXECUTOR_OPTIONS, '')} {mapped}".strip()
     parts += [f"-D{key}={value}" for key, value in conf.items() if key != DRIVER_OPTIONS]
     # Spark's launcher splits this string itself, honouring quotes (a value with spaces stays one).
     return " ".join(shlex.quote(p) for p in parts)
@@ -87,8 +100,7 @@ def configure(environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
     archive = archive_path(conf)
     EMPTY_CONF_DIR.mkdir(parents=True, exist_ok=True)
     environ["SPARK_CONF_DIR"] = str(EMPTY_CONF_DIR)
-    flag = f"-XX:SharedArchiveFile={archive}" if archive.is_file() else None
-    environ["SPARK_SUBMIT_OPTS"] = submit_opts(conf, flag)
+    environ["SPARK_SUBMIT_OPTS"] = submit_opts(conf, archive if archive.is_file() else None)
 
 
 _DUMP_JOB = """
@@ -131,7 +143,7 @@ def build_archive() -> Path:
     partial = archive.with_suffix(f".{os.getpid()}.part")
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, SPARK_CONF_DIR=str(EMPTY_CONF_DIR), PYSPARK_PYTHON=sys.executable,
-                   SPARK_SUBMIT_OPTS=submit_opts(conf, f"-XX:ArchiveClassesAtExit={partial}"))
+                   SPARK_SUBMIT_OPTS=submit_opts(conf, partial, dump=True))
         job = _DUMP_JOB.format(checkpoint=str(Path(tmp) / "ckpt"))
         done = subprocess.run([sys.executable, "-c", job], check=False, env=env, cwd=tmp,
                               capture_output=True, text=True)

@@ -13,14 +13,26 @@ from tests import spark_jvm
 
 def test_the_conf_file_becomes_driver_flags_and_system_properties() -> None:
     conf = spark_jvm.read_conf()
-    parts = shlex.split(spark_jvm.submit_opts(conf, "-XX:SharedArchiveFile=/x/a b.jsa"))
+    parts = shlex.split(spark_jvm.submit_opts(conf))
     driver = shlex.split(conf[spark_jvm.DRIVER_OPTIONS])
     assert parts[: len(driver)] == driver
-    assert "-XX:SharedArchiveFile=/x/a b.jsa" in parts and spark_jvm.QUIET_CDS in parts
     for key, value in conf.items():
         if key != spark_jvm.DRIVER_OPTIONS:
             assert f"-D{key}={value}" in parts  # one element, spaces and all
     assert "-Dspark.executor.defaultJavaOptions=" + conf["spark.executor.defaultJavaOptions"] in parts
+    assert not any("Archive" in p for p in parts)
+
+
+def test_the_archive_is_mapped_by_driver_and_executors_and_dumped_by_the_driver_alone() -> None:
+    conf = spark_jvm.read_conf()
+    archive = Path("/x/a.jsa")
+    mapped = shlex.split(spark_jvm.submit_opts(conf, archive))
+    assert "-XX:SharedArchiveFile=/x/a.jsa" in mapped and spark_jvm.QUIET_CDS in mapped
+    executor = next(p for p in mapped if p.startswith("-Dspark.executor.defaultJavaOptions="))
+    assert executor.endswith(f"-XX:SharedArchiveFile=/x/a.jsa {spark_jvm.QUIET_CDS}")
+    dumped = shlex.split(spark_jvm.submit_opts(conf, archive, dump=True))
+    assert "-XX:ArchiveClassesAtExit=/x/a.jsa" in dumped
+    assert "-Dspark.executor.defaultJavaOptions=" + conf["spark.executor.defaultJavaOptions"] in dumped
 
 
 def test_read_conf_skips_comments_and_keeps_values_with_spaces(tmp_path: Path) -> None:
@@ -47,8 +59,8 @@ def test_configure_points_at_an_empty_conf_dir_and_names_the_archive_only_when_b
 def test_the_session_jvm_runs_with_the_tests_conf(spark) -> None:  # type: ignore[no-untyped-def]
     conf = spark_jvm.read_conf()
     assert spark.conf.get("spark.sql.streaming.pollingDelay") == conf["spark.sql.streaming.pollingDelay"]
-    assert spark.sparkContext.getConf().get("spark.executor.defaultJavaOptions") == \
-        conf["spark.executor.defaultJavaOptions"]
+    executor = spark.sparkContext.getConf().get("spark.executor.defaultJavaOptions")
+    assert executor.startswith(conf["spark.executor.defaultJavaOptions"])  # + the archive, once built
     jvm = spark.sparkContext._jvm
     args = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
     for flag in shlex.split(conf[spark_jvm.DRIVER_OPTIONS]):
