@@ -5,7 +5,8 @@ chunks that drawing the ids with :func:`ftlayer.records.chunks.assign_sids`, enc
 each frame with :func:`ftlayer.records.frames.encode_source_frames` and packing them
 with :func:`ftlayer.records.chunks.pack_record_chunks` would give for the same ids
 (property-tested against that path). The difference is cost: the frame
-headers of the whole batch are one numpy structured array; the CRC-32 of the 40 covered header bytes is
+headers of the whole batch are one numpy structured array, and so are their ids
+(:func:`ftlayer.records.ids.new_id_array`, no Python int per id); the CRC-32 of the 40 covered header bytes is
 computed for every frame at once (:func:`ftlayer.records.crc_arrays.crc32_rows`), and only its
 continuation over the payload is a call per record (``zlib.crc32``, in C, run by ``map``); the
 headers are cut apart by one ``struct`` call and each chunk's frames are joined once. On the
@@ -39,7 +40,7 @@ from ftlayer.records.chunks import (
 )
 from ftlayer.records.crc_arrays import crc32_rows
 from ftlayer.records.frames import BODY_FIXED_SIZE, FRAME_VERSION, HEADER_SIZE, OFFSET_CRC, OFFSET_VERSION
-from ftlayer.records.ids import new_ids
+from ftlayer.records.ids import new_id_array
 
 __all__ = ["encode_source_chunks"]
 
@@ -116,7 +117,7 @@ def encode_source_chunks(
     lengths = np.asarray([end - start for start, end in runs], dtype=np.int64)
     index = np.arange(n, dtype=np.int64) - np.repeat(np.asarray([s for s, _ in runs], dtype=np.int64), lengths)
     sids = np.repeat(bases, lengths) | index  # by position in order
-    cids = np.asarray(new_ids(n), dtype=np.int64)  # by position in order
+    cids = new_id_array(n)  # by position in order
     head = np.zeros(n, dtype=_header_dtype())
     head["body_len"] = plen[order] + BODY_FIXED_SIZE
     head["version"] = FRAME_VERSION
