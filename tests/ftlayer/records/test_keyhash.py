@@ -97,6 +97,10 @@ def test_matches_spark_xxhash64_for_strings_binary_ints_and_tuples(spark) -> Non
         assert key_hash(row.s.encode("utf-8")) == row.hb, row.s
         assert key_hash(row.i) == row.hi, row.i
         assert key_hash((row.s, row.i)) == row.hsi, (row.s, row.i)
+    # ingest's batch path gives Spark's values too: strings (the batch fast path), ints, tuples
+    assert key_hashes([row.s for row in got]) == [row.hs for row in got]
+    assert key_hashes([row.i for row in got]) == [row.hi for row in got]
+    assert key_hashes([(row.s, row.i) for row in got]) == [row.hsi for row in got]
     nulls = spark.sql("SELECT xxhash64(CAST(NULL AS STRING)) AS h, xxhash64(true) AS t, xxhash64(1.5D) AS d").first()
     assert key_hash(None) == nulls.h
     assert key_hash(True) == nulls.t
