@@ -5,7 +5,7 @@ calling thread, so nothing else of this process competes) over ``records`` small
 in memory, into a fresh source on a real Redis, with the default batch size
 (``FTConfig.ingest_batch_records`` / ``flush_batch_size``: 20,000) and default durability. The
 records are the e2e benchmark's (:func:`runtime.bench.e2e.make_value`: ``{"i": i, "user":
-"user-<i % 97>", "page": "/p/<i % 13>"}``, 43 bytes of msgpack), keyed by ``user`` (the key
+"user-<i % 97>", "page": "/p/<i % 13>"}``, 26 to 31 bytes of msgpack), keyed by ``user`` (the key
 hash, channel by key), over 2 channels. Two sources are measured, alternating:
 
 - ``iterable``: a list handed to ingest as is, one record per step of the source, as
