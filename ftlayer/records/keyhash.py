@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 import xxhash
@@ -88,6 +90,26 @@ def key_hash(key: Any) -> int:
             return _hash_one(key, SPARK_SEED)  # raises as every other path does
         return value - (1 << 64) if value >= _SIGN64 else value
     return _hash_one(key, SPARK_SEED)
+
+
+def key_hashes(keys: Sequence[Any]) -> list[int]:
+    """``[key_hash(k) for k in keys]``, the same values and the same errors (ingest's batches).
+
+    A batch of ``str`` keys (the common case) is hashed with no Python step per key: the
+    encoding and the digests run in C over the batch (``map``) and the unsigned digests
+    become signed in one numpy step; about half the cost of a ``key_hash`` call per key.
+    Any other batch (a key of another type, a string that is not valid UTF-8) takes
+    :func:`key_hash` key by key, which raises as it does for the first key that fails.
+    """
+    import numpy as np
+
+    n = len(keys)
+    try:
+        digests = np.fromiter(map(_xxh64, map(str.encode, keys), repeat(SPARK_SEED)), dtype=np.uint64, count=n)
+    except (TypeError, UnicodeEncodeError):  # not all str (str.encode refuses the others), or unencodable
+        return list(map(key_hash, keys))
+    values: list[int] = digests.view(np.int64).tolist()
+    return values
 
 
 def pmod(value: int, n: int) -> int:

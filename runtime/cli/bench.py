@@ -7,6 +7,8 @@ repeated) and reports medians with their spread:
   and Redis bytes per pending record (:mod:`runtime.bench.acker`).
 - ``redis-cpu``: the server's CPU per record in each phase of its life (persist,
   read, ack, trim), no Spark (:mod:`runtime.bench.redis_cpu`).
+- ``ingest-cpu``: the driver's CPU per record ingested, from a source's records to persisted
+  in Redis (the server's CPU excluded), no Spark (:mod:`runtime.bench.ingest_cpu`).
 - ``scaling``: persist, acker and drain throughput and Redis memory at 10k,
   100k and 1M pending records, plotted as PNG files next to the JSON
   (:mod:`runtime.bench.scaling`, :mod:`runtime.bench.plot`).
@@ -38,7 +40,7 @@ The summary is merged into ``<out>/results.json`` (``--out``, default ``./ftlaye
 current directory; ``scripts/bench`` passes the checkout's ``docs/bench``), so
 running one benchmark keeps the others' figures; the headline keys are
 ``ft_on_vs_off_ratio``, ``ft_on_vs_plain_ratio`` (and ``ft_on_vs_plain_frozen_ratio``: against plain PySpark
-with ftlayer's worker-heap freeze), ``redis_cpu_us_per_record``, ``acker_vs_raw_ratio``,
+with ftlayer's worker-heap freeze), ``redis_cpu_us_per_record``, ``ingest_us_per_record``, ``acker_vs_raw_ratio``,
 ``complete_latency_p99_over_trigger`` (next to ``plain_latency_p99_over_trigger``, plain Structured
 Streaming under the same load and trigger), ``replay_precision`` and
 ``bytes_per_pending_record``, plus the machine and the date.
@@ -59,13 +61,14 @@ from ftlayer.errors import ConfigError
 from runtime.bench.acker import bench_acker, bench_memory, write_results
 from runtime.cli.env import add_env_options, resolve_env_defaults
 
-BENCHES = ("acker", "redis-cpu", "scaling", "replay", "retry", "latency", "e2e", "e2e-dataframe", "effectively-once",
-           "cluster", "masters", "webhook", "mqtt")
+BENCHES = ("acker", "redis-cpu", "ingest-cpu", "scaling", "replay", "retry", "latency", "e2e", "e2e-dataframe",
+           "effectively-once", "cluster", "masters", "webhook", "mqtt")
 DESCRIPTION = (
     "Run the benchmarks, print a JSON summary and merge it into results.json. Each benchmark measures its "
     "variants side by side in one run (alternating, repeated) and reports medians with their spread: "
     "acker (XOR updates vs raw Redis writes, bytes per pending record), redis-cpu (server CPU per record "
-    "by phase), scaling (throughput and memory at "
+    "by phase), ingest-cpu (the driver's CPU per record from a source's records to persisted: ingest_us_per_record), "
+    "scaling (throughput and memory at "
     "10k/100k/1M pending), replay (records processed again after a killed worker), retry (what a task "
     "retry on local[2,4] writes again and the sink duplicates it leaves, ftlayer vs plain Spark), latency "
     "(persist to ack at a fixed trigger), e2e (FT on vs FT off vs plain Structured Streaming, Topology and "
@@ -236,6 +239,14 @@ def run(args: argparse.Namespace) -> int:
             cpu = bench_redis_cpu(url, args.records * 2, args.repeats, progress=_say)
             summary["redis_cpu"] = cpu
             summary["redis_cpu_us_per_record"] = round(cpu["us_per_record"]["total"]["median"], 2)
+        if "ingest-cpu" in selected:
+            from runtime.bench.ingest_cpu import bench_ingest_cpu
+
+            _say(f"ingest-cpu: driver CPU per record ingested, {args.records * 2:,} records, {args.repeats} "
+                 "alternating rounds of an iterable and a poll source")
+            ingest = bench_ingest_cpu(url, args.records * 2, args.repeats, progress=_say)
+            summary["ingest_cpu"] = ingest
+            summary["ingest_us_per_record"] = round(ingest["us_per_record"]["iterable"]["median"], 2)
         if "scaling" in selected:
             from runtime.bench.plot import plot_scaling
             from runtime.bench.scaling import bench_scaling

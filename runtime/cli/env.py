@@ -169,8 +169,10 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
            "current directory (scripts/bench passes the checkout's docs/bench)"),
     _bench("--no-write", "NO_WRITE", "flag", None, "print only; leave results.json and the plots alone"),
     _bench("--records", "RECORDS", "int", "100000",
-           "acker: records per round and pending records of the memory figure; redis-cpu: half its records"),
-    _bench("--repeats", "REPEATS", "int", "5", "acker: alternating rounds per variant; redis-cpu: rounds"),
+           "acker: records per round and pending records of the memory figure; redis-cpu and ingest-cpu: half "
+           "their records"),
+    _bench("--repeats", "REPEATS", "int", "5",
+           "acker: alternating rounds per variant; redis-cpu and ingest-cpu: rounds"),
     _bench("--payload-bytes", "PAYLOAD_BYTES", "int", "32",
            "acker and scaling: payload size of the memory figures", lo=0),
     _bench("--scaling-sizes", "SCALING_SIZES", "str", "10000,100000,1000000",

@@ -94,7 +94,7 @@ from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.logs import logger_for
 from ftlayer.records.chunks import PackedChunk
 from ftlayer.records.frames import SemiDeserializedRecord
-from ftlayer.records.keyhash import NO_KEY_HASH, key_hash
+from ftlayer.records.keyhash import NO_KEY_HASH, key_hash, key_hashes
 from ftlayer.status.ingest_state import write_state
 from partitioners.factory import partitioner_for, source_strategy
 from runtime.sources import AckingSource, PausableSource, PollSource
@@ -362,7 +362,7 @@ class Ingestor:
         key = self.key
         try:  # the fast path: no per-value error handling, the loops in C (map)
             payloads = pack_payloads(values)
-            hashes = [NO_KEY_HASH] * len(values) if key is None else list(map(key_hash, map(key, values)))
+            hashes = [NO_KEY_HASH] * len(values) if key is None else key_hashes(list(map(key, values)))
         except Exception:  # a key selector or value failed: sort the batch out one by one
             payloads, hashes = [], []
             for value in values:

@@ -1,13 +1,14 @@
 from __future__ import annotations
 
 import os
+import random
 import struct
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ftlayer.records import ids
-from ftlayer.records.ids import child_id, new_ids, new_record_id, to_signed64, to_unsigned64
+from ftlayer.records.ids import IdGenerator, child_id, new_id_array, new_ids, new_record_id, to_signed64, to_unsigned64
 
 I64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 
@@ -18,6 +19,47 @@ def test_ids_are_nonzero_signed_64_bit_and_distinct() -> None:
     assert len(set(drawn)) == len(drawn)
     rid = new_record_id()
     assert rid.source_record_id != rid.current_record_id
+
+
+def test_id_arrays_are_nonzero_signed_64_bit_and_distinct() -> None:
+    import numpy as np
+
+    drawn = new_id_array(50_000)
+    assert drawn.dtype == np.int64 and drawn.shape == (50_000,)
+    values = drawn.tolist() + new_ids(1000)
+    assert all(v != 0 for v in values)
+    assert len(set(values)) == len(values)
+    assert new_id_array(0).tolist() == []
+
+
+def test_an_id_array_is_the_same_draw_as_a_list() -> None:
+    """Two generators in the same state give the same ids either way."""
+    a, b = IdGenerator(), IdGenerator()
+    a._rng.seed(11)
+    b._rng.seed(11)
+    assert a.next_id_array(500).tolist() == b.next_ids(500)
+
+
+class _ZeroOnce(random.Random):
+    """A seeded generator whose first 256-bit draw holds the words 5, 0, -1, 7 (little-endian): a
+    zero id, which a real draw gives with probability 2**-64."""
+
+    first = True
+
+    def getrandbits(self, k: int) -> int:
+        if self.first and k == 256:
+            self.first = False
+            words = [5, 0, to_unsigned64(-1), 7]
+            return sum(w << (64 * i) for i, w in enumerate(words))
+        return super().getrandbits(k)
+
+
+def test_a_zero_in_an_id_array_is_drawn_again() -> None:
+    gen = IdGenerator()
+    gen._rng = _ZeroOnce(5)
+    got = gen.next_id_array(4).tolist()
+    assert got[0] == 5 and got[2] == -1 and got[3] == 7
+    assert got[1] != 0
 
 
 @given(I64, I64)
