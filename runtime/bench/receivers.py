@@ -19,6 +19,11 @@ raw rate of the same server or broker without ftlayer, measured side by side in 
   message after persist. The figure is records / time from ``go`` to the last record received (raw)
   or persisted (ftlayer).
 
+The webhook figures also say where the CPU goes (``cpu_us_per_request``: CPU microseconds per request of
+the server's HTTP thread in each variant, of ftlayer's ingest thread, and of the Redis server while the
+round ran), because the receiver's throughput is bound by its own process: its two threads share one GIL,
+so their CPU per request (not Redis, not the client) is what the ratio mostly reflects.
+
 Each ``*_vs_raw_ratio`` is ftlayer's rate over the raw rate of the same round; summaries are the
 median, min and max over rounds. Nothing reads the persisted records (no Spark): it measures the
 receiver and ingest, whose records pile up pending (``max_pending`` raised) and are deleted with the
@@ -107,18 +112,52 @@ class _EchoIntake:
         return {}
 
 
-def _webhook_round(variant: str, url: str, records: int, batch: int, connections: int) -> float:
-    """records/s of one round against a server listening on ``url``."""
+HTTP_THREAD = "ftlayer-webhook"  # runtime.driver.webhook_http.HttpServer's event loop
+INGEST_THREAD = "ftlayer-ingest"  # runtime.driver.ingest.Ingestor.start
+
+
+def _thread_cpu_s(name: str) -> float:
+    """CPU seconds used so far by this process's live threads named ``name`` (their POSIX CPU clocks)."""
+    total = 0.0
+    for thread in threading.enumerate():
+        if thread.name == name and thread.ident is not None:
+            total += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    return total
+
+
+def _server_cpu_s(client: Any) -> float:
+    """CPU seconds the Redis server has used (user + system, from INFO cpu)."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def _webhook_round(variant: str, url: str, records: int, batch: int, connections: int, *,
+                   cpu: dict[str, list[float]] | None = None, redis_client: Any = None) -> float:
+    """records/s of one round against a server listening on ``url``; with ``cpu``, appends the CPU
+    microseconds per request of the HTTP thread (``<variant>_http_thread``), the ingest thread and the
+    Redis server (when they exist) over the round."""
+    threads = {f"{variant}_http_thread": HTTP_THREAD, f"{variant}_ingest_thread": INGEST_THREAD}
+    before = {key: _thread_cpu_s(name) for key, name in threads.items()}
+    server_before = _server_cpu_s(redis_client) if redis_client is not None else 0.0
     proc = _load("http", url, "--records", str(records), "--batch", str(batch), "--connections", str(connections))
     _go([proc])
     result = _result(proc)
+    if cpu is not None:
+        requests = -(-records // batch)
+        for key, name in threads.items():
+            used = _thread_cpu_s(name) - before[key]
+            if used > 0:
+                cpu.setdefault(key, []).append(used / requests * 1e6)
+        if redis_client is not None:
+            used = _server_cpu_s(redis_client) - server_before
+            cpu.setdefault("redis_server", []).append(used / requests * 1e6)
     if set(result["statuses"]) != {"200"}:  # JSON keys are strings
         msg = f"webhook bench ({variant}): answers other than 200: {result['statuses']}"
         raise RuntimeError(msg)
     return float(result["records"]) / float(result["elapsed_s"])
 
 
-def _raw_webhook(records: int, batch: int, connections: int) -> float:
+def _raw_webhook(records: int, batch: int, connections: int, cpu: dict[str, list[float]] | None = None) -> float:
     import socket
 
     from runtime.driver.webhook_body import WebhookAuth
@@ -130,12 +169,14 @@ def _raw_webhook(records: int, batch: int, connections: int) -> float:
     sock.setblocking(False)
     server = HttpServer(_EchoIntake(), sock, path="/", auth=WebhookAuth(), max_body_bytes=1 << 24, ssl_context=None)
     try:
-        return _webhook_round("raw", f"http://127.0.0.1:{sock.getsockname()[1]}/", records, batch, connections)
+        return _webhook_round("raw", f"http://127.0.0.1:{sock.getsockname()[1]}/", records, batch, connections,
+                              cpu=cpu)
     finally:
         server.stop()
 
 
-def _ftlayer_webhook(url: str, records: int, batch: int, connections: int) -> float:
+def _ftlayer_webhook(url: str, records: int, batch: int, connections: int,
+                     cpu: dict[str, list[float]] | None = None) -> float:
     from runtime.driver.ingest import Ingestor
     from runtime.driver.webhook import WebhookSource
 
@@ -147,7 +188,7 @@ def _ftlayer_webhook(url: str, records: int, batch: int, connections: int) -> fl
     try:
         while hooks.readiness() is not None:
             time.sleep(0.01)
-        rate = _webhook_round("ftlayer", hooks.url, records, batch, connections)
+        rate = _webhook_round("ftlayer", hooks.url, records, batch, connections, cpu=cpu, redis_client=layer.client)
         if layer.stats()["persisted"] < records:
             msg = f"webhook bench: {layer.stats()['persisted']} of {records} records persisted after every 200"
             raise RuntimeError(msg)
@@ -196,16 +237,19 @@ def bench_webhook(url: str, records: int, batch: int, connections: int, repeats:
     raw: list[float] = []
     ft: list[float] = []
     alone: list[float] = []
+    cpu: dict[str, list[float]] = {}  # CPU microseconds per request, by part (see the module notes)
     _raw_webhook(min(records, 20 * batch), batch, connections)  # warm-up: imports, first connections
     for r in range(repeats):
-        raw.append(_raw_webhook(records, batch, connections))
-        ft.append(_ftlayer_webhook(url, records, batch, connections))
+        raw.append(_raw_webhook(records, batch, connections, cpu))
+        ft.append(_ftlayer_webhook(url, records, batch, connections, cpu))
         alone.append(_ingest_only(url, records, batch, connections))
+        parts = ", ".join(f"{key} {values[-1]:,.0f}" for key, values in cpu.items())
         progress(f"  webhook round {r + 1}: raw {raw[-1]:,.0f}/s, ftlayer {ft[-1]:,.0f}/s "
-                 f"(ingest alone, no HTTP: {alone[-1]:,.0f}/s)")
+                 f"(ingest alone, no HTTP: {alone[-1]:,.0f}/s); CPU us per request: {parts}")
     return {"records": records, "batch": batch, "connections": connections, "repeats": repeats,
             "raw_records_per_s": summary(raw), "ftlayer_records_per_s": summary(ft),
             "ingest_only_records_per_s": summary(alone),
+            "cpu_us_per_request": {key: summary(values) for key, values in cpu.items()},
             "webhook_vs_raw_ratio": summary([f / r for f, r in zip(ft, raw, strict=True)]),
             "webhook_vs_ingest_only_ratio": summary([f / a for f, a in zip(ft, alone, strict=True)])}
 

@@ -28,3 +28,18 @@ def test_receiver_bench_writes_both_ratios(redis_server_url: str, mosquitto_bina
         assert figures["raw_records_per_s"]["median"] > 0 and figures["ftlayer_records_per_s"]["median"] > 0
     assert data["webhook"]["batch"] == 50 and data["webhook"]["connections"] == 3
     assert data["webhook"]["ingest_only_records_per_s"]["median"] > 0  # the same records, no HTTP
+
+
+@pytest.mark.slow
+def test_webhook_bench_says_where_the_cpu_goes(redis_server_url: str) -> None:
+    from runtime.bench.receivers import bench_webhook
+
+    figures = bench_webhook(redis_server_url, records=1000, batch=50, connections=2, repeats=2)
+    cpu = figures["cpu_us_per_request"]
+    # the raw server has an HTTP thread only; ftlayer's receiver an HTTP and an ingest thread, and Redis works
+    assert set(cpu) == {"raw_http_thread", "ftlayer_http_thread", "ftlayer_ingest_thread", "redis_server"}
+    for part in cpu.values():
+        assert 0 < part["min"] <= part["median"] <= part["max"]
+    # a request's HTTP work costs at least tens of microseconds, and below a second
+    assert 10 < cpu["ftlayer_http_thread"]["median"] < 1e6
+    assert 10 < cpu["ftlayer_ingest_thread"]["median"] < 1e6
