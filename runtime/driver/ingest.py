@@ -124,24 +124,11 @@ PENDING_RECOUNT_S = 0.05
 def source_iterator(source: Any, stop: threading.Event) -> Iterator[Any]:
     """Adapt any supported user source to an iterator that yields records or None (idle)."""
     if isinstance(source, PollSource):
-        opener = getattr(source, "open", None)  # optional in the contract
-        if callable(opener):
-            opener()
-        try:
-            while not stop.is_set():
-                got = source.poll()
-                if got is None:
-                    return
-                produced = False
-                for rec in got:
-                    produced = True
-                    yield rec
-                if not produced:
-                    yield None
-        finally:
-            closer = getattr(source, "close", None)
-            if callable(closer):
-                closer()
+        for values in _polls(source, stop):
+            if values:
+                yield from values
+            else:
+                yield None
     elif callable(source) and not isinstance(source, Iterable):
         while not stop.is_set():
             try:
@@ -163,10 +150,16 @@ def source_polls(source: Any, stop: threading.Event) -> Iterator[list[Any]]:
     ``poll()`` result is passed on whole, so ingest handles a request
     or a delivery of many records with one step instead of one per record; any other source
     yields its records one list each, as :func:`source_iterator` yields them."""
-    if not isinstance(source, PollSource):
-        for value in source_iterator(source, stop):
-            yield [] if value is None else [value]
+    if isinstance(source, PollSource):
+        yield from _polls(source, stop)
         return
+    for value in source_iterator(source, stop):
+        yield [] if value is None else [value]
+
+
+def _polls(source: PollSource, stop: threading.Event) -> Iterator[list[Any]]:
+    """A poll source's ``poll()`` results until it returns None or ``stop`` is set, between its
+    optional ``open()`` and ``close()``; a None inside a poll is "nothing", never a record."""
     opener = getattr(source, "open", None)  # optional in the contract
     if callable(opener):
         opener()
@@ -176,7 +169,7 @@ def source_polls(source: Any, stop: threading.Event) -> Iterator[list[Any]]:
             if got is None:
                 return
             values = got if type(got) is list else list(got)
-            if None in values:  # None is "nothing", as source_iterator reads it, never a record
+            if None in values:
                 values = [v for v in values if v is not None]
             yield values
     finally:
