@@ -36,7 +36,7 @@ from typing import Any
 
 import redis
 
-from ftlayer.config import mask_url
+from ftlayer.config.redis_url import mask_url
 from ftlayer.errors import EmbeddedServerError
 from ftlayer.servers.child_processes import popen_with_parent
 from ftlayer.servers.ports import free_port

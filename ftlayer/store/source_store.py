@@ -19,7 +19,8 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import ClusterDownError, TryAgainError
 
-from ftlayer.config import FTConfig, mask_url
+from ftlayer.config import FTConfig
+from ftlayer.config.redis_url import mask_url
 from ftlayer.errors import AckerError, ChunkIdInUseError, ConfigError, DurabilityError, RedisUnavailableError
 from ftlayer.keyspace.keys import FORMAT_VERSION, SourceKeys, owner_key, sources_key
 from ftlayer.scripting.lua_script import LuaScript
