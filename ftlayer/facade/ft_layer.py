@@ -21,15 +21,9 @@ import redis
 
 from ftlayer.acker.acker_table import FlushResult, check_id, check_pairs, checked_fails
 from ftlayer.acker.batch_acks import BatchAcks
-from ftlayer.acker.dead_letters import (
-    DeadLetter,
-    RequeueResult,
-    by_entry_shard,
-    entry_order,
-    qualify,
-    shard_cursor,
-    unqualify,
-)
+from ftlayer.acker.dead_letter_entry import DeadLetter
+from ftlayer.acker.dead_letter_ids import by_entry_shard, entry_order, qualify, shard_cursor, unqualify
+from ftlayer.acker.dead_letter_requeue import RequeueResult
 from ftlayer.acker.flush_tokens import FlushToken
 from ftlayer.acker.holds import CARRY_PREFIX, Hold, Holds
 from ftlayer.acker.persistence import ChannelBatch
