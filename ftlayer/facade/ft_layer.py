@@ -39,8 +39,9 @@ from ftlayer.records.delta_arrays import DeltaArrays
 from ftlayer.records.frames import SemiDeserializedRecord
 from ftlayer.scripting.lua_script import STATE_KEYS, LuaScript
 from ftlayer.servers.process_server import resolved
+from ftlayer.store.id_blobs import pack_ids
 from ftlayer.store.server_settings import check_server_settings
-from ftlayer.store.source_store import Clock, pack_ids, persist_refused_error
+from ftlayer.store.source_store import Clock, persist_refused_error
 
 # The script this module runs (ftlayer.scripting.lua_script: its KEYS and ARGV, checked at each call)
 TOUCH = LuaScript("TOUCH", keys=STATE_KEYS, argv=("prefix", "sids"))
