@@ -43,6 +43,9 @@ def test_the_house_keeps_its_import_contract() -> None:
     ("runtime/driver/feed.py", "runtime.spark.conf", "runtime/ in floors"),
     ("ftlayer/records/ids.py", "ftlayer.store.connection", "The core in floors"),
     ("ftlayer/acker/holds.py", "ftlayer.acker.persistence", "ftlayer/acker/ in floors"),
+    ("ftlayer/acker/dead_letter_ids.py", "ftlayer.acker.dead_letters", "ftlayer/acker/ in floors"),
+    ("ftlayer/config/checks.py", "ftlayer.config.options", "ftlayer/config/ in floors"),
+    ("ftlayer/servers/ports.py", "ftlayer.servers.embedded", "ftlayer/servers/ in floors"),
 ])
 def test_an_import_that_runs_back_up_is_reported(tmp_path: Path, importer: str, imported: str, contract: str) -> None:
     root = _copy(tmp_path)

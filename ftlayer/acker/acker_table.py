@@ -54,7 +54,8 @@ from ftlayer.records.chunks import ChunkState, chunk_key, index_of
 from ftlayer.records.delta_arrays import DeltaArrays
 from ftlayer.scripting.lua_script import STATE_KEYS, LuaScript
 from ftlayer.scripting.script_bounds import FLUSH_MAX_RECORDS
-from ftlayer.store.source_store import SourceStore, pack_ids
+from ftlayer.store.id_blobs import pack_ids
+from ftlayer.store.source_store import SourceStore
 
 MAX_REASON_BYTES = 8192
 _OTHER = struct.Struct(">IB")  # FLUSH's reply: position of a delta that did not complete, its status

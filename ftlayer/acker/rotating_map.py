@@ -45,7 +45,8 @@ from ftlayer.acker.holds import Holds
 from ftlayer.errors import FTLayerError, LeaseLostError
 from ftlayer.scripting.lua_script import STATE_KEYS, LuaScript
 from ftlayer.scripting.script_bounds import EXPIRE_MAX_RECORDS, SCRIPT_BUDGET_MS, SCRIPT_MAX_BYTES
-from ftlayer.store.source_store import SourceStore, unpack_ids
+from ftlayer.store.id_blobs import unpack_ids
+from ftlayer.store.source_store import SourceStore
 
 ExpiredCallback = Callable[[list[int]], None]
 log = logging.getLogger(__name__)

@@ -21,15 +21,9 @@ import redis
 
 from ftlayer.acker.acker_table import FlushResult, check_id, check_pairs, checked_fails
 from ftlayer.acker.batch_acks import BatchAcks
-from ftlayer.acker.dead_letters import (
-    DeadLetter,
-    RequeueResult,
-    by_entry_shard,
-    entry_order,
-    qualify,
-    shard_cursor,
-    unqualify,
-)
+from ftlayer.acker.dead_letter_entry import DeadLetter
+from ftlayer.acker.dead_letter_ids import by_entry_shard, entry_order, qualify, shard_cursor, unqualify
+from ftlayer.acker.dead_letter_requeue import RequeueResult
 from ftlayer.acker.flush_tokens import FlushToken
 from ftlayer.acker.holds import CARRY_PREFIX, Hold, Holds
 from ftlayer.acker.persistence import ChannelBatch
@@ -45,8 +39,9 @@ from ftlayer.records.delta_arrays import DeltaArrays
 from ftlayer.records.frames import SemiDeserializedRecord
 from ftlayer.scripting.lua_script import STATE_KEYS, LuaScript
 from ftlayer.servers.process_server import resolved
+from ftlayer.store.id_blobs import pack_ids
 from ftlayer.store.server_settings import check_server_settings
-from ftlayer.store.source_store import Clock, pack_ids, persist_refused_error
+from ftlayer.store.source_store import Clock, persist_refused_error
 
 # The script this module runs (ftlayer.scripting.lua_script: its KEYS and ARGV, checked at each call)
 TOUCH = LuaScript("TOUCH", keys=STATE_KEYS, argv=("prefix", "sids"))

@@ -21,7 +21,7 @@ Contract:
 - ``stop()`` stops every node (SIGTERM, then SIGKILL) and removes a temporary
   parent directory; it is idempotent and registered with ``atexit``. Nodes get
   ``PR_SET_PDEATHSIG`` as the single server does, so a killed parent leaves no
-  stray node; ``run_cluster_foreground`` also stops them on SIGTERM.
+  stray node; ``ftlayer redis --cluster`` also stops them on SIGTERM.
 - ``kill_primary()`` SIGKILLs one primary (no shutdown, no final fsync) and
   ``wait_failover()`` waits until one of its replicas is a primary serving the
   same slots and every live node reports ``cluster_state:ok`` again. Writes
@@ -36,20 +36,19 @@ from __future__ import annotations
 import atexit
 import functools
 import shutil
-import signal
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import redis
 
 from ftlayer.errors import EmbeddedServerError
 from ftlayer.keyspace.shard_tags import slot_ranges
-from ftlayer.servers.embedded import EmbeddedServer, free_port
+from ftlayer.servers.cluster_nodes import cluster_info, link_up, node_command, parse_nodes, try_replicate
+from ftlayer.servers.embedded import EmbeddedServer
+from ftlayer.servers.ports import free_port
 
 
 @dataclass(frozen=True)
@@ -153,22 +152,22 @@ class EmbeddedCluster:
     def _form(self, deadline: float) -> None:
         clients = [self.node_client(n.port) for n in self.nodes]
         try:
-            ids = [str(_command(c, "CLUSTER", "MYID"), "ascii") for c in clients]
+            ids = [str(node_command(c, "CLUSTER", "MYID"), "ascii") for c in clients]
             for j, (first, last) in enumerate(slot_ranges(self.primaries)):
-                _command(clients[j], "CLUSTER", "ADDSLOTSRANGE", first, last)
+                node_command(clients[j], "CLUSTER", "ADDSLOTSRANGE", first, last)
             for c in clients[1:]:
-                _command(c, "CLUSTER", "MEET", "127.0.0.1", self.nodes[0].port, self.bus_ports[0])
+                node_command(c, "CLUSTER", "MEET", "127.0.0.1", self.nodes[0].port, self.bus_ports[0])
             self._wait("every node to know all nodes", deadline,
-                       lambda: all(len(_parse_nodes(c)) == len(clients) for c in clients))
+                       lambda: all(len(parse_nodes(c)) == len(clients) for c in clients))
             for r in range(self.primaries, len(clients)):
                 primary_id = ids[(r - self.primaries) % self.primaries]
                 self._wait(f"replica on port {self.nodes[r].port} to accept CLUSTER REPLICATE", deadline,
-                           functools.partial(_try_replicate, clients[r], primary_id))
+                           functools.partial(try_replicate, clients[r], primary_id))
             self._wait("cluster_state:ok and one slot map on every node", deadline,
                        lambda: self._converged(clients))
             for r in range(self.primaries, len(clients)):
                 self._wait(f"replica on port {self.nodes[r].port} to sync", deadline,
-                           functools.partial(_link_up, clients[r]))
+                           functools.partial(link_up, clients[r]))
         finally:
             for c in clients:
                 c.close()
@@ -176,9 +175,9 @@ class EmbeddedCluster:
     def _converged(self, clients: list[redis.Redis]) -> bool:
         maps = set()
         for c in clients:
-            if _cluster_info(c).get("cluster_state") != "ok":
+            if cluster_info(c).get("cluster_state") != "ok":
                 return False
-            nodes = _parse_nodes(c)
+            nodes = parse_nodes(c)
             roles = [n.is_primary for n in nodes.values()]
             if roles.count(True) != self.primaries or roles.count(False) != self.primaries * self.replicas:
                 return False
@@ -216,7 +215,7 @@ class EmbeddedCluster:
     def primary_ports(self) -> list[int]:
         """Ports of the live primaries that own slots, in slot order, as a live node sees them."""
         with self.node_client(self.live_ports()[0]) as c:
-            nodes = _parse_nodes(c)
+            nodes = parse_nodes(c)
         owners = sorted((n.slots[0][0], n.port) for n in nodes.values()
                         if n.is_primary and n.slots and not n.failed)
         return [port for _, port in owners]
@@ -224,7 +223,7 @@ class EmbeddedCluster:
     def replica_ports(self, primary_port: int) -> list[int]:
         """Ports of the live replicas that follow the primary on ``primary_port``."""
         with self.node_client(self.live_ports()[0]) as c:
-            nodes = _parse_nodes(c)
+            nodes = parse_nodes(c)
         pid = next(n.node_id for n in nodes.values() if n.port == primary_port)
         return [n.port for n in nodes.values() if n.primary_id == pid and not n.failed]
 
@@ -239,7 +238,7 @@ class EmbeddedCluster:
         """Wait until a replica of ``killed_port`` serves its slots and every live node is ok."""
         began = time.monotonic()
         with self.node_client(next(p for p in self.live_ports() if p != killed_port)) as c:
-            before = _parse_nodes(c)
+            before = parse_nodes(c)
         dead = next(n for n in before.values() if n.port == killed_port)
         replica_ports = {n.port for n in before.values() if n.primary_id == dead.node_id}
         new_port = 0
@@ -248,9 +247,9 @@ class EmbeddedCluster:
             nonlocal new_port
             for port in self.live_ports():
                 with self.node_client(port) as nc:
-                    if _cluster_info(nc).get("cluster_state") != "ok":
+                    if cluster_info(nc).get("cluster_state") != "ok":
                         return False
-                    owners = {n.port for n in _parse_nodes(nc).values()
+                    owners = {n.port for n in parse_nodes(nc).values()
                               if n.is_primary and not n.failed and dead.slots and dead.slots[0] in n.slots}
                 if not owners or not owners <= replica_ports:
                     return False
@@ -272,97 +271,3 @@ class EmbeddedCluster:
 
         self._wait(f"a synced replica of port {primary_port}", began + timeout_s, synced)
         return time.monotonic() - began
-
-
-@dataclass(frozen=True)
-class _Node:
-    node_id: str
-    port: int
-    is_primary: bool
-    failed: bool
-    primary_id: str | None
-    slots: tuple[tuple[int, int], ...]
-
-
-def _raw_text(client: redis.Redis, *command: str) -> str:
-    """The reply of a command whose text redis-py would otherwise reshape."""
-    raw = _command(client, *command, NEVER_DECODE=True)
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
-
-
-def _cluster_info(client: redis.Redis) -> dict[str, str]:
-    """``CLUSTER INFO`` of one node as a dict of strings."""
-    pairs = (line.partition(":") for line in _raw_text(client, "CLUSTER", "INFO").splitlines())
-    return {k: v.strip() for k, _, v in pairs if v}
-
-
-def _parse_nodes(client: redis.Redis) -> dict[str, _Node]:
-    """``CLUSTER NODES`` of one node, parsed (redis-py's own parser drops the replica links)."""
-    text = _raw_text(client, "CLUSTER", "NODES")
-    nodes: dict[str, _Node] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) < 8:
-            continue
-        flags = parts[2].split(",")
-        port = int(parts[1].split("@")[0].rsplit(":", 1)[1] or 0)
-        slots = []
-        for spec in parts[8:]:
-            if spec.startswith("["):  # a slot being migrated or imported
-                continue
-            first, _, last = spec.partition("-")
-            slots.append((int(first), int(last or first)))
-        nodes[parts[0]] = _Node(
-            node_id=parts[0], port=port, is_primary="master" in flags,
-            failed="fail" in flags or "fail?" in flags,
-            primary_id=None if parts[3] == "-" else parts[3], slots=tuple(sorted(slots)),
-        )
-    return nodes
-
-
-def _command(client: redis.Redis, *args: Any, **options: Any) -> Any:
-    """``execute_command``, which redis-py leaves untyped, in one typed place."""
-    return client.execute_command(*args, **options)  # type: ignore[no-untyped-call]
-
-
-def _link_up(client: redis.Redis) -> bool:
-    return client.info("replication").get("master_link_status") == "up"
-
-
-def _try_replicate(client: redis.Redis, primary_id: str) -> bool:
-    try:
-        _command(client, "CLUSTER", "REPLICATE", primary_id)
-    except redis.ResponseError as exc:  # "Unknown node": gossip has not reached this node yet
-        if "Unknown node" in str(exc):
-            return False
-        raise
-    return True
-
-
-def run_cluster_foreground(
-    data_dir: str | None = None, primaries: int = 3, replicas: int = 1, cluster_node_timeout_ms: int = 1500,
-) -> int:
-    """``ftlayer redis --cluster``: run an embedded cluster until Ctrl-C or SIGTERM; prints its URLs."""
-    stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    cluster = EmbeddedCluster(primaries, replicas, data_dir=data_dir,
-                              cluster_node_timeout_ms=cluster_node_timeout_ms)
-    try:
-        cluster.start()
-        print(f"ftlayer: embedded valkey cluster running at {','.join(cluster.urls)}", flush=True)
-        print(f"ftlayer: {primaries} primaries with {replicas} replica(s) each, formed in "
-              f"{cluster.formed_in_s or 0:.1f} s; data dir {cluster.data_dir}; Ctrl-C stops it", flush=True)
-        for port in cluster.primary_ports():
-            replica_urls = ", ".join(f"redis://127.0.0.1:{p}" for p in cluster.replica_ports(port))
-            print(f"ftlayer:   primary redis://127.0.0.1:{port}  replicas {replica_urls or '-'}", flush=True)
-        print("ftlayer: point redis_url (FTLAYER_REDIS_URL, --redis-url) at any of these nodes; "
-              "num_shards = 16 spreads each source over the primaries", flush=True)
-        while not stop.wait(0.5):
-            if not cluster.live_ports():
-                break
-    except KeyboardInterrupt:
-        pass
-    finally:
-        cluster.stop()
-        signal.signal(signal.SIGTERM, previous)
-    return 0

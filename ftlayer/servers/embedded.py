@@ -23,19 +23,12 @@ Contract:
 from __future__ import annotations
 
 import atexit
-import contextlib
-import ctypes
 import logging
-import os
-import queue
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from types import TracebackType
@@ -43,10 +36,11 @@ from typing import Any
 
 import redis
 
-from ftlayer.config import mask_url
+from ftlayer.config.redis_url import mask_url
 from ftlayer.errors import EmbeddedServerError
+from ftlayer.servers.child_processes import popen_with_parent
+from ftlayer.servers.ports import free_port
 
-_PR_SET_PDEATHSIG = 1
 _log = logging.getLogger("ftlayer.server")
 
 
@@ -67,107 +61,6 @@ def find_server_binary() -> Path:
             "or put valkey-server/redis-server on PATH, or set FTLAYER_REDIS_URL"
         )
         raise EmbeddedServerError(msg) from exc
-
-
-_LISTEN_PORTS_FROM = 10_000  # lowest port free_port() hands out (below: well-known and registered services)
-_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-
-
-def _ephemeral_low() -> int | None:
-    """The first port of the kernel's ephemeral range (client sockets' local ports), if known."""
-    try:
-        low = int(_EPHEMERAL_RANGE_FILE.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return low if low > _LISTEN_PORTS_FROM + 1000 else None
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago, outside the ephemeral range where it can.
-
-    A server killed and restarted on the same port (fault tests, cluster nodes that
-    rejoin) must find it free again. A port the kernel may give any client socket as
-    its local port can be taken by then (seen: a cluster node failing to rejoin with
-    "Address already in use"), so on Linux the port is drawn at random below the
-    ephemeral range (``ip_local_port_range``), where only explicit binds land; elsewhere,
-    or if 64 draws are all taken, the kernel picks one.
-    """
-    low = _ephemeral_low()
-    if low is not None:
-        draw = random.SystemRandom()
-        for _ in range(64):
-            port = draw.randrange(_LISTEN_PORTS_FROM, low)
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-class _Spawner:
-    """Forks child processes from one long-lived daemon thread.
-
-    ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child exits,
-    not the process: a server started (or restarted) from a short-lived
-    thread, such as a fault injector's, would be killed when that thread
-    ended. Forking from this thread, which lives as long as the process, ties
-    the signal to the process's life. Fork-safe: a child process starts its own.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[tuple[list[str], dict[str, Any], dict[str, Any], threading.Event]] = (
-            queue.SimpleQueue()
-        )
-        self._thread: threading.Thread | None = None
-        self._pid = -1
-
-    def popen(self, args: list[str], **kw: Any) -> subprocess.Popen[bytes]:
-        with self._lock:
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                self._jobs = queue.SimpleQueue()
-                self._thread = threading.Thread(target=self._run, args=(self._jobs,), name="ftlayer-spawner",
-                                                daemon=True)
-                self._thread.start()
-                self._pid = os.getpid()
-            jobs = self._jobs
-        box: dict[str, Any] = {}
-        done = threading.Event()
-        jobs.put((args, kw, box, done))
-        done.wait()
-        if "error" in box:
-            raise box["error"]
-        proc: subprocess.Popen[bytes] = box["proc"]
-        return proc
-
-    @staticmethod
-    def _run(jobs: queue.SimpleQueue[tuple[list[str], dict[str, Any], dict[str, Any], threading.Event]]) -> None:
-        while True:
-            args, kw, box, done = jobs.get()
-            try:
-                box["proc"] = subprocess.Popen(args, **kw)
-            except BaseException as exc:  # handed to the caller's thread
-                box["error"] = exc
-            finally:
-                done.set()
-
-
-_SPAWNER = _Spawner()
-
-
-def popen_with_parent(args: list[str], **kw: Any) -> subprocess.Popen[bytes]:
-    """``subprocess.Popen(args, **kw)`` of a child that gets SIGTERM when this process dies (Linux;
-    forked from the process-long spawner thread, see :class:`_Spawner`)."""
-    return _SPAWNER.popen(args, preexec_fn=_die_with_parent, **kw)
 
 
 class EmbeddedServer:
@@ -237,8 +130,8 @@ class EmbeddedServer:
             kw: dict[str, Any] = {"cwd": self.data_dir, "stdin": subprocess.DEVNULL,
                                   "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL,
                                   "start_new_session": True}
-            if self.die_with_parent:  # forked from the spawner thread: see _Spawner
-                self._proc = _SPAWNER.popen(self.command_line(), preexec_fn=_die_with_parent, **kw)
+            if self.die_with_parent:  # see ftlayer.servers.child_processes
+                self._proc = popen_with_parent(self.command_line(), **kw)
             else:
                 self._proc = subprocess.Popen(self.command_line(), **kw)
         except OSError as exc:
@@ -319,29 +212,3 @@ class EmbeddedServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
-def run_foreground(data_dir: str | None = None, port: int | None = None) -> int:
-    """``ftlayer redis``: run an embedded server until Ctrl-C or SIGTERM; prints its URL.
-
-    Both signals stop the server gracefully and remove its data directory if it is a temporary
-    one (a given ``data_dir`` is kept, AOF included).
-    """
-    if threading.current_thread() is threading.main_thread():  # SIGTERM stops like Ctrl-C
-        signal.signal(signal.SIGTERM, _raise_interrupt)
-    server = EmbeddedServer(data_dir=data_dir, port=port, die_with_parent=True).start()
-    try:  # a signal may come as soon as the first line is out: every line is inside the try
-        print(f"ftlayer: embedded valkey-server running at {server.url}", flush=True)
-        print(f"ftlayer: data dir {server.data_dir} (AOF on); Ctrl-C stops it", flush=True)
-        print(f"ftlayer: use it with  export FTLAYER_REDIS_URL={server.url}", flush=True)
-        while server.pid is not None:
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()
-    return 0

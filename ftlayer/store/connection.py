@@ -31,7 +31,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 from redis.retry import Retry
 
-from ftlayer.config import mask_url
+from ftlayer.config.redis_url import mask_url
 from ftlayer.errors import RedisUnavailableError
 from ftlayer.store.outage import OutageRetry
 

@@ -8,9 +8,7 @@ client is looked up per process (see ``ftlayer.store.connection``).
 
 from __future__ import annotations
 
-import json
 import logging
-import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, cast
@@ -19,11 +17,13 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import ClusterDownError, TryAgainError
 
-from ftlayer.config import FTConfig, mask_url
+from ftlayer.config import FTConfig
+from ftlayer.config.redis_url import mask_url
 from ftlayer.errors import AckerError, ChunkIdInUseError, ConfigError, DurabilityError, RedisUnavailableError
 from ftlayer.keyspace.keys import FORMAT_VERSION, SourceKeys, owner_key, sources_key
 from ftlayer.scripting.lua_script import LuaScript
 from ftlayer.store.connection import client_for, is_cluster, refresh_slots, ride_out
+from ftlayer.store.owner_record import new_owner_record
 
 Clock = Callable[[], float]
 T = TypeVar("T")
@@ -33,7 +33,6 @@ COUNTERS = (
     "dead_lettered", "requeued", "late_deltas", "duplicate_flushes", "refiled_unread", "refiled_held",
     "late_completions",
 )
-OWNER_TAG = "ftlayer"  # the "by" of an owner record that ftlayer wrote
 log = logging.getLogger(__name__)
 
 # durability mode -> (wait command without its timeout: its counts are the minimums the
@@ -43,19 +42,6 @@ _WAITS: dict[str, tuple[tuple[Any, ...], str]] = {
     "replicated": (("WAIT", 1), "a replica's receipt of the writes (needs a connected replica)"),
     "replicated-aof": (("WAITAOF", 1, 1), "the local and one replica's AOF fsync"),
 }
-
-
-def pack_ids(ids: Sequence[int]) -> bytes:
-    """Signed 64-bit ids as concatenated 8-byte big-endian strings (the form Lua stores)."""
-    return struct.pack(f">{len(ids)}q", *ids)
-
-
-def unpack_ids(blob: bytes) -> list[int]:
-    """Inverse of :func:`pack_ids`; the length must be a multiple of 8."""
-    if len(blob) % 8:
-        msg = f"packed id blob of {len(blob)} bytes is not a multiple of 8"
-        raise AckerError(msg)
-    return list(struct.unpack(f">{len(blob) // 8}q", blob))
 
 
 class SourceStore:
@@ -249,7 +235,7 @@ class SourceStore:
         pipe.hsetnx(k.meta, "num_shards", k.num_shards)
         pipe.hsetnx(k.meta, "format", FORMAT_VERSION)
         pipe.hsetnx(k.meta, "created_ms", now)
-        pipe.setnx(owner_key(k.namespace), json.dumps({"created_ms": now, "by": OWNER_TAG}))
+        pipe.setnx(owner_key(k.namespace), new_owner_record(now))
         pipe.execute()
         self.register_shard()
 
@@ -332,21 +318,3 @@ def persist_refused_error(
         "pending): retry only the refused ones (ChunkIdInUseError.refused) under new ids"
     )
     return ChunkIdInUseError(msg, chunk, filed=tuple(filed), refused=tuple(refused), new=new)
-
-
-def owner_record(client: redis.Redis, namespace: str) -> dict[str, Any] | None:
-    """The namespace's owner record if ftlayer wrote it (``by == "ftlayer"``), else None.
-
-    None means the key is missing, is not a JSON object, or names another
-    writer: the namespace was not created by ftlayer (or predates owner records).
-    """
-    raw = client.get(owner_key(namespace))
-    if raw is None:
-        return None
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(data, dict) or data.get("by") != OWNER_TAG:
-        return None
-    return data

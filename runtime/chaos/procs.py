@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ftlayer.config import SINGLE_SERVER_DURABILITY
+from ftlayer.config.options import SINGLE_SERVER_DURABILITY
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.records.frames import SemiDeserializedSerializer
 from ftlayer.servers.embedded import EmbeddedServer

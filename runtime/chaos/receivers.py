@@ -32,7 +32,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ftlayer.servers.embedded import EmbeddedServer, free_port
+from ftlayer.servers.embedded import EmbeddedServer
+from ftlayer.servers.ports import free_port
 from runtime.chaos.base import SOURCE, TOPOLOGY, ChaosError, ScenarioContext
 from runtime.chaos.ingest_cli import Consumer, IngestProcess
 from runtime.checker import Report, check

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ftlayer.config import FTConfig
-from ftlayer.servers.embedded import free_port
+from ftlayer.servers.ports import free_port
 from runtime.chaos.base import TRIGGER_S, ChaosError, ScenarioContext, build, finish, sink_args
 from runtime.chaos.faults import ChaosMap
 from runtime.chaos.targets import Target

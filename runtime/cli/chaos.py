@@ -15,7 +15,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ftlayer.config import DURABILITY_MODES, SINGLE_SERVER_DURABILITY, FTConfig
+from ftlayer.config import DURABILITY_MODES, FTConfig
+from ftlayer.config.options import SINGLE_SERVER_DURABILITY
 from ftlayer.servers.process_server import resolved
 from ftlayer.store.connection import client_for
 from runtime.chaos.base import new_workdir

@@ -16,7 +16,8 @@ import json
 import os
 from typing import Any
 
-from ftlayer.config import SPARK_PREFIX, FTConfig, config_file_path, mask_url
+from ftlayer.config import SPARK_PREFIX, FTConfig, mask_url
+from ftlayer.config.sources import config_file_path
 from runtime.cli.common import CLIError, add_output_option, connection_options, render_table
 
 JSON_VERSION = 1

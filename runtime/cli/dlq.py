@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ftlayer.acker.dead_letters import check_entry_ids
+from ftlayer.acker.dead_letter_ids import check_entry_ids
 from runtime.cli.common import (
     CLIError,
     add_output_option,

@@ -14,7 +14,7 @@ Contract:
 - ``--all`` takes the filters of ``dlq list`` (``--reason``, ``--older-than``, ``--newer-than``):
   every dead letter they keep.
 - ``requeue --all`` and ``purge`` refuse a namespace that ftlayer did not create (no ftlayer
-  owner record, ``ftlayer.store.source_store.owner_record``) unless ``--force``; a dry run refuses too.
+  owner record, ``ftlayer.store.owner_record``) unless ``--force``; a dry run refuses too.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import redis
 from ftlayer.config import FTConfig, mask_url
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.keyspace.keys import owner_key
-from ftlayer.store.source_store import owner_record
+from ftlayer.store.owner_record import owner_record
 from runtime.cli.common import CLIError, one_source
 from runtime.cli.confirm import confirmed
 from runtime.cli.dlq_view import DeadLetterFilter, matching, source_layer

@@ -27,7 +27,8 @@ from typing import Any
 
 import redis
 
-from ftlayer.acker.dead_letters import DeadLetter, check_entry_ids
+from ftlayer.acker.dead_letter_entry import DeadLetter
+from ftlayer.acker.dead_letter_ids import check_entry_ids
 from ftlayer.config import FTConfig
 from ftlayer.errors import SerializationError
 from ftlayer.facade.ft_layer import FTLayer

@@ -31,7 +31,7 @@ from runtime.cli.env import add_env_options, env_help_epilog, resolve_env_defaul
 
 def _cmd_redis(args: argparse.Namespace) -> int:
     from ftlayer.config import FTConfig
-    from ftlayer.servers.embedded import run_foreground
+    from runtime.cli.redis_servers import run_foreground
 
     if args.cluster:
         return _cmd_redis_cluster(args)
@@ -50,8 +50,8 @@ def _set_leaf_parsers(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_redis_cluster(args: argparse.Namespace) -> int:
-    from ftlayer.servers.cluster import run_cluster_foreground
     from runtime.cli.common import CLIError
+    from runtime.cli.redis_servers import run_cluster_foreground
 
     if args.port is not None:
         msg = "--port cannot be used with --cluster: every node takes a free port, and all are printed"

@@ -40,7 +40,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ftlayer.errors import FTLayerError
-from ftlayer.servers.embedded import free_port
+from ftlayer.servers.ports import free_port
 
 __all__ = ["INSTALL_HINT", "EmbeddedMosquitto", "MosquittoError", "find_mosquitto"]
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ftlayer.errors import FTLayerError
-from ftlayer.servers.embedded import free_port
+from ftlayer.servers.ports import free_port
 
 __all__ = ["EmbeddedPostgres", "PostgresServerError", "find_postgres_bin"]
 

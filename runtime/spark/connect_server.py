@@ -39,7 +39,8 @@ from pathlib import Path
 from types import TracebackType
 
 from ftlayer.errors import ConnectServerError
-from ftlayer.servers.embedded import free_port, popen_with_parent
+from ftlayer.servers.child_processes import popen_with_parent
+from ftlayer.servers.ports import free_port
 
 __all__ = ["SERVER_CLASS", "LocalConnectServer", "spark_home"]
 

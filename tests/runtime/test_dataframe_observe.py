@@ -14,7 +14,7 @@ import pytest
 
 import ftlayer
 from ftlayer.config import FTConfig
-from ftlayer.servers.embedded import free_port
+from ftlayer.servers.ports import free_port
 from runtime.dataframe import sources
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from ftlayer.acker.dead_letters import DeadLetter
+from ftlayer.acker.dead_letter_entry import DeadLetter
 from ftlayer.config import FTConfig
 from ftlayer.errors import FailRecord
 from ftlayer.facade.ft_layer import FTLayer

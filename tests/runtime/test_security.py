@@ -37,7 +37,8 @@ from ftlayer.config import FTConfig
 from ftlayer.errors import RedisUnavailableError
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.facade.service import FTService
-from ftlayer.servers.embedded import EmbeddedServer, find_server_binary, free_port
+from ftlayer.servers.embedded import EmbeddedServer, find_server_binary
+from ftlayer.servers.ports import free_port
 from runtime.cli.main import main
 from runtime.driver.listener import FTProgressListener
 from runtime.driver.metrics import MetricsExporter

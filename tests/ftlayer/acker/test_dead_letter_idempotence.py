@@ -16,7 +16,7 @@ import pytest
 from ftlayer.acker.replayer import REPLAY
 from ftlayer.config import FTConfig
 from ftlayer.facade.ft_layer import FTLayer
-from ftlayer.servers.embedded import free_port
+from ftlayer.servers.ports import free_port
 from runtime.driver.ingest import Ingestor
 from serialization.serializers import make_record
 

@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from ftlayer.acker.dead_letters import REQUEUE, DeadLetterError
+from ftlayer.acker.dead_letter_ids import DeadLetterError
+from ftlayer.acker.dead_letter_requeue import REQUEUE
 from ftlayer.config import FTConfig
 from ftlayer.errors import AckerError
 from ftlayer.facade.ft_layer import FTLayer

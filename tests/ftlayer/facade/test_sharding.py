@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from ftlayer.acker.dead_letters import DeadLetterError
+from ftlayer.acker.dead_letter_ids import DeadLetterError
 from ftlayer.errors import ConfigError, InvalidIdError
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.facade.service import FTService

@@ -204,7 +204,7 @@ def test_bytes_per_pending_record_beyond_the_payload_stay_under_64(layer: FTLaye
 def test_a_replay_or_requeue_that_draws_a_chunk_id_in_use_draws_again(
     make_layer: Callable[..., FTLayer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ftlayer.acker.dead_letters as dead_letters_module
+    import ftlayer.acker.dead_letter_requeue as dead_letters_module
     import ftlayer.acker.replayer as replayer_module
 
     layer = make_layer(max_replays=1, source="redraw")

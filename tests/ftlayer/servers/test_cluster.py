@@ -18,7 +18,8 @@ import redis
 
 from ftlayer.keyspace.keys import SourceKeys
 from ftlayer.keyspace.shard_tags import SLOTS, key_slot_of
-from ftlayer.servers.cluster import EmbeddedCluster, _cluster_info, _parse_nodes
+from ftlayer.servers.cluster import EmbeddedCluster
+from ftlayer.servers.cluster_nodes import cluster_info, parse_nodes
 
 
 def alive(pid: int) -> bool:
@@ -52,10 +53,10 @@ def test_cluster_forms_with_3_primaries_and_3_synced_replicas(valkey_cluster: Em
     assert len(valkey_cluster.urls) == 6
     for port in valkey_cluster.ports:
         with valkey_cluster.node_client(port) as c:
-            info = _cluster_info(c)
+            info = cluster_info(c)
             assert info["cluster_state"] == "ok"
             assert info["cluster_slots_assigned"] == str(SLOTS) and info["cluster_known_nodes"] == "6"
-            nodes = _parse_nodes(c).values()
+            nodes = parse_nodes(c).values()
             assert sum(n.is_primary for n in nodes) == 3 and sum(not n.is_primary for n in nodes) == 3
     primaries = valkey_cluster.primary_ports()
     assert len(primaries) == 3
@@ -137,7 +138,7 @@ def test_kill_9_of_a_primary_promotes_its_replica_and_nothing_replicated_is_lost
         assert len(cluster.primary_ports()) == 3
         for port in cluster.live_ports():
             with cluster.node_client(port) as c:
-                assert _cluster_info(c)["cluster_state"] == "ok"
+                assert cluster_info(c)["cluster_state"] == "ok"
 
         rc = cluster.client()
         try:

@@ -5,7 +5,8 @@ import redis
 
 from ftlayer.config import FTConfig, mask_url
 from ftlayer.errors import RedisUnavailableError
-from ftlayer.servers.embedded import EmbeddedServer, free_port
+from ftlayer.servers.embedded import EmbeddedServer
+from ftlayer.servers.ports import free_port
 from ftlayer.store.connection import client_for
 
 

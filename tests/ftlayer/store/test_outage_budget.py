@@ -19,7 +19,8 @@ from ftlayer.config import FTConfig
 from ftlayer.errors import ServiceStoppedError
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.facade.service import FTService
-from ftlayer.servers.embedded import EmbeddedServer, free_port
+from ftlayer.servers.embedded import EmbeddedServer
+from ftlayer.servers.ports import free_port
 from ftlayer.store.connection import client_for
 
 

@@ -17,7 +17,8 @@ from ftlayer.acker.dead_letters import DeadLetters
 from ftlayer.config import FTConfig
 from ftlayer.records.frames import SemiDeserializedRecord, SemiDeserializedSerializer
 from ftlayer.records.ids import RecordId
-from ftlayer.store.source_store import SourceStore, pack_ids, unpack_ids
+from ftlayer.store.id_blobs import pack_ids, unpack_ids
+from ftlayer.store.source_store import SourceStore
 
 
 @pytest.fixture(params=["real", "fake"])

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ftlayer.config import FTConfig
-from ftlayer.servers.embedded import free_port
+from ftlayer.servers.ports import free_port
 from runtime.spark.connect_server import LocalConnectServer
 from tests.runtime.connect.conftest import run_client
 

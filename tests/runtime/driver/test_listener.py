@@ -13,7 +13,7 @@ import redis
 
 from ftlayer.config import FTConfig
 from ftlayer.facade.ft_layer import FTLayer
-from ftlayer.servers.embedded import free_port
+from ftlayer.servers.ports import free_port
 from runtime.driver.listener import LOGGER_NAME, FTProgressListener, attach, detach
 from runtime.driver.metrics import MetricsError
 from runtime.driver.observe import TopologyObservers

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
 from ftlayer.facade.ft_layer import FTLayer
-from ftlayer.servers.embedded import free_port
+from ftlayer.servers.ports import free_port
 from runtime.driver.metrics import (
     LATENCY_METRIC,
     MetricsError,

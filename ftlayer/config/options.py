@@ -19,42 +19,27 @@ beats the file and the environment but never a value written in the program.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import math
 import os
 import re
-import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-from ftlayer.errors import ConfigError
+from ftlayer.config.checks import at_least, bad, between, expected_type, one_of, positive
+from ftlayer.config.redis_url import mask_url, masked
+from ftlayer.config.sources import (
+    ENV_PREFIX,
+    SPARK_PREFIX,
+    config_path,
+    env_values,
+    naming_origin,
+    read_toml,
+    spark_values,
+)
 
-__all__ = [
-    "CONFIG_FILE_ENV",
-    "DEFAULT_CONFIG_FILE",
-    "DURABILITY_MODES",
-    "ENV_PREFIX",
-    "SPARK_PREFIX",
-    "STATUSES",
-    "TEMP_STATE_DIR",
-    "FTConfig",
-    "mask_url",
-    "parse_bool",
-]
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
-
-ENV_PREFIX = "FTLAYER_"
-SPARK_PREFIX = "spark.ftlayer."
-CONFIG_FILE_ENV = "FTLAYER_CONFIG"
-DEFAULT_CONFIG_FILE = "ftlayer.toml"
+__all__ = ["DURABILITY_MODES", "SINGLE_SERVER_DURABILITY", "STATUSES", "TEMP_STATE_DIR", "FTConfig"]
 
 DURABILITY_MODES = ("none", "everysec", "waitaof", "replicated", "replicated-aof")
 #: the modes a single server (no replica) can serve
@@ -62,22 +47,6 @@ SINGLE_SERVER_DURABILITY = ("none", "everysec", "waitaof")
 STATUSES = ("on", "off")
 TEMP_STATE_DIR = ":temp:"  # state_dir value: a fresh temporary directory, removed at exit
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-
-
-def mask_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (safe for logs and errors)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable redis url>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    netloc = f"{user}:***@{host}{port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
 
 
 def _doc(text: str) -> dict[str, str]:
@@ -190,38 +159,38 @@ class FTConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if not isinstance(value, _expected_type(f.type)) or isinstance(value, bool) != (
+            if not isinstance(value, expected_type(f.type)) or isinstance(value, bool) != (
                 f.type == "bool"
             ):
-                _bad(f.name, value, f"a value of type {f.type}")
-        _one_of("status", self.status, STATUSES)
-        _one_of("durability", self.durability, DURABILITY_MODES)
+                bad(f.name, value, f"a value of type {f.type}")
+        one_of("status", self.status, STATUSES)
+        one_of("durability", self.durability, DURABILITY_MODES)
         if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            _bad("redis_url", _masked(self.redis_url), "a URL starting with redis://, rediss:// or unix://")
+            bad("redis_url", masked(self.redis_url), "a URL starting with redis://, rediss:// or unix://")
         if not _NAMESPACE_RE.match(self.namespace):
-            _bad("namespace", self.namespace, "1-64 letters, digits, '_', '.' or '-'")
-        _positive("timeout_s", self.timeout_s)
-        _positive("connect_timeout_s", self.connect_timeout_s)
-        _at_least("num_buckets", self.num_buckets, 2)
-        _between("num_channels", self.num_channels, 1, 4096)
-        _between("num_shards", self.num_shards, 1, 64)
-        _at_least("max_replays", self.max_replays, 0)
-        _at_least("replay_backoff_initial_s", self.replay_backoff_initial_s, 0.0)
-        _at_least("replay_backoff_multiplier", self.replay_backoff_multiplier, 1.0)
-        _at_least("replay_backoff_max_s", self.replay_backoff_max_s, self.replay_backoff_initial_s)
-        _positive("max_batch_s", self.max_batch_s)
-        _at_least("sink_retry_budget_s", self.sink_retry_budget_s, 0.0)
-        _at_least("max_pending", self.max_pending, 1)
-        _at_least("waitaof_timeout_ms", self.waitaof_timeout_ms, 1)
-        _between("flush_batch_size", self.flush_batch_size, 1, 1_000_000)
-        _between("ingest_batch_records", self.ingest_batch_records, 1, 1_000_000)
-        _between("sink_ack_every_records", self.sink_ack_every_records, 0, 1_000_000)
-        _positive("outage_budget_s", self.outage_budget_s)
-        _between("metrics_port", self.metrics_port, 0, 65535)
+            bad("namespace", self.namespace, "1-64 letters, digits, '_', '.' or '-'")
+        positive("timeout_s", self.timeout_s)
+        positive("connect_timeout_s", self.connect_timeout_s)
+        at_least("num_buckets", self.num_buckets, 2)
+        between("num_channels", self.num_channels, 1, 4096)
+        between("num_shards", self.num_shards, 1, 64)
+        at_least("max_replays", self.max_replays, 0)
+        at_least("replay_backoff_initial_s", self.replay_backoff_initial_s, 0.0)
+        at_least("replay_backoff_multiplier", self.replay_backoff_multiplier, 1.0)
+        at_least("replay_backoff_max_s", self.replay_backoff_max_s, self.replay_backoff_initial_s)
+        positive("max_batch_s", self.max_batch_s)
+        at_least("sink_retry_budget_s", self.sink_retry_budget_s, 0.0)
+        at_least("max_pending", self.max_pending, 1)
+        at_least("waitaof_timeout_ms", self.waitaof_timeout_ms, 1)
+        between("flush_batch_size", self.flush_batch_size, 1, 1_000_000)
+        between("ingest_batch_records", self.ingest_batch_records, 1, 1_000_000)
+        between("sink_ack_every_records", self.sink_ack_every_records, 0, 1_000_000)
+        positive("outage_budget_s", self.outage_budget_s)
+        between("metrics_port", self.metrics_port, 0, 65535)
         if not self.state_dir.strip():
-            _bad("state_dir", self.state_dir, f"a directory path, or {TEMP_STATE_DIR!r} for a temporary one")
+            bad("state_dir", self.state_dir, f"a directory path, or {TEMP_STATE_DIR!r} for a temporary one")
         if not self.metrics_host.strip() or any(c.isspace() for c in self.metrics_host):
-            _bad("metrics_host", self.metrics_host, "a host name or IP address without spaces")
+            bad("metrics_host", self.metrics_host, "a host name or IP address without spaces")
 
     def __repr__(self) -> str:
         """Like the dataclass repr, with the password of ``redis_url`` masked (configs end up in logs)."""
@@ -275,12 +244,12 @@ class FTConfig:
         :attr:`explicit_options` keep their value: code wins over Spark conf.
         Returns ``self`` when nothing changes.
         """
-        parsed = _spark_values(spark_conf, {f.name: f for f in fields(self)})
+        parsed = spark_values(spark_conf, {f.name: f for f in fields(self)})
         changes = {k: v for k, (v, _) in parsed.items() if k not in self.explicit_options and v != getattr(self, k)}
         if not changes:
             return self
         origins = {k: where for k, (_, where) in parsed.items()}
-        with _naming_origin(origins):
+        with naming_origin(origins):
             return self._copy(changes, self.explicit_options)
 
     @classmethod
@@ -323,27 +292,21 @@ class FTConfig:
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         origins: dict[str, str] = {}
-        file_path = _config_path(path, env)
+        file_path = config_path(path, env)
         if file_path is not None:
-            table = _read_toml(file_path)
+            table = read_toml(file_path)
             values.update(table)
             origins.update(dict.fromkeys(table, f"file {file_path}"))
         known = {f.name: f for f in fields(cls)}
-        for name, f in known.items():
-            var = ENV_PREFIX + name.upper()
-            raw = env.get(var)
-            if raw is not None:
-                values[name] = _parse(name, raw, str(f.type), f"env {var}")
-                origins[name] = f"env {var}"
-        for name, (value, where) in _spark_values(spark_conf or {}, known).items():
+        for name, (value, where) in (env_values(env, known) | spark_values(spark_conf or {}, known)).items():
             values[name] = value
             origins[name] = where
         values.update(overrides)
         origins.update(dict.fromkeys(overrides, overrides_origin))
         unknown = sorted(set(values) - set(known))
-        with _naming_origin({k: v for k, v in origins.items() if k not in overrides}):
+        with naming_origin({k: v for k, v in origins.items() if k not in overrides}):
             if unknown:
-                _bad(unknown[0], values[unknown[0]], f"one of the options {sorted(known)}")
+                bad(unknown[0], values[unknown[0]], f"one of the options {sorted(known)}")
             cfg = cls(**values)
         object.__setattr__(cfg, "_explicit", frozenset(overrides))
         return cfg, {name: origins.get(name, "default") for name in known}
@@ -354,136 +317,3 @@ class FTConfig:
             (f.name, ENV_PREFIX + f.name.upper(), SPARK_PREFIX + f.name, f.metadata["doc"])
             for f in fields(self)
         ]
-
-
-_TYPES: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "float": (int, float), "bool": bool}
-
-
-def _expected_type(type_name: Any) -> type | tuple[type, ...]:
-    return _TYPES[str(type_name)]
-
-
-def _bad(option: str, value: Any, allowed: str) -> None:
-    msg = f"invalid ftlayer option {option}={value!r}: expected {allowed}"
-    err = ConfigError(msg)
-    err.option = option
-    raise err
-
-
-@contextlib.contextmanager
-def _naming_origin(origins: Mapping[str, str]) -> Iterator[None]:
-    """Re-raise a validation error of an option that came from a file, env or Spark conf naming that origin."""
-    try:
-        yield
-    except ConfigError as exc:
-        where = origins.get(exc.option or "")
-        if where is None:
-            raise
-        head, sep, tail = str(exc).partition(": expected ")
-        msg = f"{head} (from {where}){sep}{tail}"
-        err = ConfigError(msg)
-        err.option = exc.option
-        raise err from exc
-
-
-def _spark_values(spark_conf: Mapping[str, str], known: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
-    """The parsed ``spark.ftlayer.*`` options of ``spark_conf`` with their origin; unknown keys refused."""
-    out: dict[str, tuple[Any, str]] = {}
-    for key, raw in spark_conf.items():
-        if not key.startswith(SPARK_PREFIX):
-            continue
-        name = key[len(SPARK_PREFIX):]
-        if name not in known:
-            _bad(key, raw, f"one of {sorted(SPARK_PREFIX + n for n in known)}")
-        out[name] = (_parse(name, raw, str(known[name].type), f"Spark conf {key}"), f"Spark conf {key}")
-    return out
-
-
-def _masked(url: str) -> str:
-    """``url`` with any password masked, also when it is too malformed for urlsplit to find the password."""
-    shown = mask_url(url)
-    if "@" in shown and "***" not in shown:
-        head, _, tail = shown.rpartition("@")
-        scheme, sep, _ = head.partition("://")
-        shown = f"{scheme}{sep}***@{tail}" if sep else f"***@{tail}"
-    return shown
-
-
-def _one_of(option: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        _bad(option, value, "one of " + ", ".join(repr(a) for a in allowed))
-
-
-def _positive(option: str, value: float) -> None:
-    if not (value > 0 and math.isfinite(value)):
-        _bad(option, value, "a finite number > 0")
-
-
-def _at_least(option: str, value: float, low: float) -> None:
-    if not (value >= low and math.isfinite(value)):
-        _bad(option, value, f"a finite number >= {low}")
-
-
-def _between(option: str, value: int, low: int, high: int) -> None:
-    if not low <= value <= high:
-        _bad(option, value, f"an integer from {low} to {high}")
-
-
-def _parse(name: str, raw: str, type_name: str, where: str) -> Any:
-    raw = raw.strip()
-    try:
-        if type_name == "int":
-            return int(raw.replace("_", ""))
-        if type_name == "float":
-            return float(raw)
-    except ValueError as exc:
-        expected = "an integer" if type_name == "int" else "a number"
-        msg = f"invalid ftlayer option {name}={raw!r} (from {where}): expected {expected}"
-        err = ConfigError(msg)
-        err.option = name
-        raise err from exc
-    if type_name == "bool":
-        return parse_bool(name, raw, where)
-    return raw
-
-
-def parse_bool(name: str, raw: str, where: str) -> bool:
-    """A boolean option's text (1/true/yes/on or 0/false/no/off, any case); ConfigError names it."""
-    text = raw.strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    msg = f"invalid ftlayer option {name}={raw!r} (from {where}): expected true or false"
-    raise ConfigError(msg)
-
-
-def config_file_path(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Path | None:
-    """The TOML file :meth:`FTConfig.load` reads: ``path``, else ``$FTLAYER_CONFIG``, else ./ftlayer.toml if any."""
-    return _config_path(path, os.environ if env is None else env)
-
-
-def _config_path(path: str | Path | None, env: Mapping[str, str]) -> Path | None:
-    if path is not None:
-        return Path(path)
-    if env.get(CONFIG_FILE_ENV):
-        return Path(env[CONFIG_FILE_ENV])
-    default = Path(DEFAULT_CONFIG_FILE)
-    return default if default.is_file() else None
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError as exc:
-        msg = f"ftlayer config file {str(path)!r} does not exist"
-        raise ConfigError(msg) from exc
-    except tomllib.TOMLDecodeError as exc:
-        msg = f"ftlayer config file {str(path)!r} is not valid TOML: {exc}"
-        raise ConfigError(msg) from exc
-    table = data.get("ftlayer", data)
-    if not isinstance(table, dict):
-        msg = f"ftlayer config file {str(path)!r}: [ftlayer] must be a table"
-        raise ConfigError(msg)
-    return dict(table)

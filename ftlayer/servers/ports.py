@@ -1,0 +1,51 @@
+"""Free TCP ports on the loopback for the servers this process starts.
+
+Contract: :func:`free_port` returns a port on 127.0.0.1 that was free a moment ago, drawn below
+the kernel's ephemeral range where it can, so a server killed and restarted on it finds it free.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+from pathlib import Path
+
+__all__ = ["free_port"]
+
+_LISTEN_PORTS_FROM = 10_000  # lowest port free_port() hands out (below: well-known and registered services)
+_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_low() -> int | None:
+    """The first port of the kernel's ephemeral range (client sockets' local ports), if known."""
+    try:
+        low = int(_EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return low if low > _LISTEN_PORTS_FROM + 1000 else None
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago, outside the ephemeral range where it can.
+
+    A server killed and restarted on the same port (fault tests, cluster nodes that
+    rejoin) must find it free again. A port the kernel may give any client socket as
+    its local port can be taken by then (seen: a cluster node failing to rejoin with
+    "Address already in use"), so on Linux the port is drawn at random below the
+    ephemeral range (``ip_local_port_range``), where only explicit binds land; elsewhere,
+    or if 64 draws are all taken, the kernel picks one.
+    """
+    low = _ephemeral_low()
+    if low is not None:
+        draw = random.SystemRandom()
+        for _ in range(64):
+            port = draw.randrange(_LISTEN_PORTS_FROM, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
