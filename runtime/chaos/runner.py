@@ -40,14 +40,9 @@ from runtime.chaos import receivers as chaos_receivers
 from runtime.chaos import scenarios as chaos_scenarios
 from runtime.chaos import webhook as chaos_webhook
 from runtime.chaos.base import ChaosError, ScenarioContext, new_workdir
+from runtime.chaos.catalog import CATALOG, NO_TARGET, OWN_SERVER
 from runtime.chaos.targets import SINKS, open_target
 from runtime.checker import Report
-
-# scenarios that start (and kill) a Redis server of their own
-OWN_SERVER = frozenset({"kill-redis", "long-outage", "kill-primary", "mqtt-ingest-kill", "mqtt-broker-kill",
-                        "webhook-keepalive"})
-# scenarios whose output is not the chaos rows (the aggregate writes counts)
-NO_TARGET = frozenset({"aggregate"})
 
 
 @dataclass(frozen=True)
@@ -68,45 +63,38 @@ def _dataframe_only(name: str) -> Callable[..., Report]:
     return run
 
 
+# the function of each scenario in runtime.chaos.catalog (which holds its size, summary and needs_spark)
+_RUN: dict[str, Callable[..., Report]] = {
+    "fail-rate": chaos_scenarios.fail_rate,
+    "kill-worker": chaos_scenarios.kill_worker,
+    "kill-executor": chaos_executors.kill_executor,
+    "batch-fails": chaos_scenarios.batch_fails,
+    "kill-driver": chaos_procs.kill_driver,
+    "kill-redis": chaos_procs.kill_redis,
+    "long-outage": chaos_procs.long_outage,
+    "kill-ingest": chaos_ingest.kill_ingest,
+    "kill-primary": chaos_cluster.kill_primary,
+    "webhook-driver-kill": chaos_webhook.webhook_driver_kill,
+    "mqtt-driver-kill": chaos_mqtt.mqtt_driver_kill,
+    "mqtt-ingest-kill": chaos_receivers.mqtt_ingest_kill,
+    "mqtt-broker-kill": chaos_receivers.mqtt_broker_kill,
+    "webhook-keepalive": chaos_receivers.webhook_keepalive,
+    "drop-connections": chaos_scenarios.drop_connections,
+    "duplicate-flushes": chaos_scenarios.duplicate_flushes,
+    "delayed-acks": chaos_scenarios.delayed_acks,
+    "poison": chaos_scenarios.poison,
+    "slow-sink": _dataframe_only("slow-sink"),
+    "sink-outage": _dataframe_only("sink-outage"),
+    "aggregate": _dataframe_only("aggregate"),
+    "mixed": chaos_scenarios.mixed,
+    "soak": chaos_scenarios.soak,
+}
+if set(_RUN) != set(CATALOG):  # a scenario named in one table only: fail at import, not when it is chosen
+    _msg = f"chaos scenarios without a function or without a catalog entry: {sorted(set(_RUN) ^ set(CATALOG))}"
+    raise ChaosError(_msg)
+
 SCENARIOS: dict[str, Scenario] = {
-    "fail-rate": Scenario(chaos_scenarios.fail_rate, 3000, "FailRecord in a user function at a rate"),
-    "kill-worker": Scenario(chaos_scenarios.kill_worker, 2000, "a Python worker killed mid-partition"),
-    "kill-executor": Scenario(chaos_executors.kill_executor, 2000, "an executor JVM SIGKILLed mid-run "
-                                                                   "(needs --master 'local-cluster[2,1,1024]')"),
-    "batch-fails": Scenario(chaos_scenarios.batch_fails, 3000, "a whole micro-batch fails; the query restarts"),
-    "kill-driver": Scenario(chaos_procs.kill_driver, 1500, "the driver SIGKILLed and restarted",
-                            needs_spark=False),
-    "kill-redis": Scenario(chaos_procs.kill_redis, 3000, "the Redis server SIGKILLed, restarted from its AOF "
-                                                         "after 3 s"),
-    "long-outage": Scenario(chaos_procs.long_outage, 3000, "the Redis server down for 60 s mid-stream"),
-    "kill-ingest": Scenario(chaos_ingest.kill_ingest, 6000, "one of two `ftlayer ingest` processes feeding a "
-                            "DataFrame query SIGKILLed mid-file and restarted"),
-    "kill-primary": Scenario(chaos_cluster.kill_primary, 3000, "on a Valkey Cluster it starts: the source's "
-                             "primary SIGKILLed mid-run, a replica takes over"),
-    "webhook-driver-kill": Scenario(chaos_webhook.webhook_driver_kill, 1500, "a webhook-fed driver SIGKILLed under "
-                                    "load, restarted on the same port", needs_spark=False),
-    "mqtt-driver-kill": Scenario(chaos_mqtt.mqtt_driver_kill, 1500, "an MQTT-fed driver (a real Mosquitto it "
-                                 "starts) SIGKILLed under load, restarted with the same client id", needs_spark=False),
-    "mqtt-ingest-kill": Scenario(chaos_receivers.mqtt_ingest_kill, 2000, "`ftlayer ingest --mqtt` SIGKILLed "
-                                 "mid-stream with messages in hand (a real Mosquitto, a QoS 1 publisher), restarted "
-                                 "with the same client id"),
-    "mqtt-broker-kill": Scenario(chaos_receivers.mqtt_broker_kill, 1500, "the Mosquitto broker SIGKILLed while "
-                                 "`ftlayer ingest --mqtt` holds unpersisted messages, restarted on its data"),
-    "webhook-keepalive": Scenario(chaos_receivers.webhook_keepalive, 3000, "`ftlayer ingest --webhook` SIGKILLed "
-                                  "with batched requests in flight on keep-alive connections, restarted on the "
-                                  "same port"),
-    "drop-connections": Scenario(chaos_scenarios.drop_connections, 3000, "CLIENT KILL every 200 ms"),
-    "duplicate-flushes": Scenario(chaos_scenarios.duplicate_flushes, 2000, "every flush sent twice"),
-    "delayed-acks": Scenario(chaos_scenarios.delayed_acks, 2000, "acks delayed past the timeout"),
-    "poison": Scenario(chaos_scenarios.poison, 2000, "a record that always fails"),
-    "slow-sink": Scenario(_dataframe_only("slow-sink"), 1200, "DataFrame path: one batch writes for 3 timeouts"),
-    "sink-outage": Scenario(_dataframe_only("sink-outage"), 1200, "DataFrame path: the sink refuses every write "
-                            "for 5 timeouts"),
-    "aggregate": Scenario(_dataframe_only("aggregate"), 2000, "DataFrame path: a stateful groupBy().count() "
-                          "through a killed worker and a batch that fails before its commit log entry"),
-    "mixed": Scenario(chaos_scenarios.mixed, 3000, "fail-rate + kill-worker + drop-connections + poison "
-                                                   "+ duplicate-flushes"),
-    "soak": Scenario(chaos_scenarios.soak, 1_000_000, "the mixed faults for a long run (not for CI)"),
+    name: Scenario(_RUN[name], info.records, info.summary, info.needs_spark) for name, info in CATALOG.items()
 }
 
 

@@ -58,7 +58,6 @@ from typing import Any
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
-from runtime.bench.acker import bench_acker, bench_memory, write_results
 from runtime.cli.env import add_env_options, resolve_env_defaults
 
 BENCHES = ("acker", "redis-cpu", "ingest-cpu", "scaling", "replay", "retry", "latency", "e2e", "e2e-dataframe",
@@ -208,7 +207,9 @@ def _receivers(url: str, selected: list[str], args: argparse.Namespace) -> dict[
 
 def run(args: argparse.Namespace) -> int:
     """Run the selected benchmarks; print the JSON summary; merge it into results.json unless --no-write."""
+    # imported here, not at the top: every other command of the CLI starts without the benchmarks
     from ftlayer.servers.embedded import EmbeddedServer
+    from runtime.bench.acker import bench_acker, bench_memory, write_results
 
     selected = _selected(args)
     out = Path(args.out).resolve()

@@ -2,7 +2,9 @@
 
 The scenarios themselves are the library :mod:`runtime.chaos`; this module is only the
 command: options (each naming its env var), the generated namespace, the work directory,
-and the exit status (0 when every report is OK).
+and the exit status (0 when every report is OK). The parser reads the scenarios' names and
+summaries from :mod:`runtime.chaos.catalog`; the harness (Spark, the topology) is imported only
+when a scenario runs, so every other command starts without it.
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ from ftlayer.config import DURABILITY_MODES, FTConfig
 from ftlayer.config.options import SINGLE_SERVER_DURABILITY
 from ftlayer.servers.process_server import resolved
 from ftlayer.store.connection import client_for
-from runtime.chaos.base import new_workdir
-from runtime.chaos.runner import OWN_SERVER, SCENARIOS, run_scenario
+from runtime.chaos.catalog import CATALOG, OWN_SERVER
 from runtime.cli.common import connection_options, load_config
 from runtime.cli.env import add_env_options, command_env_epilog
 
@@ -34,10 +35,10 @@ def add_parser(sub: Any) -> None:
         help="run a fault-injection scenario on local Spark and report what was lost, leaked, replayed",
         description="Run a chaos scenario on a local SparkSession (local[2,4], or --master) and print the checker's "
                     "report. Exit status 0 if nothing was lost or leaked and the scenario's expectations "
-                    "held, 1 otherwise. Scenarios: " + "; ".join(f"{k}: {v.summary}" for k, v in SCENARIOS.items()),
+                    "held, 1 otherwise. Scenarios: " + "; ".join(f"{k}: {v.summary}" for k, v in CATALOG.items()),
         epilog=command_env_epilog("chaos"),
     )
-    p.add_argument("scenario", choices=sorted(SCENARIOS), help="the scenario to run")
+    p.add_argument("scenario", choices=sorted(CATALOG), help="the scenario to run")
     add_env_options(p, "chaos")
     p.set_defaults(func=_cmd_chaos)
 
@@ -50,7 +51,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
     name: str = args.scenario
     records = int(args.records) if args.records else None
     spark = None
-    if SCENARIOS[name].needs_spark:
+    if CATALOG[name].needs_spark:
         from runtime.spark.session import local_session, stop_session
 
         spark = local_session(f"ftlayer-chaos-{name}", master=args.master, log_level="ERROR")
@@ -83,6 +84,9 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
 def _run_cli(args: argparse.Namespace, *, name: str, config: FTConfig, records: int | None, spark: Any,
              runs: list[dict[str, Any]], generated: bool) -> int:
     """Run each of ``runs`` (parameter sets), print the reports; 0 if all are OK."""
+    from runtime.chaos.base import new_workdir
+    from runtime.chaos.runner import run_scenario
+
     ok = True
     for params in runs:
         temp = not args.workdir

@@ -107,13 +107,16 @@ def test_kill_9_of_the_ingest_process_mid_stream_loses_nothing(
     """kill -9 of ``ftlayer ingest --mqtt`` while the publisher runs, restarted with the same client id.
     Redis is frozen for the last 0.3 s before the kill, so the kill lands while ingest holds messages
     it has received and not persisted (at full speed that window is a few ms wide, and a kill
-    would rarely hit it): those must come back from the broker."""
+    would rarely hit it): those must come back from the broker. The publisher is paced (2 ms a
+    record, ~0.5 s from a third to its hold at two thirds), so it is still publishing when the
+    freeze starts: unpaced it reaches its hold within a poll or two, and an ingest that keeps up
+    (one that starts without PySpark) has persisted everything by then, leaving nothing in flight."""
     broker = mosquitto()
     layer = _layer(own_redis.url, namespace)
     first = _ingest(broker.url, "--qos", str(qos), redis_url=own_redis.url, namespace=namespace)
     first.wait_for("subscribed to")
     # it holds at two thirds until after the kill (join releases it): the kill is mid-stream
-    publisher = Publisher(broker.url, _records(records), qos=qos, hold_at=2 * records // 3).start()
+    publisher = Publisher(broker.url, _records(records), qos=qos, hold_at=2 * records // 3, pace_s=0.002).start()
     try:
         wait_until(lambda: layer.stats()["persisted"] >= records // 3, 120, "a third of the records persisted")
         os.kill(own_redis.pid or 0, signal.SIGSTOP)
