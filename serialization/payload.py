@@ -78,6 +78,7 @@ __all__ = [
     "pack_payloads",
     "unpack_many",
     "unpack_payload",
+    "unpack_run",
 ]
 
 EXT_BIGINT = 1
@@ -407,6 +408,32 @@ def unpack_payload(data: bytes) -> Any:
     except (ValueError, TypeError, ArithmeticError, RecursionError, msgpack.UnpackException) as exc:
         msg = f"cannot unpack a payload of {size} bytes: {type(exc).__name__}: {exc}"
         raise SerializationError(msg) from exc
+
+
+_ARRAY32 = b"\xdd"  # msgpack: an array of up to 2**32 - 1 values, its size in the next 4 bytes
+
+
+def unpack_run(data: bytes | memoryview, count: int) -> list[Any]:
+    """``count`` payloads made by :func:`pack_payload`, back to back in ``data``, unpacked in one call.
+
+    For a column of payloads whose bytes already lie back to back (an Arrow binary column's data):
+    the run is read as one msgpack array of ``count`` values (the same options and ext hooks as
+    :func:`unpack_payload`), with no call per payload. Raises ``SerializationError`` unless
+    ``data`` is exactly ``count`` msgpack values: a run with one value too many or too few leaves
+    bytes over or runs short. Which payload failed is not said (unpack them one by one to find out).
+    Each payload's own bound (``MAX_PAYLOAD_BYTES``) is not checked here: the caller's lengths are.
+    """
+    if not 0 <= count < 1 << 32:
+        msg = f"a run of {count} payloads cannot be unpacked as one msgpack array"
+        raise SerializationError(msg)
+    try:
+        values = _unpack(b"".join((_ARRAY32, count.to_bytes(4, "big"), data)))
+    except SerializationError:
+        raise
+    except (ValueError, TypeError, ArithmeticError, RecursionError, msgpack.UnpackException) as exc:
+        msg = f"cannot unpack a run of {count} payloads ({len(data)} bytes): {type(exc).__name__}: {exc}"
+        raise SerializationError(msg) from exc
+    return values  # type: ignore[no-any-return]
 
 
 def unpack_many(payloads: Sequence[bytes]) -> list[Any]:

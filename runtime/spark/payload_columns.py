@@ -16,8 +16,16 @@ Contract of :func:`decode_batch` (used by the typed FT source's ``read()``):
   ``struct<sid, origin, replay, key_hash, source, lineage>`` of the record; ``lineage``
   is the record's lineage id (``ftlayer.records.lineage``: the same on every replay).
 
-Cost: one ``pa.array`` per column per page; only a page with a bad value is
-re-checked row by row.
+Cost: a page whose payloads all unpack to dicts whose values all fit (the common case) takes
+the **bulk path**: its payloads, back to back in the page's Arrow binary column, are wrapped in
+one msgpack array header and unpacked by one ``unpackb`` call (the same ext hooks and options as
+``serialization.payload.unpack_payload``), each column is gathered by one list comprehension
+(plus the conversion of a timestamp or date column) and converted by one ``pa.array``: about
+1.3 µs per three-column record against 5.2 on the row path (``tests/runtime/spark/
+test_payload_columns.py`` checks both give the same batch). Any page the bulk path cannot take
+whole (a payload that is not a dict, a value that does not convert, a null in a non-nullable
+column, a payload that does not unpack) goes through the **row path**, which unpacks record by
+record and re-checks a refused column row by row, so each misfit is named and only it is left out.
 """
 
 from __future__ import annotations
@@ -38,10 +46,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from ftlayer.errors import SerializationError
 from ftlayer.records.lineage import LINEAGE_CHARS, lineage_hex
-from serialization.payload import unpack_payload
+from serialization.payload import unpack_payload, unpack_run
 
-__all__ = ["METADATA_COLUMN", "METADATA_DDL", "decode_batch", "metadata_type", "user_fields"]
+__all__ = ["METADATA_COLUMN", "METADATA_DDL", "decode_batch", "decode_rows", "metadata_type", "user_fields"]
 
 METADATA_COLUMN = "_ftlayer"
 METADATA_DDL = "sid long, origin long, replay int, key_hash long, source string, lineage string"
@@ -109,8 +118,23 @@ def decode_batch(raw: Any, schema: StructType, source: str) -> tuple[Any, list[i
 
     Returns ``(batch, emitted sids, bad {sid: reason})``: ``batch`` has the
     columns of ``schema`` (in order) for the records that fit, ``emitted`` their
-    source record ids in row order.
+    source record ids in row order. The bulk path if the whole page fits, else the row path
+    (:func:`decode_rows`): the same result either way.
     """
+    fields = user_fields(schema)
+    arrow_schema = _arrow_schema(schema)
+    names = [f.name for f in fields.fields]
+    types = [arrow_schema.field(n).type for n in names]
+    columns = _bulk_columns(raw, fields, types, [_converter(f.dataType) for f in fields.fields])
+    if columns is None:
+        return decode_rows(raw, schema, source)
+    batch = _assemble(raw, schema, arrow_schema, dict(zip(names, columns, strict=True)), keep=None, source=source)
+    return batch, raw.column("sid").to_pylist(), {}
+
+
+def decode_rows(raw: Any, schema: StructType, source: str) -> tuple[Any, list[int], dict[int, str]]:
+    """:func:`decode_batch` by the row path: each payload unpacked on its own, a refused column
+    re-checked row by row, so that each record that does not fit is named and left out."""
     import pyarrow as pa
 
     fields = user_fields(schema)
@@ -156,18 +180,59 @@ def decode_batch(raw: Any, schema: StructType, source: str) -> tuple[Any, list[i
                     rows[i] = None
         columns.append(col)
     keep = [i for i, r in enumerate(rows) if r is not None]
+    batch = _assemble(raw, schema, arrow_schema, dict(zip(names, columns, strict=True)), keep=keep, source=source)
+    return batch, [sids[i] for i in keep], bad
+
+
+def _bulk_columns(raw: Any, fields: StructType, types: list[Any], convs: list[Callable[[Any], Any] | None]
+                  ) -> list[Any] | None:
+    """The page's user columns by the bulk path (module docstring), or None if any record needs the row path."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = raw.num_rows
+    col = raw.column("payload")
+    _, offsets_buf, data_buf = col.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=n + 1, offset=4 * col.offset)
+    data = memoryview(data_buf)[int(offsets[0]) : int(offsets[-1])]
+    try:
+        values = unpack_run(data, n)
+    except SerializationError:  # the row path finds and names the record
+        return None
+    if n and set(map(type, values)) != {dict}:
+        return None
+    out: list[Any] = []
+    for field, typ, conv in zip(fields.fields, types, convs, strict=True):
+        name = field.name
+        got = [v.get(name) for v in values]
+        try:
+            if conv is not None:
+                got = [x if x is None else conv(x) for x in got]
+            column = pa.array(got, type=typ)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError, OSError):  # the row path names it
+            return None
+        if column.null_count and not field.nullable:
+            return None
+        out.append(column)
+    return out
+
+
+def _assemble(raw: Any, schema: StructType, arrow_schema: Any, by_name: dict[str, Any], *, keep: list[int] | None,
+              source: str) -> Any:
+    """The output batch: rows ``keep`` (None: all) of the user columns, and the metadata column where
+    ``schema`` has it."""
+    import pyarrow as pa
+
+    idx = None if keep is None else pa.array(keep, type=pa.int64())
     out_cols: list[Any] = []
-    idx = pa.array(keep, type=pa.int64())
-    by_name = dict(zip(names, columns, strict=True))
     for f in schema.fields:
         if f.name == METADATA_COLUMN:
-            meta = pa.StructArray.from_arrays(
+            column = pa.StructArray.from_arrays(
                 [raw.column("sid"), raw.column("origin"), raw.column("replay"), raw.column("key_hash"),
                  pa.array([source] * raw.num_rows, type=pa.string()), lineage_column(raw)],
                 fields=list(arrow_schema.field(METADATA_COLUMN).type),
             )
-            out_cols.append(meta.take(idx))
         else:
-            out_cols.append(by_name[f.name].take(idx))
-    batch = pa.RecordBatch.from_arrays(out_cols, schema=arrow_schema)
-    return batch, [sids[i] for i in keep], bad
+            column = by_name[f.name]
+        out_cols.append(column if idx is None else column.take(idx))
+    return pa.RecordBatch.from_arrays(out_cols, schema=arrow_schema)

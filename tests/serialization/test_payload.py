@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from ftlayer.errors import FTLayerError, SerializationError, UnsupportedTypeError
 from serialization import MAX_INT_DIGITS, MAX_TUPLE_DEPTH, pack_payload, unpack_payload
-from serialization.payload import EXT_BIGINT, EXT_DATE, EXT_TUPLE
+from serialization.payload import EXT_BIGINT, EXT_DATE, EXT_TUPLE, unpack_run
 
 
 def same(a: Any, b: Any) -> bool:
@@ -487,3 +487,25 @@ def test_pack_payloads_keeps_pack_payloads_size_rules(monkeypatch: pytest.Monkey
     monkeypatch.setattr(payload, "MAX_PAYLOAD_BYTES", 100)
     with pytest.raises(SerializationError, match="exceeds MAX_PAYLOAD_BYTES"):
         payload.pack_payloads([1, "y" * 200])
+
+
+@settings(max_examples=60)
+@given(st.lists(values, max_size=8))
+def test_a_run_of_payloads_unpacks_as_each_would(run: list[Any]) -> None:
+    packed = [pack_payload(v) for v in run]
+    got = unpack_run(memoryview(b"".join(packed)), len(packed))
+    assert len(got) == len(packed)
+    assert all(same(a, unpack_payload(p)) for a, p in zip(got, packed, strict=True))
+
+
+def test_a_run_with_a_payload_too_many_or_too_few_is_refused() -> None:
+    data = b"".join(pack_payload(v) for v in ({"a": 1}, [2, 3], "x"))
+    assert unpack_run(data, 3) == [{"a": 1}, [2, 3], "x"]
+    for count in (2, 4):
+        with pytest.raises(SerializationError, match=f"run of {count} payloads"):
+            unpack_run(data, count)
+    with pytest.raises(SerializationError):
+        unpack_run(data[:-1], 3)
+    with pytest.raises(SerializationError):
+        unpack_run(b"\xc1", 1)  # never-used byte
+    assert unpack_run(b"", 0) == []
