@@ -23,6 +23,12 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] \
     "$VENV/bin/python" -m pip install --quiet -e "$ROOT[spark,dev]"
     echo "$want" > "$stamp"
 fi
+# The start-up hook that lets Spark's Python processes import the installed, compiled pyspark
+# instead of pyspark.zip (runtime/spark/installed_pyspark.py). The wheel carries it (setup.py); an
+# editable install does not, so it is copied here, on every run, so that a change reaches the venv.
+pth="$ROOT/runtime/spark/ftlayer-installed-pyspark.pth"
+site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+cmp -s "$pth" "$site/$(basename "$pth")" || cp "$pth" "$site/"
 export PATH="$VENV/bin:$PATH"
 
 # The MQTT tests run a real Mosquitto broker (runtime/driver/mosquitto.py); install it when

@@ -5,7 +5,7 @@ that installs it, and the packed executor environment that ``--archives`` ships 
 The steps, each a function a test or a person can run alone:
 
 - :func:`build_wheel`: ``pip wheel --no-deps`` on a copy of the distribution's files (the package
-  directories, ``pyproject.toml``, ``README.md``), so the build writes nothing into the checkout
+  directories, ``pyproject.toml``, ``setup.py``, ``README.md``), so the build writes nothing into the checkout
   and sees no untracked ``build/`` or ``*.egg-info`` left there;
 - :func:`make_venv`: ``python -m venv --copies --without-pip`` (the interpreter copied, not
   symlinked; pip runs from outside with ``pip --python``, so the venv carries no pip);
@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("ftlayer", "runtime", "serialization", "partitioners")
-DIST_FILES = ("pyproject.toml", "README.md")
+DIST_FILES = ("pyproject.toml", "setup.py", "README.md")
 PIP_TIMEOUT_S = 600.0
 
 

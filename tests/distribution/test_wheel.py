@@ -55,3 +55,25 @@ def test_the_wheel_installs_and_its_commands_run_from_the_venv(dist: Dist, tmp_p
     assert all(f.startswith(site) for f in files.split()), files
     scripts, typed = lua.split()  # every script loads, its library includes expanded
     assert int(scripts) == len(list((ROOT / "ftlayer" / "lua").glob("*.lua"))) and typed == "True"
+
+
+def test_the_wheel_installs_the_start_up_hook_for_spark_s_python_processes(dist: Dist, tmp_path: Path) -> None:
+    """``ftlayer-installed-pyspark.pth`` lands in site-packages (setup.py), and a Python process with the
+    path Spark gives its workers imports the venv's pyspark and py4j, not the zips
+    (runtime/spark/installed_pyspark.py)."""
+    home = dist.spark_home
+    (hook,) = (home.parent).glob("ftlayer-installed-pyspark.pth")
+    assert hook.read_text() == (ROOT / "runtime" / "spark" / hook.name).read_text()
+    (py4j_zip,) = (home / "python" / "lib").glob("py4j-*-src.zip")
+    spark_path = f"{home / 'python' / 'lib' / 'pyspark.zip'}:{py4j_zip}"
+    show = "import pyspark, py4j; print(pyspark.__file__, py4j.__file__)"
+    env = clean_env(PYTHONPATH=spark_path)
+    hooked = subprocess.run([str(dist.python), "-c", show], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert hooked.returncode == 0 and not hooked.stderr, hooked.stderr
+    assert hooked.stdout.split() == [str(home / "__init__.py"), str(home.parent / "py4j" / "__init__.py")]
+    env["FTLAYER_KEEP_PYSPARK_ZIP"] = "1"
+    kept = subprocess.run([str(dist.python), "-c", show], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert kept.stdout.split() == [f"{home / 'python' / 'lib' / 'pyspark.zip'}/pyspark/__init__.py",
+                                   f"{py4j_zip}/py4j/__init__.py"], kept.stderr
