@@ -8,7 +8,10 @@ client is looked up per process (see ``ftlayer.store.connection``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, cast
@@ -308,29 +311,53 @@ class SourceStore:
         return sorted(out)
 
 
+class _Pin:
+    """A pooled connection one thread keeps for its EVALSHA calls (:func:`evalsha`); handed back to
+    the pool when the thread ends (its thread-local is collected) or the pin is replaced."""
+
+    def __init__(self, pool: redis.ConnectionPool) -> None:
+        self.pool = pool
+        self.pid = os.getpid()
+        self.conn = pool.get_connection()
+
+    def __del__(self) -> None:
+        if self.pid == os.getpid():  # a forked child's pool is not the parent's
+            with contextlib.suppress(Exception):
+                self.pool.release(self.conn)
+
+
+_pins = threading.local()
+
+
+def _pinned(pool: redis.ConnectionPool) -> Any:
+    """This thread's connection of ``pool`` (see :class:`_Pin`)."""
+    pins: dict[int, _Pin] = _pins.__dict__.setdefault("by_pool", {})
+    pin = pins.get(id(pool))
+    if pin is None or pin.pool is not pool or pin.pid != os.getpid():
+        pin = pins[id(pool)] = _Pin(pool)
+    return pin.conn
+
+
 def evalsha(client: redis.Redis, script: Script, keys: list[str], args: list[Any]) -> Any:
-    """``script(keys=keys, args=args)`` on a plain (not cluster) client, sent on a pooled connection
-    directly: what redis-py's Script call does (EVALSHA; on NOSCRIPT, SCRIPT LOAD and EVALSHA once
-    more) and what its ``execute_command`` does around it (the connection's retry, which
-    disconnects after a connection error and sends again on a fresh connection, within the
-    client's outage budget), without its per-command metrics, event dispatch and response
-    callbacks (EVALSHA has none): about 50 us less client CPU a call, which ingest pays per
-    persist (a webhook's persist carries a few requests)."""
-    pool = client.connection_pool
-    conn = pool.get_connection()
+    """``script(keys=keys, args=args)`` on a plain (not cluster) client, sent directly on a pooled
+    connection this thread keeps: what redis-py's Script call does (EVALSHA; on NOSCRIPT, SCRIPT
+    LOAD and EVALSHA once more) and what its ``execute_command`` does around it (the connection's
+    retry, which disconnects after a connection error and sends again on a fresh connection,
+    within the client's outage budget), without its per-command metrics, event dispatch and
+    response callbacks (EVALSHA has none), and without taking the connection from the pool and
+    giving it back per call (redis-py 8 records metrics and dispatches an event at each). Ingest
+    pays these per persist, and a webhook's persist carries only a few requests."""
+    conn = _pinned(client.connection_pool)
 
     def once() -> Any:
-        conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
         return conn.read_response()
 
     try:
-        try:
-            return conn.retry.call_with_retry(once, lambda _exc: conn.disconnect())  # type: ignore[no-untyped-call]
-        except NoScriptError:  # a server restarted without its script cache, or another server
-            script.sha = client.script_load(script.script)
-            return conn.retry.call_with_retry(once, lambda _exc: conn.disconnect())  # type: ignore[no-untyped-call]
-    finally:
-        pool.release(conn)
+        return conn.retry.call_with_retry(once, lambda _exc: conn.disconnect())
+    except NoScriptError:  # a server restarted without its script cache, or another server
+        script.sha = client.script_load(script.script)
+        return conn.retry.call_with_retry(once, lambda _exc: conn.disconnect())
 
 
 def in_use_error(keys: SourceKeys, chunk: bytes, what: str) -> ChunkIdInUseError:

@@ -5,6 +5,9 @@ budget is ridden out, a script's error still names the source."""
 
 from __future__ import annotations
 
+import gc
+import threading
+
 import pytest
 import redis
 
@@ -54,3 +57,28 @@ def test_a_refused_persist_is_an_acker_error(redis_server_url: str, namespace: s
     with pytest.raises(AckerError, match="PERSIST failed"):
         layer.store.run(PERSIST, [*layer.store.state_keys, layer.keys.token("p:x"), *layer.store.channel_keys(2)],
                         [layer.keys.prefix, 2, b"\x00" * 20, 1000])
+
+
+def test_each_thread_keeps_its_own_connection_and_gives_it_back_when_it_ends(
+        redis_server_url: str, namespace: str) -> None:
+    layer = FTLayer(FTConfig(redis_url=redis_server_url, namespace=namespace), "t", "s", num_channels=2).open()
+    pool = layer.client.connection_pool
+    in_use: list[int] = []
+    start = threading.Barrier(4)
+
+    def persist() -> None:
+        start.wait()  # all four at once: four connections in use together
+        for _ in range(20):
+            assert _persist(layer, 3) == 3
+        in_use.append(len(pool._in_use_connections))  # type: ignore[attr-defined]
+
+    threads = [threading.Thread(target=persist) for _ in range(4)]
+    before = len(pool._in_use_connections)  # type: ignore[attr-defined]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    gc.collect()
+    assert layer.stats()["persisted"] == 4 * 20 * 3
+    assert max(in_use) >= before + 1
+    assert len(pool._in_use_connections) == before  # type: ignore[attr-defined]  # every pin given back
