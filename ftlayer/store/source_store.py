@@ -327,6 +327,7 @@ class _Pin:
 
 
 _pins = threading.local()
+_KEEP_MIN_CONNECTIONS = 1 << 16  # redis-py's default max_connections is 2**31
 
 
 def _pinned(pool: redis.ConnectionPool) -> Any:
@@ -347,17 +348,25 @@ def evalsha(client: redis.Redis, script: Script, keys: list[str], args: list[Any
     response callbacks (EVALSHA has none), and without taking the connection from the pool and
     giving it back per call (redis-py 8 records metrics and dispatches an event at each). Ingest
     pays these per persist, and a webhook's persist carries only a few requests."""
-    conn = _pinned(client.connection_pool)
+    pool = client.connection_pool
+    # a pool that limits its connections (a blocking pool, a max_connections a user set) could run
+    # out with one kept per thread: such a pool lends one per call, as redis-py does
+    keep = type(pool) is redis.ConnectionPool and pool.max_connections >= _KEEP_MIN_CONNECTIONS
+    conn = _pinned(pool) if keep else pool.get_connection()
 
     def once() -> Any:
         conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
         return conn.read_response()
 
     try:
-        return conn.retry.call_with_retry(once, lambda _exc: conn.disconnect())
-    except NoScriptError:  # a server restarted without its script cache, or another server
-        script.sha = client.script_load(script.script)
-        return conn.retry.call_with_retry(once, lambda _exc: conn.disconnect())
+        try:
+            return conn.retry.call_with_retry(once, lambda _exc: conn.disconnect())
+        except NoScriptError:  # a server restarted without its script cache, or another server
+            script.sha = client.script_load(script.script)
+            return conn.retry.call_with_retry(once, lambda _exc: conn.disconnect())
+    finally:
+        if not keep:
+            pool.release(conn)
 
 
 def in_use_error(keys: SourceKeys, chunk: bytes, what: str) -> ChunkIdInUseError:

@@ -82,3 +82,27 @@ def test_each_thread_keeps_its_own_connection_and_gives_it_back_when_it_ends(
     assert layer.stats()["persisted"] == 4 * 20 * 3
     assert max(in_use) >= before + 1
     assert len(pool._in_use_connections) == before  # type: ignore[attr-defined]  # every pin given back
+
+
+def test_a_pool_with_a_connection_limit_lends_one_per_call(redis_server_url: str, namespace: str) -> None:
+    pool = redis.BlockingConnectionPool.from_url(redis_server_url, max_connections=1, timeout=2)
+    client = redis.Redis(connection_pool=pool)
+    layer = FTLayer(FTConfig(namespace=namespace), "t", "s", num_channels=2, client=client).open()
+    done: list[int] = []
+    persisted, finish = threading.Event(), threading.Event()
+
+    def other() -> None:
+        done.append(_persist(layer, 3))
+        persisted.set()
+        finish.wait(30)  # alive: a connection it kept would still be its own
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    try:
+        assert persisted.wait(30)
+        assert _persist(layer, 4) == 4  # the pool's one connection came back after the other thread's call
+    finally:
+        finish.set()
+        thread.join(30)
+    assert done == [3]
+    assert layer.stats()["persisted"] == 7
