@@ -11,7 +11,10 @@ computed for every frame at once (:func:`ftlayer.records.crc_arrays.crc32_rows`)
 continuation over the payload is a call per record (``zlib.crc32``, in C, run by ``map``); the
 headers are cut apart by one ``struct`` call and each chunk's frames are joined once. On the
 driver this takes the encoding of a small record from about 1.2 µs (a CRC call on a
-memoryview slice per frame) to about 0.7.
+memoryview slice per frame) to about 0.7. The arrays cost some 200 µs to set up whatever the
+batch's size, so a small batch (up to :data:`PLAIN_MAX_RECORDS`: a webhook's persist of a few
+requests) takes :func:`encode_chunks_plain` instead, the same bytes with no numpy (each frame's
+parts made by ``map`` over the batch), property-tested against the array path for the same draws.
 
 Chunk rules (as ``assign_sids``): the records of one channel, in batch order,
 fill chunks of at most ``CHUNK_TARGET_RECORDS`` records and ``CHUNK_MAX_BYTES``
