@@ -8,14 +8,17 @@ client is looked up per process (see ``ftlayer.store.connection``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, cast
 
 import redis
 from redis.commands.core import Script
-from redis.exceptions import ClusterDownError, TryAgainError
+from redis.exceptions import ClusterDownError, NoScriptError, TryAgainError
 
 from ftlayer.config import FTConfig
 from ftlayer.config.redis_url import mask_url
@@ -34,6 +37,7 @@ COUNTERS = (
     "late_completions",
 )
 log = logging.getLogger(__name__)
+_PLAIN_EXECUTE = redis.Redis.execute_command  # see SourceStore._evalsha
 
 # durability mode -> (wait command without its timeout: its counts are the minimums the
 # reply must reach, what it confirms)
@@ -141,7 +145,7 @@ class SourceStore:
         that do not fit the script's declaration raise ScriptCallError before anything is sent."""
         script.check(keys, args)
         try:
-            return self.ride_out(lambda: self.script(script)(keys=keys, args=args))
+            return self.ride_out(lambda: self._evalsha(script, keys, args))
         except (redis.ConnectionError, redis.TimeoutError, ClusterDownError, TryAgainError) as exc:
             where = mask_url(self._url or "<explicit client>")
             msg = f"Redis at {where} unreachable during {script.name} for source {self.keys.prefix!r}: {exc}"
@@ -149,6 +153,15 @@ class SourceStore:
         except redis.ResponseError as exc:
             msg = f"{script.name} failed for source {self.keys.prefix!r}: {script.source.explain(str(exc))}"
             raise AckerError(msg) from exc
+
+    def _evalsha(self, script: LuaScript, keys: list[str], args: list[Any]) -> Any:
+        registered = self.script(script)
+        client = self.client
+        # redis-py's cluster client routes the call by its keys; a client class that wraps
+        # execute_command (tracing, the tests' injected faults) gets its calls through it
+        if is_cluster(client) or type(client).execute_command is not _PLAIN_EXECUTE:
+            return registered(keys=keys, args=args)
+        return evalsha(client, registered, keys, args)
 
     def ride_out(self, call: Callable[[], T]) -> T:
         """``call()``; on a cluster, retried through a failover or a slot migration for
@@ -296,6 +309,64 @@ class SourceStore:
                 continue
             out.append(suffix)
         return sorted(out)
+
+
+class _Pin:
+    """A pooled connection one thread keeps for its EVALSHA calls (:func:`evalsha`); handed back to
+    the pool when the thread ends (its thread-local is collected) or the pin is replaced."""
+
+    def __init__(self, pool: redis.ConnectionPool) -> None:
+        self.pool = pool
+        self.pid = os.getpid()
+        self.conn = pool.get_connection()
+
+    def __del__(self) -> None:
+        if self.pid == os.getpid():  # a forked child's pool is not the parent's
+            with contextlib.suppress(Exception):
+                self.pool.release(self.conn)
+
+
+_pins = threading.local()
+_KEEP_MIN_CONNECTIONS = 1 << 16  # redis-py's default max_connections is 2**31
+
+
+def _pinned(pool: redis.ConnectionPool) -> Any:
+    """This thread's connection of ``pool`` (see :class:`_Pin`)."""
+    pins: dict[int, _Pin] = _pins.__dict__.setdefault("by_pool", {})
+    pin = pins.get(id(pool))
+    if pin is None or pin.pool is not pool or pin.pid != os.getpid():
+        pin = pins[id(pool)] = _Pin(pool)
+    return pin.conn
+
+
+def evalsha(client: redis.Redis, script: Script, keys: list[str], args: list[Any]) -> Any:
+    """``script(keys=keys, args=args)`` on a plain (not cluster) client, sent directly on a pooled
+    connection this thread keeps: what redis-py's Script call does (EVALSHA; on NOSCRIPT, SCRIPT
+    LOAD and EVALSHA once more) and what its ``execute_command`` does around it (the connection's
+    retry, which disconnects after a connection error and sends again on a fresh connection,
+    within the client's outage budget), without its per-command metrics, event dispatch and
+    response callbacks (EVALSHA has none), and without taking the connection from the pool and
+    giving it back per call (redis-py 8 records metrics and dispatches an event at each). Ingest
+    pays these per persist, and a webhook's persist carries only a few requests."""
+    pool = client.connection_pool
+    # a pool that limits its connections (a blocking pool, a max_connections a user set) could run
+    # out with one kept per thread: such a pool lends one per call, as redis-py does
+    keep = type(pool) is redis.ConnectionPool and pool.max_connections >= _KEEP_MIN_CONNECTIONS
+    conn = _pinned(pool) if keep else pool.get_connection()
+
+    def once() -> Any:
+        conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        return conn.read_response()
+
+    try:
+        try:
+            return conn.retry.call_with_retry(once, lambda _exc: conn.disconnect())
+        except NoScriptError:  # a server restarted without its script cache, or another server
+            script.sha = client.script_load(script.script)
+            return conn.retry.call_with_retry(once, lambda _exc: conn.disconnect())
+    finally:
+        if not keep:
+            pool.release(conn)
 
 
 def in_use_error(keys: SourceKeys, chunk: bytes, what: str) -> ChunkIdInUseError:
