@@ -41,6 +41,7 @@ from ftlayer.records.chunks import (
     PackedChunk,
     bitmap_bytes,
     new_chunk_bases,
+    split_run,
 )
 from ftlayer.records.crc_arrays import crc32_rows
 from ftlayer.records.frames import (
@@ -126,16 +127,7 @@ def _plain_runs(sizes: list[int], channels: Sequence[int]) -> list[list[int]]:
         if len(members) <= CHUNK_TARGET_RECORDS and sum(map(size_of, members)) <= CHUNK_MAX_BYTES:
             runs.append(members)  # the usual case: a channel's records make one chunk
             continue
-        run: list[int] = []
-        used = 0
-        for i in members:
-            size = sizes[i]
-            if run and (len(run) >= CHUNK_TARGET_RECORDS or used + size > CHUNK_MAX_BYTES):
-                runs.append(run)
-                run, used = [], 0
-            run.append(i)
-            used += size
-        runs.append(run)
+        runs += split_run(members, sizes)
     return runs
 
 

@@ -73,6 +73,7 @@ __all__ = [
     "rekey_chunk",
     "shard_of",
     "sid_at",
+    "split_run",
 ]
 
 INDEX_BITS = 16
@@ -161,6 +162,25 @@ def new_chunk_bases(count: int, shard: int | None = None, num_shards: int = 1,
     return out
 
 
+def split_run(members: Sequence[int], sizes: Sequence[int] | None, max_records: int = CHUNK_TARGET_RECORDS,
+              max_bytes: int = CHUNK_MAX_BYTES) -> list[list[int]]:
+    """One channel's records (``members``: indexes, in batch order) cut into chunks of at most
+    ``max_records`` records and, by ``sizes[i]`` (their frames' byte sizes; None: no byte bound),
+    ``max_bytes`` bytes, a larger frame alone; in order, none empty."""
+    runs: list[list[int]] = []
+    run: list[int] = []
+    used = 0
+    for i in members:
+        size = sizes[i] if sizes is not None else 0
+        if run and (len(run) >= max_records or used + size > max_bytes):
+            runs.append(run)
+            run, used = [], 0
+        run.append(i)
+        used += size
+    runs.append(run)
+    return runs
+
+
 def assign_sids(
     channels: Sequence[int],
     sizes: Sequence[int] | None = None,
@@ -185,16 +205,7 @@ def assign_sids(
         by_channel.setdefault(ch, []).append(i)
     runs: list[list[int]] = []
     for members in by_channel.values():
-        run: list[int] = []
-        used = 0
-        for i in members:
-            size = sizes[i] if sizes is not None else 0
-            if run and (len(run) >= max_records or used + size > max_bytes):
-                runs.append(run)
-                run, used = [], 0
-            run.append(i)
-            used += size
-        runs.append(run)
+        runs += split_run(members, sizes, max_records, max_bytes)
     sids = [0] * len(channels)
     for base, run in zip(new_chunk_bases(len(runs), shard, num_shards, among), runs, strict=True):
         for index, i in enumerate(run):
