@@ -307,7 +307,8 @@ class FTLayer:
         """DataFrame path: file the ids a read task emitted for the micro-batch ``tag`` (and list the
         tag under Spark's ``batch`` = (query id, batch id), if known, and under the batch token
         ``token``, if given); see ``ftlayer.acker.batch_acks``."""
-        groups = by_shard(sids, lambda s: s, self.num_shards)
+        # one shard (the default): no grouping, which is a Python step per id
+        groups = {0: sids} if self.num_shards == 1 else by_shard(sids, lambda s: s, self.num_shards)
         for k, group in groups.items():
             BatchAcks(self.shards[k].store).record(tag, group, batch, token)
 

@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
-from ftlayer.acker.batch_acks import CHUNKS_PER_ELEMENT, BatchAcks, batch_tag, batch_tags
+import struct
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ftlayer.acker.batch_acks import (
+    CHUNKS_PER_ELEMENT,
+    DENSE_IDS_PER_CHUNK,
+    BatchAcks,
+    batch_tag,
+    batch_tags,
+    chunk_bitmaps,
+)
 from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.records.chunks import chunk_key, index_of, sid_at
 from serialization.serializers import make_record
 
 
@@ -51,3 +64,40 @@ def test_batch_tag_is_the_same_for_the_same_end_offset_and_differs_otherwise() -
     assert a == batch_tag({"ch1": "12-3", "ch0": "10-0"})  # key order does not matter
     assert a != batch_tag({"ch0": "10-0", "ch1": "12-4"})
     assert len(a) == 16 and int(a, 16) >= 0
+
+
+def _bitmaps_model(sids: list[int]) -> list[bytes]:
+    """chunk_bitmaps as its contract says it, one id at a time."""
+    groups: dict[bytes, bytearray] = {}
+    for sid in sids:
+        key, i = chunk_key(sid), index_of(sid)
+        bits = groups.setdefault(key, bytearray())
+        if len(bits) < (i >> 3) + 1:
+            bits.extend(bytes((i >> 3) + 1 - len(bits)))
+        bits[i >> 3] |= 1 << (i & 7)
+    return [key + struct.pack(">H", len(bits)) + bytes(bits) for key, bits in groups.items()]
+
+
+_chunk_ids = st.sampled_from([sid_at(k.to_bytes(6, "big"), 0) for k in (1, 2**47 + 5, 2**48 - 1, 77)])
+
+
+@settings(max_examples=150)
+@given(st.lists(st.tuples(_chunk_ids, st.integers(0, 1023)), max_size=60))
+def test_chunk_bitmaps_list_each_chunk_once_in_first_seen_order(pairs: list[tuple[int, int]]) -> None:
+    sids = [base | i for base, i in pairs]  # few ids a chunk: mostly the loop over the ids
+    assert chunk_bitmaps(sids) == _bitmaps_model(sids)
+
+
+@settings(max_examples=60)
+@given(st.lists(st.tuples(_chunk_ids, st.integers(0, 1023)), min_size=4 * DENSE_IDS_PER_CHUNK, max_size=600))
+def test_chunk_bitmaps_of_dense_chunks_match_too(pairs: list[tuple[int, int]]) -> None:
+    sids = [base | i for base, i in pairs]  # at least DENSE_IDS_PER_CHUNK a chunk: the array path
+    assert chunk_bitmaps(sids) == _bitmaps_model(sids)
+
+
+def test_chunk_bitmaps_of_a_read() -> None:
+    a, b = sid_at(b"\x80\x00\x00\x00\x00\x01", 0), sid_at(b"\x00\x00\x00\x00\x00\x02", 0)  # a is negative
+    got = chunk_bitmaps([a | 9, b | 0, a | 0, a | 9, b | 15])
+    assert got == [b"\x80\x00\x00\x00\x00\x01" + b"\x00\x02" + bytes([0b1, 0b10]),
+                   b"\x00\x00\x00\x00\x00\x02" + b"\x00\x02" + bytes([0b1, 0b10000000])]
+    assert chunk_bitmaps([]) == []
