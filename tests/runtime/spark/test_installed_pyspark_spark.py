@@ -29,7 +29,10 @@ APP = Path(__file__).with_name("origin_app.py")
 def run_app(python: Path, cwd: Path, **env: str) -> tuple[dict[str, object], list[dict[str, object]]]:
     probes = cwd / "probes"
     probes.mkdir()
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX) and k != "PYTHONPATH"}
+    # PYSPARK_PYTHON and PYSPARK_DRIVER_PYTHON go too: a session started earlier in this test process
+    # sets them to its own Python (local_session), and the app's Spark would run that, not the venv's
+    dropped = {"PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"}
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX) and k not in dropped}
     environ.update(PYTHONPATH=str(ROOT), PYSPARK_ORIGIN_PROBE_DIR=str(probes), **env)
     proc = subprocess.run([str(python), str(APP)], cwd=cwd, env=environ, capture_output=True, text=True,
                           timeout=600, check=False)
