@@ -131,6 +131,16 @@ def _plain_runs(sizes: list[int], channels: Sequence[int]) -> list[list[int]]:
     return runs
 
 
+def _packed(base: int, channel: int, cids: bytes, body: bytes, sids: tuple[int, ...]) -> PackedChunk:
+    """One chunk as PERSIST takes it: its header, a clear settled bitmap, its records' initial ack
+    values (``cids``: 8 bytes each, big-endian) and its frames (``body``)."""
+    count = len(sids)
+    key = ((base & _MASK64) >> INDEX_BITS).to_bytes(CHUNK_KEY_BYTES, "big")
+    blob = b"".join((CHUNK_IN_HEADER.pack(key, count, channel, count, len(body)), bytes(bitmap_bytes(count)),
+                     cids, body))
+    return PackedChunk(key, blob, sids)
+
+
 def encode_chunks_plain(
     source_id: int, payloads: Sequence[bytes], key_hashes: Sequence[int], channels: Sequence[int], *,
     num_shards: int = 1,
@@ -173,12 +183,8 @@ def encode_chunks_plain(
     start = 0
     for run, base in zip(runs, bases, strict=True):
         end = start + len(run)
-        key = ((base & _MASK64) >> INDEX_BITS).to_bytes(CHUNK_KEY_BYTES, "big")
-        body = b"".join(parts[4 * start : 4 * end])
-        count = end - start
-        blob = b"".join((CHUNK_IN_HEADER.pack(key, count, chans[start], count, len(body)),
-                         bytes(bitmap_bytes(count)), struct.pack(f">{count}q", *cids[start:end]), body))
-        out.append(PackedChunk(key, blob, tuple(sids[start:end])))
+        out.append(_packed(base, chans[start], struct.pack(f">{end - start}q", *cids[start:end]),
+                           b"".join(parts[4 * start : 4 * end]), tuple(sids[start:end])))
         start = end
     return out
 
@@ -237,10 +243,6 @@ def encode_chunks_arrays(
     out = []
     chans_o = chans[order]
     for (start, end), base in zip(runs, bases.tolist(), strict=True):
-        count = end - start
-        key = ((base & _MASK64) >> INDEX_BITS).to_bytes(CHUNK_KEY_BYTES, "big")
-        body = b"".join(parts[2 * start : 2 * end])
-        blob = b"".join((CHUNK_IN_HEADER.pack(key, count, int(chans_o[start]), count, len(body)),
-                         bytes(bitmap_bytes(count)), cids[start:end].astype(">i8").tobytes(), body))
-        out.append(PackedChunk(key, blob, tuple(sids[start:end].tolist())))
+        out.append(_packed(base, int(chans_o[start]), cids[start:end].astype(">i8").tobytes(),
+                           b"".join(parts[2 * start : 2 * end]), tuple(sids[start:end].tolist())))
     return out
