@@ -65,7 +65,7 @@ def read_range(layer: FTLayer, opts: FTSourceOptions, c: int, shard: int, after:
                                    end_chunk=last.chunk or b"", cuts=cuts)
         start_chunk, first_call = b"", False  # the start bound is the first call's only
         blob, starts, lengths, sids = batch.spans()
-        if sids:
+        if len(sids):
             yield from _arrow(layer, blob, starts, lengths, sids)
         if not batch.last_id or (not batch.skip and compare_ids(batch.last_id, until) >= 0):
             return
@@ -79,14 +79,15 @@ def read_range(layer: FTLayer, opts: FTSourceOptions, c: int, shard: int, after:
             page = max(page // 2, 1)
 
 
-def _arrow(layer: FTLayer, blob: bytes, starts: list[int], lengths: list[int], sids: list[int]) -> list[Any]:
+def _arrow(layer: FTLayer, blob: bytes, starts: Any, lengths: Any, sids: Any) -> list[Any]:
     """The Arrow batch of the frames read; one that fails its checks (a CRC mismatch) is
     failed in Redis for the dead-letter queue (by its place in its chunk) and left out, so
-    the channel goes on."""
+    the channel goes on. ``starts``, ``lengths`` and ``sids`` are the ``int64`` arrays of
+    ``ChannelBatch.spans``."""
     try:
         return [spans_to_record_batch(blob, starts, lengths)]
     except FrameError:
-        frames = [blob[s : s + n] for s, n in zip(starts, lengths, strict=True)]
+        frames = [blob[s : s + n] for s, n in zip(starts.tolist(), lengths.tolist(), strict=True)]
         good, bad = split_bad_frames(frames)
-        layer.fail_unreadable([(sids[i], f"unreadable frame: {reason}") for i, reason in bad])
+        layer.fail_unreadable([(int(sids[i]), f"unreadable frame: {reason}") for i, reason in bad])
         return [frames_to_record_batch(good)] if good else []

@@ -1,0 +1,66 @@
+"""Where a chunk's pending records lie in its frames, as numpy arrays (the FT source's read path).
+
+:func:`ftlayer.records.chunks.pending_spans` yields ``(sid, start, end)`` per pending record, a
+Python step (and a generator step) per record. The DataFrame path's read tasks need the same
+spans for every record of a micro-batch, so :func:`pending_span_arrays` gives them as three
+arrays: the length-prefix walk is still one loop step per entry (each frame's place depends on
+the one before), but the pending test, the cut and the ids are array operations.
+
+Contract: for any chunk as read (``ck`` state, ``cf`` frames) and any cut, the arrays hold
+exactly what ``pending_spans`` yields, filtered by the cut, in the same (index) order, damaged
+frames included (a length running past the end gives the empty spans ``frame_spans`` gives, so
+the reader's checks name the record). A state whose settled bitmap is shorter than its record
+count raises ``IndexError``, as ``pending_spans`` does.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from ftlayer.records.chunks import ChunkState, frame_spans, sid_at
+
+__all__ = ["pending_span_arrays"]
+
+_U32 = struct.Struct(">I")
+
+
+def _bounds(frames: bytes | memoryview, n: int) -> list[int] | None:
+    """``n + 1`` entry boundaries of a sound chunk (entry ``i`` is ``[b[i], b[i+1])``), or ``None``
+    if a length prefix is cut short or runs past the end (then ``frame_spans`` says what is left)."""
+    unpack = _U32.unpack_from
+    out = [0] * (n + 1)
+    pos = 0
+    try:
+        for i in range(1, n + 1):
+            pos += 4 + unpack(frames, pos)[0]
+            out[i] = pos
+    except struct.error:
+        return None
+    return out if pos <= len(frames) else None
+
+
+def pending_span_arrays(key: bytes, state: bytes, frames: bytes | memoryview,
+                        cut: tuple[int, int] | None = None) -> tuple[Any, Any, Any]:
+    """``(sids, starts, ends)`` (``int64`` arrays) of the pending records of a chunk whose index
+    ``i`` lies in ``cut = (lo, hi]`` (every index without a cut); see the module contract."""
+    import numpy as np
+
+    st = ChunkState.parse(state)
+    n = st.n
+    if len(st.settled) * 8 < n:
+        msg = f"chunk {key.hex()}: a settled bitmap of {len(st.settled)} bytes for {n} records"
+        raise IndexError(msg)
+    bounds = _bounds(frames, n)
+    if bounds is None:
+        pairs = np.asarray(frame_spans(frames, n), dtype=np.int64).reshape(n, 2)
+        starts, ends = pairs[:, 0], pairs[:, 1]
+    else:
+        edges = np.asarray(bounds, dtype=np.int64)
+        starts, ends = edges[:-1], edges[1:]
+    keep = np.unpackbits(np.frombuffer(st.settled, dtype=np.uint8), count=n, bitorder="little") == 0
+    index = np.arange(n, dtype=np.int64)
+    if cut is not None:
+        keep &= (index > cut[0]) & (index <= cut[1])
+    at = np.flatnonzero(keep)
+    return np.int64(sid_at(key, 0)) | index[at], starts[at], ends[at]
