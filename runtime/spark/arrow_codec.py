@@ -16,12 +16,11 @@ everywhere else in ftlayer.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
 from ftlayer.errors import FrameError
-from ftlayer.records.crc_arrays import crc32_rows
+from ftlayer.records.crc_arrays import crc32_ragged, crc32_rows
 from ftlayer.records.frames import (
     BODY_FIXED_SIZE,
     FRAME_VERSION,
@@ -116,9 +115,10 @@ def spans_to_record_batch(blob: bytes, starts: Any, lengths: Any) -> Any:
     (length, version, reserved flags, CRC-32); ``FrameError`` names the first bad one's
     index in the spans.
 
-    Cost: the headers are parsed as one numpy array; per frame only the CRC-32
-    check and one slice of the payload column's join run (in C, over memoryview
-    slices; each payload is copied once, into the column).
+    Cost: the headers are parsed as one numpy array and the CRC-32s computed over arrays
+    (:func:`~ftlayer.records.crc_arrays.crc32_ragged`; a payload over 64 bytes takes one
+    ``zlib.crc32`` call); per frame only one slice of the payload column's join runs (in C,
+    over memoryview slices; each payload is copied once, into the column).
     """
     import numpy as np
     import pyarrow as pa
@@ -136,26 +136,25 @@ def spans_to_record_batch(blob: bytes, starts: Any, lengths: Any) -> Any:
     if short.size:
         raise _bad_frame(frame(int(short[0])), int(short[0]))
     buf = np.frombuffer(blob, dtype=np.uint8)
-    at = starts[:, None] + np.arange(HEADER_SIZE, dtype=np.int64)
-    head = buf[at].view(header_dtype()).reshape(n)
+    # every frame's 48 header bytes, gathered as rows of a sliding window over the buffer (no index per byte)
+    rows = np.lib.stride_tricks.sliding_window_view(buf, HEADER_SIZE)[starts]
+    head = rows.view(header_dtype()).reshape(n)
     body = head["body_len"].astype(np.int64)
     bad = (body + 4 != lengths) | (body > _MAX_BODY) | (head["version"] != FRAME_VERSION) | (head["flags"] != 0)
-    view = memoryview(blob)
-    # the payloads' spans as slice objects, each used twice, built and applied by map (no bytecode per frame)
-    payload_spans = list(map(slice, (starts + HEADER_SIZE).tolist(), (starts + lengths).tolist()))
-    payload_views = list(map(view.__getitem__, payload_spans))
-    # each frame's CRC-32: its covered header bytes for all frames at once, then one zlib call per payload
-    covered = crc32_rows(buf[starts[:, None] + np.arange(OFFSET_VERSION, OFFSET_CRC, dtype=np.int64)]).tolist()
-    crcs = np.fromiter(map(zlib.crc32, payload_views, covered), dtype=np.int64, count=n)
-    bad |= crcs != head["crc"].astype(np.int64)
+    # each frame's CRC-32: its covered header bytes for all frames at once, continued over the payloads
+    # (the short ones as arrays too, crc32_ragged)
+    covered = crc32_rows(rows[:, OFFSET_VERSION:OFFSET_CRC])
+    crcs = crc32_ragged(blob, starts + HEADER_SIZE, lengths - HEADER_SIZE, covered)
+    bad |= crcs != head["crc"]
     wrong = np.flatnonzero(bad)
     if wrong.size:
         raise _bad_frame(frame(int(wrong[0])), int(wrong[0]))
+    view = memoryview(blob)
     sizes = lengths - HEADER_SIZE
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(sizes, out=offsets[1:])
     # the payloads back to back: one join of the slices (a memcpy each), not a gather index per byte
-    data = b"".join(payload_views)
+    data = b"".join(map(view.__getitem__, map(slice, (starts + HEADER_SIZE).tolist(), (starts + lengths).tolist())))
     schema = arrow_schema()
     payloads = pa.Array.from_buffers(schema.field("payload").type, n, [None, pa.py_buffer(offsets),
                                                                        pa.py_buffer(data)])

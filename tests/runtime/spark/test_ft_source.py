@@ -421,6 +421,20 @@ def test_codec_matches_the_serializer_and_refuses_corrupt_frames(layer: FTLayer)
             frames_to_record_batch(bad)
 
 
+@pytest.mark.parametrize("pad", [0, 20, 35, 45, 1000])  # payloads below, around and far above 64 bytes
+def test_codec_finds_a_flipped_payload_bit_in_any_frame_whatever_its_length(layer: FTLayer, pad: int) -> None:
+    ser = SemiDeserializedSerializer()
+    recs = [make_record(layer, {"i": i, "s": "z" * (pad + i % 7)}, key=i) for i in range(40)]
+    frames = [ser.encode(r) for r in recs]
+    assert frames_to_record_batch(frames).num_rows == 40
+    for bad_at in (0, 17, 39):
+        for byte in (48, len(frames[bad_at]) - 1):  # the first and the last payload byte
+            bad = list(frames)
+            bad[bad_at] = bad[bad_at][:byte] + bytes([bad[bad_at][byte] ^ 0x10]) + bad[bad_at][byte + 1 :]
+            with pytest.raises(FrameError, match=f"frame {bad_at}"):
+                frames_to_record_batch(bad)
+
+
 def test_codec_reads_frames_behind_a_prefix(layer: FTLayer) -> None:
     ser = SemiDeserializedSerializer()
     recs = [make_record(layer, {"i": i, "s": "y" * (i % 5)}, key=i) for i in range(20)]
