@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 from pyspark.sql.types import (
@@ -204,7 +205,7 @@ def _bulk_columns(raw: Any, fields: StructType, types: list[Any], convs: list[Ca
     out: list[Any] = []
     for field, typ, conv in zip(fields.fields, types, convs, strict=True):
         name = field.name
-        got = [v.get(name) for v in values]
+        got = list(map(dict.get, values, repeat(name)))  # every value is a dict (checked above): no bytecode per row
         try:
             if conv is not None:
                 got = [x if x is None else conv(x) for x in got]
@@ -229,7 +230,7 @@ def _assemble(raw: Any, schema: StructType, arrow_schema: Any, by_name: dict[str
         if f.name == METADATA_COLUMN:
             column = pa.StructArray.from_arrays(
                 [raw.column("sid"), raw.column("origin"), raw.column("replay"), raw.column("key_hash"),
-                 pa.array([source] * raw.num_rows, type=pa.string()), lineage_column(raw)],
+                 pa.repeat(pa.scalar(source, pa.string()), raw.num_rows), lineage_column(raw)],
                 fields=list(arrow_schema.field(METADATA_COLUMN).type),
             )
         else:
