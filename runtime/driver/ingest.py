@@ -97,6 +97,7 @@ from ftlayer.records.frames import SemiDeserializedRecord
 from ftlayer.records.keyhash import NO_KEY_HASH, key_hash, key_hashes
 from ftlayer.status.ingest_state import write_state
 from partitioners.factory import partitioner_for, source_strategy
+from runtime.driver.iterable_batches import iterable_batches
 from runtime.sources import AckingSource, PausableSource, PollSource
 from serialization.payload import pack_payload, pack_payloads
 from serialization.serializers import make_record
@@ -119,6 +120,11 @@ STOP_GRACE_S = 5.0
 # counting before every batch was a second round trip per persist, a third of a small batch's
 # time (the webhook's batches are a few requests)
 PENDING_RECOUNT_S = 0.05
+
+
+def is_plain_iterable(source: Any) -> bool:
+    """Is ``source`` an iterable of records (neither a poll source nor a callable source)?"""
+    return not isinstance(source, PollSource) and not (callable(source) and not isinstance(source, Iterable))
 
 
 def source_iterator(source: Any, stop: threading.Event) -> Iterator[Any]:
@@ -457,23 +463,28 @@ class Ingestor:
 
         A poll's records are taken whole (:func:`source_polls`); a batch is persisted once it
         holds ``batch_size`` records (at most that many per persist: the rest waits for the next),
-        at an idle poll, or once its first record waited ``linger_s``."""
+        at an idle poll, or once its first record waited ``linger_s``. An iterable source is cut
+        into such batches by :func:`~runtime.driver.iterable_batches.iterable_batches` (the same
+        rules, no per-record step here), each persisted as it comes."""
         batch: list[Any] = []
         monotonic, stopped = time.monotonic, self._stop.is_set  # once per poll: no attribute lookups
         batch_size, linger_s = self.batch_size, self.linger_s
         # a source whose poll() itself waits while idle (waits_when_idle) is polled again at once
         idle_s = 0.0 if getattr(self.source, "waits_when_idle", False) else linger_s
         started = monotonic()
+        whole = is_plain_iterable(self.source)  # its polls are whole batches, persisted as they come
+        polls = (iterable_batches(self.source, self._stop, batch_size, linger_s) if whole
+                 else source_polls(self.source, self._stop))
         self._report("running")
         try:
-            for got in source_polls(self.source, self._stop):
+            for got in polls:
                 if got:
                     if not batch:
                         started = monotonic()
                         batch = list(got)  # our own list: the source may keep or reuse the one it returned
                     else:
                         batch += got
-                while batch and (len(batch) >= batch_size or not got or monotonic() - started >= linger_s):
+                while batch and (whole or len(batch) >= batch_size or not got or monotonic() - started >= linger_s):
                     take = batch if len(batch) <= batch_size else batch[:batch_size]
                     self._wait_for_room()
                     try:
