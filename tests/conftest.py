@@ -36,10 +36,17 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import HealthCheck, settings
 
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
 from ftlayer.servers.embedded import EmbeddedServer
 from tests.spark_jvm import configure as configure_spark_jvms
+
+# The suite runs in 3 workers on 2 cores beside JVMs: Hypothesis's timings (a 200 ms deadline per
+# example, the too-slow health check on input generation) fail tests there for the machine's load,
+# not for the property. Every property and example count stays; only those two timings are off.
+settings.register_profile("ftlayer", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ftlayer")
 
 # Every JVM the suite starts (the session below, driver apps, the demo, the Connect server) gets the
 # tests' Spark conf (tests/spark-conf/spark-defaults.conf says what and why) and, once built, the
