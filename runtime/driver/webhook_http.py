@@ -43,7 +43,7 @@ SETTLE_TURNS = 5  # stop(): turns of the loop for a connection accepted already 
 
 class Ticket(Protocol):
     values: list[Any]
-    future: asyncio.Future[bool]
+    future: asyncio.Future[bool | None]
 
 
 class Intake(Protocol):
@@ -57,6 +57,13 @@ class Intake(Protocol):
     def answered(self, status: int, records: int) -> None: ...
     def readiness(self) -> str | None: ...
     def health(self) -> dict[str, Any]: ...
+
+
+def _time_out(future: asyncio.Future[bool | None]) -> None:
+    """``reply_timeout_s`` passed: resolve the ticket's future with None (not confirmed in time), so
+    its handler answers 503; a confirmation coming later finds the future done and is dropped."""
+    if not future.done():
+        future.set_result(None)
 
 
 def _json(status: int, doc: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
@@ -181,9 +188,13 @@ class HttpServer:
         ticket = intake.offer(values, self.loop)
         if isinstance(ticket, str):
             return self._busy(ticket, len(values))
+        future = ticket.future
+        timer = self.loop.call_later(intake.reply_timeout_s, _time_out, future)
         try:
-            ok = await asyncio.wait_for(asyncio.shield(ticket.future), intake.reply_timeout_s)
-        except asyncio.TimeoutError:
+            ok = await future
+        finally:
+            timer.cancel()
+        if ok is None:  # _time_out: the answer gives up
             intake.withdraw(ticket)
             return self._busy("not confirmed in time", len(values))
         if ok:
