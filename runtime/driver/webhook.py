@@ -302,7 +302,9 @@ class WebhookSource:
             return out
 
     def ack(self, values: list[Any]) -> None:
-        """Ingest's confirmation: ``values`` (the next ones in poll order) are safe; answer 2xx."""
+        """Ingest's confirmation: ``values`` (the next ones in poll order) are safe; answer 2xx.
+        Returns once the server's loop has answered the requests completed here, or after
+        :data:`HANDOFF_S` (a busy or stopped loop answers them later; nothing waits longer)."""
         n = len(values)
         done: list[_Ticket] = []
         with self._lock:

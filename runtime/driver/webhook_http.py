@@ -10,8 +10,10 @@ and an ASGI layer; hypercorn is slower; the stdlib server has no keep-alive wort
 Contract with the source (:class:`runtime.driver.webhook.WebhookSource`, the :class:`Intake`
 protocol): ``offer(values)`` queues a request's records and returns a ticket whose ``future``
 (bound to this server's loop) resolves True once ingest confirmed them all, False if they were
-abandoned; or it returns a string saying why not (answered 503). ``withdraw(ticket)`` is called
-when the answer gives up (``reply_timeout_s``): the source takes back records never polled.
+abandoned; or it returns a string saying why not (answered 503). The handler awaits that future
+itself, with a timer of the loop for ``reply_timeout_s`` that resolves it None (one wake-up per
+answer, not ``wait_for`` and ``shield``'s three); then ``withdraw(ticket)`` is called: the
+source takes back records never polled, and a confirmation coming later finds the future done.
 
 Routes (``path`` ends with "/"): ``POST <path>`` and ``POST <path>batch`` (records, see
 :mod:`runtime.driver.webhook_body`), ``GET /healthz`` and ``GET /readyz`` (no credentials
