@@ -6,15 +6,16 @@ each frame with :func:`ftlayer.records.frames.encode_source_frames` and packing 
 with :func:`ftlayer.records.chunks.pack_record_chunks` would give for the same ids
 (property-tested against that path). The difference is cost: the frame
 headers of the whole batch are one numpy structured array, and so are their ids
-(:func:`ftlayer.records.ids.new_id_array`, no Python int per id); the CRC-32 of the 40 covered header bytes is
-computed for every frame at once (:func:`ftlayer.records.crc_arrays.crc32_rows`), and only its
-continuation over the payload is a call per record (``zlib.crc32``, in C, run by ``map``); the
+(:func:`ftlayer.records.ids.new_id_array`, no Python int per id); the 40 covered header bytes of
+every frame are cut out of the batch's headers by one ``struct`` call, and each frame's CRC-32 over
+them and its payload is two ``zlib.crc32`` calls (in C, run by ``map``; a whole-batch table CRC,
+:func:`ftlayer.records.crc_arrays.crc32_rows`, costs more below ~1,000 frames); the
 headers are cut apart by one ``struct`` call and each chunk's frames are joined once. On the
 driver this takes the encoding of a small record from about 1.2 µs (a CRC call on a
-memoryview slice per frame) to about 0.7. The arrays cost some 200 µs to set up whatever the
-batch's size, so a small batch (up to :data:`PLAIN_MAX_RECORDS`: a webhook's persist of a few
-requests) takes :func:`encode_chunks_plain` instead, the same bytes with no numpy (each frame's
-parts made by ``map`` over the batch), property-tested against the array path for the same draws.
+memoryview slice per frame) to about 0.7. The arrays cost some 50 µs to set up whatever the
+batch's size, so a small batch (up to :data:`PLAIN_MAX_RECORDS`) takes :func:`encode_chunks_plain`
+instead, the same bytes with no numpy (each frame's parts made by ``map`` over the batch),
+property-tested against the array path for the same draws.
 
 Chunk rules (as ``assign_sids``): the records of one channel, in batch order,
 fill chunks of at most ``CHUNK_TARGET_RECORDS`` records and ``CHUNK_MAX_BYTES``
@@ -25,6 +26,7 @@ its records the indexes 0, 1, ... in batch order.
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from collections.abc import Sequence
@@ -43,7 +45,6 @@ from ftlayer.records.chunks import (
     new_chunk_bases,
     split_run,
 )
-from ftlayer.records.crc_arrays import crc32_rows
 from ftlayer.records.frames import (
     BODY_FIXED_SIZE,
     FRAME_VERSION,
@@ -59,10 +60,11 @@ __all__ = ["PLAIN_MAX_RECORDS", "encode_chunks_arrays", "encode_chunks_plain", "
 
 _MASK64 = (1 << 64) - 1
 #: Batches up to this many records take the plain-Python path (:func:`encode_chunks_plain`): below about
-#: this size the array path's set-up (some 60 small numpy calls, ~200 us whatever the size) outweighs its
-#: lower cost per record (~0.5 us against ~1 us). Measured on the 2-core dev machine, webhook-sized
-#: records: 100 records 140 us plain vs 272 arrays; 350: 479 vs 433; 800: 895 vs 632. Same bytes either way.
-PLAIN_MAX_RECORDS = 300
+#: this size the array path's set-up (some 30 small numpy calls) outweighs its lower cost per record.
+#: Measured on the 2-core dev machine, webhook-sized records (CPU us, plain vs arrays, the header
+#: structs cached): 10 records 35 vs 65; 50: 77 vs 88; 75: 105 vs 104; 100: 133 vs 117; 300: 324 vs 213.
+#: (Before the covered bytes' CRC was two zlib calls a frame, the crossover was near 300.) Same bytes either way.
+PLAIN_MAX_RECORDS = 75
 _CODES = "".join(code for _, code in HEADER_FIELDS)
 _COVERED = struct.Struct(">" + _CODES[1:-1])  # header bytes [4:44): all but body_len and crc, as frames.py
 _U32 = struct.Struct(">I")
@@ -147,7 +149,7 @@ def encode_chunks_plain(
     among: Sequence[int] | None = None,
 ) -> list[PackedChunk]:
     """:func:`encode_source_chunks` without numpy: no set-up cost, each frame's parts made by
-    ``map`` over the batch (the loops in C), so a small batch (a webhook's few requests) costs
+    ``map`` over the batch (the loops in C), so a small batch costs
     about what its records cost. The same ids drawn in the same order as
     :func:`encode_chunks_arrays` (chunk bases, then one current id per record in chunk order),
     so the same draws give the same bytes (property-tested)."""
@@ -187,6 +189,18 @@ def encode_chunks_plain(
                            b"".join(parts[4 * start : 4 * end]), tuple(sids[start:end])))
         start = end
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _covered_cut(n: int) -> struct.Struct:
+    """A struct that cuts ``n`` frame headers, back to back, into their covered bytes ``[4:44)``."""
+    return struct.Struct(f"{OFFSET_VERSION}x{OFFSET_CRC - OFFSET_VERSION}s{HEADER_SIZE - OFFSET_CRC}x" * n)
+
+
+@functools.lru_cache(maxsize=64)
+def _header_cut(n: int) -> struct.Struct:
+    """A struct that cuts ``n`` frame headers, back to back, apart."""
+    return struct.Struct(f"{HEADER_SIZE}s" * n)
 
 
 def encode_chunks_arrays(
@@ -231,14 +245,16 @@ def encode_chunks_arrays(
     head["origin"] = sids
     head["channel"] = chans[order]
     ordered = [payloads[i] for i in order.tolist()]
-    # each frame's CRC: the 40 covered header bytes of every frame at once, then its payload (a C call each)
-    covered = crc32_rows(head.view(np.uint8).reshape(n, HEADER_SIZE)[:, OFFSET_VERSION:OFFSET_CRC]).tolist()
+    # each frame's CRC: its 40 covered header bytes, cut out of the batch's headers by one struct call,
+    # then its payload (two C calls a frame, run by map: cheaper than crc32_rows' ~60 array steps
+    # below ~1,000 frames, the sizes a persist has)
+    covered = map(zlib.crc32, _covered_cut(n).unpack(head.tobytes()))
     head["crc"] = np.fromiter(map(zlib.crc32, ordered, covered), dtype=np.uint32, count=n)
     heads = head.tobytes()
     # each chunk's frames back to back: header, payload, header, payload, ... (one join per chunk); the
     # headers cut apart by one struct call
     parts: list[bytes] = [b""] * (2 * n)
-    parts[0::2] = struct.Struct(f"{HEADER_SIZE}s" * n).unpack(heads)
+    parts[0::2] = _header_cut(n).unpack(heads)
     parts[1::2] = ordered
     out = []
     chans_o = chans[order]

@@ -86,7 +86,7 @@ class _Confirmed:
 
     def __init__(self, values: list[Any], loop: asyncio.AbstractEventLoop) -> None:
         self.values = values
-        self.future: asyncio.Future[bool] = loop.create_future()
+        self.future: asyncio.Future[bool | None] = loop.create_future()
         self.future.set_result(True)
 
 

@@ -61,6 +61,9 @@ log = logger_for(__name__)
 
 STALE_POLL_S = 10.0  # /readyz: ingest must have polled within this long (else no ingest runs the source)
 IDLE_POLL_S = 0.05  # poll(): how long it waits for a request while nothing is queued nor in flight
+# ack(): how long ingest waits for the server's loop to have answered the requests it confirmed before
+# it goes on (to the next batch's packing and encoding, which hold the GIL the loop needs to answer)
+HANDOFF_S = 0.002
 
 
 @dataclass(eq=False)
@@ -68,7 +71,7 @@ class _Ticket:
     """One request's records: handed to ingest, then confirmed by ``ack`` (or abandoned)."""
 
     values: list[Any]
-    future: asyncio.Future[bool]
+    future: asyncio.Future[bool | None]  # None: the answer timed out (webhook_http)
     loop: asyncio.AbstractEventLoop
     remaining: int = field(init=False)
 
@@ -76,23 +79,35 @@ class _Ticket:
         self.remaining = len(self.values)
 
 
-def _settle(tickets: list[_Ticket], ok: bool) -> None:
-    """Resolve the tickets' futures (on their loop's thread)."""
+def _settle(tickets: list[_Ticket], ok: bool, answered: threading.Event | None = None) -> None:
+    """Resolve the tickets' futures (on their loop's thread); then, a turn of the loop later (once the
+    handlers woken here have written their answers), set ``answered``."""
     for ticket in tickets:
         if not ticket.future.done():
             ticket.future.set_result(ok)
+    if answered is not None:
+        tickets[0].loop.call_soon(answered.set)  # after the handlers' wake-ups, scheduled just now
 
 
-def _settle_soon(tickets: list[_Ticket], ok: bool) -> None:
-    """:func:`_settle` from any thread: one wake-up of each loop involved."""
+def _settle_soon(tickets: list[_Ticket], ok: bool, answered_within: float = 0.0) -> None:
+    """:func:`_settle` from any thread: one wake-up of each loop involved. With ``answered_within``,
+    wait (at most that long) until each loop has run the answers (see :data:`HANDOFF_S`)."""
     by_loop: dict[asyncio.AbstractEventLoop, list[_Ticket]] = {}
     for ticket in tickets:
         by_loop.setdefault(ticket.loop, []).append(ticket)
+    events: list[threading.Event] = []
     for loop, group in by_loop.items():
+        answered = threading.Event() if answered_within > 0 else None
         try:
-            loop.call_soon_threadsafe(_settle, group, ok)
+            loop.call_soon_threadsafe(_settle, group, ok, answered)
         except RuntimeError:  # the loop is closed: nobody waits for these answers any more
             log.debug("webhook: %d answers dropped with a closed server", len(group))
+            continue
+        if answered is not None:
+            events.append(answered)
+    deadline = time.monotonic() + answered_within
+    for answered in events:
+        answered.wait(max(0.0, deadline - time.monotonic()))
 
 
 def tls_context(cert: str, key: str | None = None) -> ssl.SSLContext:
@@ -287,7 +302,9 @@ class WebhookSource:
             return out
 
     def ack(self, values: list[Any]) -> None:
-        """Ingest's confirmation: ``values`` (the next ones in poll order) are safe; answer 2xx."""
+        """Ingest's confirmation: ``values`` (the next ones in poll order) are safe; answer 2xx.
+        Returns once the server's loop has answered the requests completed here, or after
+        :data:`HANDOFF_S` (a busy or stopped loop answers them later; nothing waits longer)."""
         n = len(values)
         done: list[_Ticket] = []
         with self._lock:
@@ -298,7 +315,8 @@ class WebhookSource:
                 n -= take
                 if ticket.remaining == 0:
                     done.append(self._inflight.popleft())
-        _settle_soon(done, True)
+        if done:
+            _settle_soon(done, True, HANDOFF_S)
 
     def ingest_paused(self, reason: str | None) -> None:
         """Ingest waits (backpressure, Redis unreachable): answer new requests 503 until it goes on."""

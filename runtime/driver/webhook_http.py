@@ -10,8 +10,10 @@ and an ASGI layer; hypercorn is slower; the stdlib server has no keep-alive wort
 Contract with the source (:class:`runtime.driver.webhook.WebhookSource`, the :class:`Intake`
 protocol): ``offer(values)`` queues a request's records and returns a ticket whose ``future``
 (bound to this server's loop) resolves True once ingest confirmed them all, False if they were
-abandoned; or it returns a string saying why not (answered 503). ``withdraw(ticket)`` is called
-when the answer gives up (``reply_timeout_s``): the source takes back records never polled.
+abandoned; or it returns a string saying why not (answered 503). The handler awaits that future
+itself, with a timer of the loop for ``reply_timeout_s`` that resolves it None (one wake-up per
+answer, not ``wait_for`` and ``shield``'s three); then ``withdraw(ticket)`` is called: the
+source takes back records never polled, and a confirmation coming later finds the future done.
 
 Routes (``path`` ends with "/"): ``POST <path>`` and ``POST <path>batch`` (records, see
 :mod:`runtime.driver.webhook_body`), ``GET /healthz`` and ``GET /readyz`` (no credentials
@@ -43,7 +45,7 @@ SETTLE_TURNS = 5  # stop(): turns of the loop for a connection accepted already 
 
 class Ticket(Protocol):
     values: list[Any]
-    future: asyncio.Future[bool]
+    future: asyncio.Future[bool | None]
 
 
 class Intake(Protocol):
@@ -57,6 +59,13 @@ class Intake(Protocol):
     def answered(self, status: int, records: int) -> None: ...
     def readiness(self) -> str | None: ...
     def health(self) -> dict[str, Any]: ...
+
+
+def _time_out(future: asyncio.Future[bool | None]) -> None:
+    """``reply_timeout_s`` passed: resolve the ticket's future with None (not confirmed in time), so
+    its handler answers 503; a confirmation coming later finds the future done and is dropped."""
+    if not future.done():
+        future.set_result(None)
 
 
 def _json(status: int, doc: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
@@ -181,9 +190,13 @@ class HttpServer:
         ticket = intake.offer(values, self.loop)
         if isinstance(ticket, str):
             return self._busy(ticket, len(values))
+        future = ticket.future
+        timer = self.loop.call_later(intake.reply_timeout_s, _time_out, future)
         try:
-            ok = await asyncio.wait_for(asyncio.shield(ticket.future), intake.reply_timeout_s)
-        except asyncio.TimeoutError:
+            ok = await future
+        finally:
+            timer.cancel()
+        if ok is None:  # _time_out: the answer gives up
             intake.withdraw(ticket)
             return self._busy("not confirmed in time", len(values))
         if ok:
