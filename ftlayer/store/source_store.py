@@ -327,7 +327,7 @@ class _Pin:
 
 
 _pins = threading.local()
-_KEEP_MIN_CONNECTIONS = 1 << 16  # redis-py's default max_connections is 2**31
+_KEEP_MIN_CONNECTIONS = 1 << 16  # redis-py 7 pools had 2**31 by default; redis-py 8 pools have 100 and lend per call
 
 
 def _pinned(pool: redis.ConnectionPool) -> Any:

@@ -61,16 +61,20 @@ def test_a_refused_persist_is_an_acker_error(redis_server_url: str, namespace: s
 
 def test_each_thread_keeps_its_own_connection_and_gives_it_back_when_it_ends(
         redis_server_url: str, namespace: str) -> None:
-    layer = FTLayer(FTConfig(redis_url=redis_server_url, namespace=namespace), "t", "s", num_channels=2).open()
+    # a pool large enough to keep connections in (redis-py 8's default pool of 100 is not: see _KEEP_MIN_CONNECTIONS)
+    client = redis.Redis(connection_pool=redis.ConnectionPool.from_url(redis_server_url, max_connections=1 << 20))
+    layer = FTLayer(FTConfig(namespace=namespace), "t", "s", num_channels=2, client=client).open()
     pool = layer.client.connection_pool
     in_use: list[int] = []
-    start = threading.Barrier(4)
+    start, measured, leave = threading.Barrier(4), threading.Barrier(4), threading.Barrier(4)
 
     def persist() -> None:
         start.wait()  # all four at once: four connections in use together
         for _ in range(20):
             assert _persist(layer, 3) == 3
+        measured.wait()  # every thread done calling, none ended: each still holds the one it kept
         in_use.append(len(pool._in_use_connections))  # type: ignore[attr-defined]
+        leave.wait()
 
     threads = [threading.Thread(target=persist) for _ in range(4)]
     before = len(pool._in_use_connections)  # type: ignore[attr-defined]
@@ -80,7 +84,7 @@ def test_each_thread_keeps_its_own_connection_and_gives_it_back_when_it_ends(
         thread.join()
     gc.collect()
     assert layer.stats()["persisted"] == 4 * 20 * 3
-    assert max(in_use) >= before + 1
+    assert in_use == [before + 4] * 4  # one kept connection per thread, not one per call
     assert len(pool._in_use_connections) == before  # type: ignore[attr-defined]  # every pin given back
 
 
