@@ -15,6 +15,9 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
+from runtime.driver import webhook
 from runtime.driver.webhook import HANDOFF_S, WebhookSource
 from tests.runtime.webhook_support import Answer, Http
 from tests.waiting import wait_until
@@ -33,7 +36,10 @@ def _post_in_background(url: str, values: list[Any], out: list[Answer]) -> threa
     return thread
 
 
-def test_ack_returns_once_the_confirmed_requests_are_answered() -> None:
+def test_ack_returns_once_the_confirmed_requests_are_answered(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the bound raised for this test: on a loaded machine the loop may take longer than 2 ms to run the
+    # answers, and what is checked here is that ack waits for them (the bound has its own test below)
+    monkeypatch.setattr(webhook, "HANDOFF_S", 10.0)
     hooks = WebhookSource(reply_timeout_s=30.0)
     try:
         for round_ in range(5):
@@ -66,7 +72,9 @@ def test_ack_waits_at_most_the_handoff_bound_for_a_busy_loop() -> None:
         started = time.monotonic()
         hooks.ack(values)
         waited = time.monotonic() - started
-        assert waited < HANDOFF_S + 0.25, f"ack waited {waited:.3f} s for a busy loop"
+        # the loop is busy for 1 s: an ack that waited for it would take that long; the slack over
+        # HANDOFF_S is for a loaded machine's scheduling, well under the second
+        assert waited < HANDOFF_S + 0.5, f"ack waited {waited:.3f} s for a busy loop"
         poster.join(10)
         assert [a.status for a in answers] == [200]  # answered once the loop was free again
     finally:
