@@ -81,7 +81,7 @@ class RetryingClient:
         self.threads = threads
         self.id_of = id_of
         self.backoff_s = backoff_s
-        self.pace_s = pace_s  # each thread waits this long after a confirmation (a steady producer)
+        self.pace_s = pace_s  # each thread waits this long after a confirmation; read each time, so settable
         self.confirmed: list[int] = []
         self.answers: dict[int | None, int] = {}
         self.retries = 0

@@ -50,6 +50,9 @@ def test_executors_import_ftlayer_only_from_the_shipped_archive(dist: Dist, tmp_
            "--conf", "spark.pyspark.python=./environment/bin/python",
            "--conf", f"spark.pyspark.driver.python={dist.python}",
            "--conf", "spark.executor.memory=768m", "--conf", "spark.ui.enabled=false",
+           # the tour's windowed count shuffles: 4 state-store partitions, not Spark's 200 (200 tasks and
+           # 200 state stores a batch on two 1-core executors were 28 of the job's 40 s)
+           "--conf", "spark.sql.shuffle.partitions=4",
            "--conf", "spark.ftlayer.max_replays=1", "--conf", "spark.ftlayer.replay_backoff_initial_s=0",
            str(app), "--records", str(RECORDS), "--bare-python", str(dist.bare_python)]
     env = clean_env(SPARK_HOME=str(dist.spark_home), SPARK_CONF_DIR=str(ROOT / "tests" / "spark-conf"))
