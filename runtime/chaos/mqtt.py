@@ -17,7 +17,9 @@ acknowledged to the broker, which keeps them in the session. (A driver that ackn
 receipt would never show messages in flight, and the scenario would fail at the kill point.)
 A second driver with the same topology, namespace, checkpoint and client id starts; the broker
 sends it what the first never acknowledged, and the publisher goes on (it holds at two thirds
-until the kill point, so a slow first Spark batch cannot let it finish first). The end comes
+until the kill point, so a slow first Spark batch cannot let it finish first; let go, it
+publishes the rest unpaced, so that messages are in flight at the kill), and the new driver's map
+no longer sleeps per record (the sleep is there to have records pending at the kill). The end comes
 once the publisher is done and the broker's log shows every message it sent to the new driver
 acknowledged: every acknowledged id must then reach the sink (records the dead driver had
 persisted are read again by the new driver's query, or replayed after their timeout).
@@ -53,12 +55,13 @@ CLIENT_ID = "ftlayer-chaos"
 TOPIC_FILTER = "chaos/#"
 
 
-def _driver(ctx: ScenarioContext, broker_url: str, log_name: str, pipeline: str) -> subprocess.Popen[str]:
+def _driver(ctx: ScenarioContext, broker_url: str, log_name: str, pipeline: str, *extra: str) -> subprocess.Popen[str]:
     cfg = ctx.config
     log = (ctx.workdir / log_name).open("w")
     return subprocess.Popen(
         [sys.executable, "-m", "runtime.chaos.mqtt", "--redis-url", cfg.redis_url, "--namespace", cfg.namespace,
-         "--workdir", str(ctx.workdir), "--broker-url", broker_url, "--pipeline", pipeline, *sink_args(ctx)],
+         "--workdir", str(ctx.workdir), "--broker-url", broker_url, "--pipeline", pipeline, *sink_args(ctx),
+         *extra],
         stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
     )
 
@@ -120,6 +123,10 @@ def _kill_and_restart(ctx: ScenarioContext, broker: EmbeddedMosquitto, records: 
                 break
             _phase_one_alive(first, deadline, layer)
             time.sleep(0.05)
+        # let the publisher go, unpaced: a burst puts messages in flight to the driver (persisted
+        # and PUBACKed in batches); at 10 ms a message a driver that keeps up on a quiet machine
+        # showed fewer than IN_FLIGHT_AT_KILL unacknowledged at every poll until all were done
+        publisher.pace_s = 0.0
         publisher.release()
         while not (layer.stats()["pending"] > 0 and _unacked(broker.log_lines()) >= IN_FLIGHT_AT_KILL):
             _phase_one_alive(first, deadline, layer)
@@ -136,7 +143,8 @@ def _kill_and_restart(ctx: ScenarioContext, broker: EmbeddedMosquitto, records: 
                      f"{unacked_at_kill} unacknowledged by the driver, {at_kill['pending']} pending, "
                      f"{at_kill['acked']} acked")
     ctx.say(f"driver killed ({confirmed_at_kill} published, {unacked_at_kill} unacknowledged); starting phase 2")
-    second = _driver(ctx, broker.url, "driver2.log", pipeline)
+    # the slow map only served the kill (records pending at it): the new driver maps without it
+    second = _driver(ctx, broker.url, "driver2.log", pipeline, "--sleep-ms", "0")
     try:
         all_confirmed = publisher.join(600)
         settle = time.monotonic() + 600

@@ -28,11 +28,11 @@ ROOT = Path(__file__).resolve().parents[2]
 RECORDS = 2000
 
 
-def _tour(cwd: Path, log: str) -> subprocess.Popen[str]:
+def _tour(cwd: Path, log: str, *extra: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}  # default settings
     env["PYTHONPATH"] = str(ROOT)
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.runtime.tour_app", "--records", str(RECORDS)],
+        [sys.executable, "-m", "tests.runtime.tour_app", "--records", str(RECORDS), *extra],
         cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=(cwd / log).open("w"), text=True, start_new_session=True,
     )
 
@@ -67,7 +67,9 @@ def test_kill_9_mid_stream_and_rerun_with_default_settings_loses_nothing(tmp_pat
     assert handed_out < RECORDS  # killed mid-stream: the source had more to give
     assert (state / "checkpoint").is_dir() and (state / "redis" / "appendonlydir").is_dir()
 
-    second = _tour(tmp_path, "second.log")  # the same program, the same working directory: it resumes
+    # the same program, the same working directory: it resumes; its source no longer paced (the pace
+    # only keeps the stream flowing until the kill), ftlayer's settings the same defaults
+    second = _tour(tmp_path, "second.log", "--unpaced")
     out, _ = second.communicate(timeout=600)
     assert second.returncode == 0, out + (tmp_path / "second.log").read_text()[-3000:]
     final = json.loads(out.strip().splitlines()[-1])

@@ -4,8 +4,8 @@ No redis_url, no checkpoint, no state_dir: everything lives in ``./.ftlayer/tour
 source stands for a socket: it cannot rewind, and a re-run continues after the last record
 it handed out (``./produced`` holds that count), so a re-run can only deliver what ftlayer
 persisted before the kill. It emits 400 lines at once, then 50 lines/s up to ``--records``,
-so a test can kill the driver mid-stream. It prints ``drained`` and the counters as
-JSON on its last line.
+so a test can kill the driver mid-stream; ``--unpaced`` (the re-run) hands out the rest at once,
+since no kill comes then. It prints ``drained`` and the counters as JSON on its last line.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from runtime.topology import Topology
 PRODUCED = Path("produced")
 
 
-def clicks(n: int) -> Iterator[str]:
+def clicks(n: int, paced: bool = True) -> Iterator[str]:
     """Lines ``i|user|page`` from where the last run stopped handing them out."""
     start = int(PRODUCED.read_text()) if PRODUCED.exists() else 0
     for i in range(start, n):
@@ -34,7 +34,7 @@ def clicks(n: int) -> Iterator[str]:
         tmp.write_text(str(i + 1))
         tmp.replace(PRODUCED)  # handed out (atomically): a socket would not send it again
         yield f"{i}|user-{i % 97}|/page/{i % 13}"
-        if i >= 400 and i % 10 == 9:
+        if paced and i >= 400 and i % 10 == 9:
             time.sleep(0.2)  # 400 at once, then 50 records/s: the stream is still flowing at the kill
 
 
@@ -47,9 +47,10 @@ def parse(line: str) -> dict[str, Any]:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--records", type=int, default=2000)
+    p.add_argument("--unpaced", action="store_true", help="hand out the rest at once (a re-run after the kill)")
     args = p.parse_args()
     topo = Topology("tour", FTConfig.load())
-    (topo.source("events", clicks(args.records))
+    (topo.source("events", clicks(args.records, paced=not args.unpaced))
          .map(parse)
          .key_by(lambda e: e["user"])
          .map(lambda e: {**e, "segment": len(e["user"]) % 3})
