@@ -1,12 +1,13 @@
 """``zlib.crc32`` of many byte rows at once, over numpy arrays: rows of one length
 (:func:`crc32_rows`) and rows of many (:func:`crc32_ragged`, the reader's payloads).
 
-Ingest checksums every frame it writes: ``zlib.crc32(payload, zlib.crc32(header[4:44]))``
-(:mod:`ftlayer.records.frames`). The 40 header bytes have the same length in every frame, so
-their CRC-32 is computed here for a whole batch in a few array steps (slicing-by-4: one table
-step per 4 bytes, two lookups in 16-bit tables, for all rows at once) instead of one memoryview slice and one
-``zlib.crc32`` call per frame; the payload is then continued with ``zlib.crc32`` (one C call
-per frame, started from the header's CRC). The values are exactly ``zlib.crc32``'s (the same
+Every frame carries ``zlib.crc32(payload, zlib.crc32(header[4:44]))``
+(:mod:`ftlayer.records.frames`). The reader (``runtime.spark.arrow_codec``) checks a page of frames
+at once: the 40 covered header bytes have the same length in every frame, so their CRC-32 is
+:func:`crc32_rows` (slicing-by-4: one table step per 4 bytes, two lookups in 16-bit tables, for all
+rows at once), and :func:`crc32_ragged` continues it over the payloads of different lengths. Ingest
+writes small batches, where two ``zlib.crc32`` calls a frame cost less than the arrays' set-up
+(``ftlayer.records.chunk_encoding``). The values are exactly ``zlib.crc32``'s (the same
 polynomial, 0xEDB88320 reflected, initial and final XOR 0xFFFFFFFF); property-tested against it.
 """
 

@@ -144,17 +144,17 @@ def spans_to_record_batch(blob: bytes, starts: Any, lengths: Any) -> Any:
     # each frame's CRC-32: its covered header bytes for all frames at once, continued over the payloads
     # (the short ones as arrays too, crc32_ragged)
     covered = crc32_rows(rows[:, OFFSET_VERSION:OFFSET_CRC])
-    crcs = crc32_ragged(blob, starts + HEADER_SIZE, lengths - HEADER_SIZE, covered)
+    payload_starts, sizes = starts + HEADER_SIZE, lengths - HEADER_SIZE
+    crcs = crc32_ragged(blob, payload_starts, sizes, covered)
     bad |= crcs != head["crc"]
     wrong = np.flatnonzero(bad)
     if wrong.size:
         raise _bad_frame(frame(int(wrong[0])), int(wrong[0]))
     view = memoryview(blob)
-    sizes = lengths - HEADER_SIZE
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(sizes, out=offsets[1:])
     # the payloads back to back: one join of the slices (a memcpy each), not a gather index per byte
-    data = b"".join(map(view.__getitem__, map(slice, (starts + HEADER_SIZE).tolist(), (starts + lengths).tolist())))
+    data = b"".join(map(view.__getitem__, map(slice, payload_starts.tolist(), (starts + lengths).tolist())))
     schema = arrow_schema()
     payloads = pa.Array.from_buffers(schema.field("payload").type, n, [None, pa.py_buffer(offsets),
                                                                        pa.py_buffer(data)])
