@@ -7,7 +7,8 @@ later (``serialization.payload.unpack_payload``).
 :func:`frames_to_record_batch` is the hot path of the FT source's ``read()``. It
 checks every frame exactly as :class:`~ftlayer.records.frames.SemiDeserializedSerializer`
 does (length, version, reserved flags, CRC-32) but parses all headers at once
-with numpy instead of building a validated record object per frame. A frame
+with numpy instead of building a validated record object per frame, and takes a matching
+chunk CRC (``ftlayer.records.chunk_crc``) for its frames' own CRC-32s. A frame
 that fails any check is handed to the serializer's ``decode``, so the ``FrameError`` raised names the problem exactly as
 everywhere else in ftlayer.
 
@@ -106,19 +107,22 @@ def frames_to_record_batch(frames: Sequence[bytes], *, prefix: int = 0) -> Any:
     return spans_to_record_batch(b"".join(frames), starts + prefix, sizes - prefix)
 
 
-def spans_to_record_batch(blob: bytes, starts: Any, lengths: Any) -> Any:
+def spans_to_record_batch(blob: bytes, starts: Any, lengths: Any, vouched: Any = None) -> Any:
     """One ``pyarrow.RecordBatch`` with a row per frame ``blob[starts[i] : starts[i] + lengths[i]]``.
 
     The FT source hands it a chunk's frames as Redis returned them, with the spans of its
     pending records (``runtime.spark.ft_source``): no frame is copied out on its own.
     Every frame is checked as :class:`~ftlayer.records.frames.SemiDeserializedSerializer` checks it
     (length, version, reserved flags, CRC-32); ``FrameError`` names the first bad one's
-    index in the spans.
+    index in the spans. ``vouched`` (a bool per frame; None: none) marks the frames whose
+    chunk's CRC matched (``ftlayer.records.chunk_crc``, ``ChannelBatch.spans``): their bytes are
+    as their writer encoded them, so their own CRC-32 is not computed again (their length,
+    version and flags still are checked).
 
-    Cost: the headers are parsed as one numpy array and the CRC-32s computed over arrays
-    (:func:`~ftlayer.records.crc_arrays.crc32_ragged`; a payload over 64 bytes takes one
-    ``zlib.crc32`` call); per frame only one slice of the payload column's join runs (in C,
-    over memoryview slices; each payload is copied once, into the column).
+    Cost: the headers are parsed as one numpy array and the CRC-32s of the frames not vouched
+    for computed over arrays (:func:`~ftlayer.records.crc_arrays.crc32_ragged`; a payload over
+    64 bytes takes one ``zlib.crc32`` call); per frame only one slice of the payload column's
+    join runs (in C, over memoryview slices; each payload is copied once, into the column).
     """
     import numpy as np
     import pyarrow as pa
@@ -141,12 +145,16 @@ def spans_to_record_batch(blob: bytes, starts: Any, lengths: Any) -> Any:
     head = rows.view(header_dtype()).reshape(n)
     body = head["body_len"].astype(np.int64)
     bad = (body + 4 != lengths) | (body > _MAX_BODY) | (head["version"] != FRAME_VERSION) | (head["flags"] != 0)
-    # each frame's CRC-32: its covered header bytes for all frames at once, continued over the payloads
-    # (the short ones as arrays too, crc32_ragged)
-    covered = crc32_rows(rows[:, OFFSET_VERSION:OFFSET_CRC])
     payload_starts, sizes = starts + HEADER_SIZE, lengths - HEADER_SIZE
-    crcs = crc32_ragged(blob, payload_starts, sizes, covered)
-    bad |= crcs != head["crc"]
+    # each frame's CRC-32 unless its chunk's CRC vouched for it: its covered header bytes for all
+    # such frames at once, continued over the payloads (the short ones as arrays too, crc32_ragged)
+    check = None if vouched is None else np.flatnonzero(~np.asarray(vouched, dtype=bool))
+    if check is None:
+        covered = crc32_rows(rows[:, OFFSET_VERSION:OFFSET_CRC])
+        bad |= crc32_ragged(blob, payload_starts, sizes, covered) != head["crc"]
+    elif check.size:
+        covered = crc32_rows(rows[check, OFFSET_VERSION:OFFSET_CRC])
+        bad[check] |= crc32_ragged(blob, payload_starts[check], sizes[check], covered) != head["crc"][check]
     wrong = np.flatnonzero(bad)
     if wrong.size:
         raise _bad_frame(frame(int(wrong[0])), int(wrong[0]))
