@@ -220,3 +220,35 @@ def test_chunks_without_their_crc_read_as_those_with_it(layer: FTLayer, ft_confi
     assert sorted(layer.ack({r["sid"]: r["cid"] for r in old}).acked) == sorted(expected)
     assert layer.pending_count() == 0
     assert redis_client.hlen(layer.store.keys.chunk_frames) == 0  # every chunk deleted with its last record
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_the_payload_column_holds_each_span_of_the_buffer(data: st.DataObject) -> None:
+    """_payload_column (binary views cast to binary) against slicing: values inline (<= 12 bytes) and
+    not, empty ones, and short ones that end the buffer (their 12-byte window would run past it)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from runtime.spark.arrow_codec import _payload_column, payload_views
+
+    blob = data.draw(st.binary(min_size=1, max_size=300))
+    spans = data.draw(st.lists(st.integers(0, len(blob)).flatmap(
+        lambda a: st.tuples(st.just(a), st.integers(0, len(blob) - a))), max_size=40))
+    if data.draw(st.booleans()):
+        spans.append((len(blob) - min(3, len(blob)), min(3, len(blob))))  # the last bytes of the buffer
+    starts = np.asarray([a for a, _ in spans], dtype=np.int64)
+    sizes = np.asarray([k for _, k in spans], dtype=np.int64)
+    column = _payload_column(blob, starts, sizes, pa.binary())
+    assert column.type == pa.binary()
+    column.validate(full=True)
+    assert column.to_pylist() == [blob[a : a + k] for a, k in spans]
+    views = payload_views(blob, starts, sizes)  # the Arrow format's layout, field by field
+    raw = views.tobytes()
+    for (a, k), view in zip(spans, [raw[i : i + 16] for i in range(0, 16 * len(spans), 16)], strict=True):
+        assert int.from_bytes(view[:4], "little") == k
+        if k <= 12:
+            assert view[4:] == blob[a : a + k] + bytes(12 - k)
+        else:
+            assert view[4:8] == blob[a : a + 4] and view[8:12] == bytes(4)
+            assert int.from_bytes(view[12:], "little") == a
