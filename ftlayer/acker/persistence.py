@@ -41,7 +41,7 @@ from ftlayer.acker.channels import check_channel_count
 from ftlayer.errors import ChannelCountMismatchError, FrameError, InvalidArgumentError
 from ftlayer.records.chunks import MAX_DRAWS, PackedChunk, pack_chunks, pending_spans, rekey_chunk
 from ftlayer.records.frames import NO_CHANNEL, SemiDeserializedRecord, SemiDeserializedSerializer
-from ftlayer.records.span_arrays import pending_span_arrays
+from ftlayer.records.span_arrays import checked_span_arrays
 from ftlayer.scripting.lua_script import STATE_KEYS, LuaScript
 from ftlayer.scripting.script_bounds import (
     CALL_MAX_BYTES,
@@ -164,26 +164,28 @@ class ChannelBatch:
                 frames.append(blob[start:end])
         return sids, frames
 
-    def spans(self) -> tuple[bytes, Any, Any, Any]:
-        """The pending records as ``(buffer, starts, lengths, sids)``: the chunks' frames joined
-        once, and where each pending record's frame lies in it, as ``int64`` arrays in read order
-        (the FT source's hot path: no frame is copied out on its own, and no Python step per
-        record but the length-prefix walk, :mod:`ftlayer.records.span_arrays`)."""
+    def spans(self) -> tuple[bytes, Any, Any, Any, Any]:
+        """The pending records as ``(buffer, starts, lengths, sids, vouched)``: the chunks' frames
+        joined once, and where each pending record's frame lies in it, as ``int64`` arrays in read
+        order (the FT source's hot path: no frame is copied out on its own, and no Python step per
+        record but the length-prefix walk, :mod:`ftlayer.records.span_arrays`); ``vouched`` (bool)
+        is True for a record whose chunk's CRC matched (``ftlayer.records.chunk_crc``), so its
+        frame's own CRC need not be checked again."""
         import numpy as np
 
         parts: list[bytes] = []
-        found: list[tuple[Any, Any, Any]] = []
+        found: list[tuple[Any, Any, Any, Any]] = []
         offset = 0
         for key, state, blob in self.chunks:
-            sids, starts, ends = pending_span_arrays(key, state, blob, self.cuts.get(key))
-            found.append((sids, starts + offset, ends - starts))
+            sids, starts, ends, sound = checked_span_arrays(key, state, blob, self.cuts.get(key))
+            found.append((sids, starts + offset, ends - starts, np.full(sids.size, sound)))
             parts.append(blob)
             offset += len(blob)
         if not found:
             empty = np.zeros(0, dtype=np.int64)
-            return b"", empty, empty, empty
-        sids, starts, lengths = (np.concatenate(column) for column in zip(*found, strict=True))
-        return b"".join(parts), starts, lengths, sids
+            return b"", empty, empty, empty, np.zeros(0, dtype=bool)
+        sids, starts, lengths, vouched = (np.concatenate(column) for column in zip(*found, strict=True))
+        return b"".join(parts), starts, lengths, sids, vouched
 
     def records(self) -> list[SemiDeserializedRecord]:
         """The frames decoded (payloads stay msgpack bytes)."""
@@ -258,7 +260,8 @@ class PersistenceLayer:
                     f"{rec.channel}; persist needs a channel in 0..{self.num_channels - 1}"
                 )
                 raise FrameError(msg)
-        return self.persist_frames([_SERIALIZER.encode(r) for r in records])
+        # encoded here: each chunk carries its CRC (ftlayer.records.chunk_crc), which the reader checks
+        return self.persist_chunks(pack_chunks([_SERIALIZER.encode(r) for r in records], crc=True))
 
     def persist_frames(self, frames: Sequence[bytes]) -> int:
         """Persist already-encoded frames, grouped into chunks by their ids (``ftlayer.records.chunks``).
@@ -267,6 +270,9 @@ class PersistenceLayer:
         the first call's records were processed and acked (each server-side call carries
         a token named after a hash of its input; see PERSIST), unless a failover
         lost the first call's writes, which are then filed again.
+
+        The frames come from the caller, so their chunks carry no chunk CRC
+        (``ftlayer.records.chunk_crc``): the reader checks each frame's own.
         """
         return self.persist_chunks(pack_chunks(frames))
 

@@ -19,7 +19,8 @@ key suffix        type    contents
                           (bit i: record i completed, failed, or a hole). Present while any
                           record of the chunk is pending; deleted with its last one
 ``ci``            hash    chunk id -> n x 8-byte initial ack values (the records' current ids)
-``cf``            hash    chunk id -> the records' frames in index order (4 zero bytes for a hole)
+``cf``            hash    chunk id -> the records' frames in index order (4 zero bytes for a hole),
+                          then, if its writer encoded them, their CRC-32 (``ftlayer.records.chunk_crc``)
 ``xv``            hash    source_record_id (8 bytes) -> current ack value (8), only for a record
                           whose tree was flushed in parts (split over tasks); deleted when it settles
 ``live``          string  records pending now (the sum of the chunks' pending counts)

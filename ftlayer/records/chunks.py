@@ -30,7 +30,8 @@ and ftlayer's own writers (ingest, replay, requeue) draw again.
 frame of record ``i`` or, for an index no record was given (a *hole*), the 4
 bytes ``00 00 00 00``. Holes are settled from the start. So the frame of record
 ``i`` is found by walking the length prefixes, and the record at position ``i``
-is the record with id ``base + i``.
+is the record with id ``base + i``. After the ``n`` entries a writer that encoded the frames
+itself puts the chunk's CRC-32 (:mod:`ftlayer.records.chunk_crc`), which no walk reaches.
 
 This module is pure: id math, packing of persist input, and parsing of what
 the scripts store (for readers and inspection). The Lua under ``ftlayer/lua/`` reads the
@@ -46,6 +47,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ftlayer.errors import FrameError, InvalidIdError
+from ftlayer.records.chunk_crc import CHUNK_CRC_BYTES, trailer, vouches
 from ftlayer.records.ids import new_ids
 
 __all__ = [
@@ -226,7 +228,7 @@ class PackedChunk:
         return len(self.sids)
 
 
-def _pack_one(key: bytes, channel: int, members: dict[int, tuple[int, bytes]]) -> PackedChunk:
+def _pack_one(key: bytes, channel: int, members: dict[int, tuple[int, bytes]], crc: bool) -> PackedChunk:
     n = max(members) + 1
     bits = bytearray(bitmap_bytes(n))
     cids = [0] * n
@@ -240,13 +242,17 @@ def _pack_one(key: bytes, channel: int, members: dict[int, tuple[int, bytes]]) -
             cids[i] = got[0]
             frames.append(got[1])
     body = b"".join(frames)
-    blob = b"".join((CHUNK_IN_HEADER.pack(key, n, channel, len(members), len(body)), bits,
-                     struct.pack(f">{n}q", *cids), body))
+    tail = trailer(body) if crc else b""
+    blob = b"".join((CHUNK_IN_HEADER.pack(key, n, channel, len(members), len(body) + len(tail)), bits,
+                     struct.pack(f">{n}q", *cids), body, tail))
     return PackedChunk(key, blob, tuple(sid_at(key, i) for i in sorted(members)))
 
 
-def pack_chunks(frames: Iterable[bytes]) -> list[PackedChunk]:
+def pack_chunks(frames: Iterable[bytes], *, crc: bool = False) -> list[PackedChunk]:
     """Frames grouped into chunks by their source record ids, as persist input, in first-seen order.
+
+    With ``crc`` each chunk's frames end with the chunk's CRC-32 (:mod:`ftlayer.records.chunk_crc`),
+    which vouches for them at read: only for frames the caller encoded itself.
 
     Each frame's source and current record id and channel are read from its
     header. Raises :class:`InvalidIdError` (nothing is packed) if an id's index
@@ -284,14 +290,15 @@ def pack_chunks(frames: Iterable[bytes]) -> list[PackedChunk]:
             msg = f"source record id {sid} is given twice in one persist"
             raise InvalidIdError(msg)
         group[1][index] = (cid, frame)
-    return [_pack_one(key, ch, members) for key, (ch, members) in groups.items()]
+    return [_pack_one(key, ch, members, crc) for key, (ch, members) in groups.items()]
 
 
 def pack_record_chunks(
     frames: Sequence[bytes], sids: Sequence[int], cids: Sequence[int], channels: Sequence[int]
 ) -> list[PackedChunk]:
     """As :func:`pack_chunks` for frames whose ids and channels the caller already has (ingest's
-    hot path: no header parsing). The ids must come from :func:`assign_sids`: dense chunks."""
+    hot path: no header parsing). The ids must come from :func:`assign_sids`: dense chunks. The
+    caller encoded the frames itself: each chunk's frames end with the chunk's CRC-32."""
     groups: dict[int, list[int]] = {}
     for i, sid in enumerate(sids):
         groups.setdefault(sid & _BASE_MASK, []).append(i)
@@ -300,15 +307,17 @@ def pack_record_chunks(
         key = ((base & _MASK64) >> INDEX_BITS).to_bytes(CHUNK_KEY_BYTES, "big")
         n = len(members)
         body = b"".join([frames[i] for i in members])
-        blob = b"".join((CHUNK_IN_HEADER.pack(key, n, channels[members[0]], n, len(body)),
-                         bytes(bitmap_bytes(n)), struct.pack(f">{n}q", *[cids[i] for i in members]), body))
+        blob = b"".join((CHUNK_IN_HEADER.pack(key, n, channels[members[0]], n, len(body) + CHUNK_CRC_BYTES),
+                         bytes(bitmap_bytes(n)), struct.pack(f">{n}q", *[cids[i] for i in members]), body,
+                         trailer(body)))
         out.append(PackedChunk(key, blob, tuple(sids[i] for i in members)))
     return out
 
 
 def rekey_chunk(chunk: PackedChunk, num_shards: int = 1) -> PackedChunk:
     """The same chunk under a fresh random chunk id in the same shard: each frame's source record
-    id (and CRC) rewritten, holes and ack values unchanged. For a persist refused because the id
+    id (and CRC) rewritten, holes and ack values unchanged; a chunk CRC that vouched for the frames
+    is computed again (one that did not is left as it was). For a persist refused because the id
     was in use."""
     blob = bytearray(chunk.blob)
     _, n, _, _, flen = CHUNK_IN_HEADER.unpack_from(blob)
@@ -317,11 +326,16 @@ def rekey_chunk(chunk: PackedChunk, num_shards: int = 1) -> PackedChunk:
     blob[0:CHUNK_KEY_BYTES] = key
     start = CHUNK_IN_HEADER.size + bitmap_bytes(n) + 8 * n
     frames = memoryview(blob)[start : start + flen]
-    for i, (lo, hi) in enumerate(frame_spans(frames, n)):
+    spans = frame_spans(frames, n)
+    end = spans[-1][1] if spans else 0
+    sealed = vouches(frames, end)
+    for i, (lo, hi) in enumerate(spans):
         if hi - lo >= 48:
             struct.pack_into(">q", frames, lo + 8, base | i)
             crc = zlib.crc32(frames[lo + 48 : hi], zlib.crc32(frames[lo + 4 : lo + 44]))
             _U32.pack_into(frames, lo + 44, crc)
+    if sealed:
+        frames[end:] = trailer(frames[:end])
     frames.release()
     return PackedChunk(key, bytes(blob), tuple(base | index_of(sid) for sid in chunk.sids))
 

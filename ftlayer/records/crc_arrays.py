@@ -2,8 +2,9 @@
 (:func:`crc32_rows`) and rows of many (:func:`crc32_ragged`, the reader's payloads).
 
 Every frame carries ``zlib.crc32(payload, zlib.crc32(header[4:44]))``
-(:mod:`ftlayer.records.frames`). The reader (``runtime.spark.arrow_codec``) checks a page of frames
-at once: the 40 covered header bytes have the same length in every frame, so their CRC-32 is
+(:mod:`ftlayer.records.frames`). The reader (``runtime.spark.arrow_codec``) checks the frames of a
+page that no chunk CRC vouched for (``ftlayer.records.chunk_crc``: chunks of older code, or damaged
+ones) at once: the 40 covered header bytes have the same length in every frame, so their CRC-32 is
 :func:`crc32_rows` (slicing-by-4: one table step per 4 bytes, two lookups in 16-bit tables, for all
 rows at once), and :func:`crc32_ragged` continues it over the payloads of different lengths. Ingest
 writes small batches, where two ``zlib.crc32`` calls a frame cost less than the arrays' set-up

@@ -11,6 +11,10 @@ exactly what ``pending_spans`` yields, filtered by the cut, in the same (index) 
 frames included (a length running past the end gives the empty spans ``frame_spans`` gives, so
 the reader's checks name the record). A state whose settled bitmap is shorter than its record
 count raises ``IndexError``, as ``pending_spans`` does.
+
+:func:`checked_span_arrays` gives the same arrays and whether the chunk's CRC trailer
+(:mod:`ftlayer.records.chunk_crc`) vouches for its frames: one ``zlib.crc32`` over the chunk, after
+the walk that finds where its entries end.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from ftlayer.records.chunk_crc import vouches
 from ftlayer.records.chunks import ChunkState, frame_spans, sid_at
 
-__all__ = ["pending_span_arrays"]
+__all__ = ["checked_span_arrays", "pending_span_arrays"]
 
 _U32 = struct.Struct(">I")
 
@@ -44,6 +49,18 @@ def pending_span_arrays(key: bytes, state: bytes, frames: bytes | memoryview,
                         cut: tuple[int, int] | None = None) -> tuple[Any, Any, Any]:
     """``(sids, starts, ends)`` (``int64`` arrays) of the pending records of a chunk whose index
     ``i`` lies in ``cut = (lo, hi]`` (every index without a cut); see the module contract."""
+    return _span_arrays(key, state, frames, cut, check=False)[:3]
+
+
+def checked_span_arrays(key: bytes, state: bytes, frames: bytes | memoryview,
+                        cut: tuple[int, int] | None = None) -> tuple[Any, Any, Any, bool]:
+    """:func:`pending_span_arrays` and whether the chunk's CRC trailer vouches for every frame of
+    the chunk (``ftlayer.records.chunk_crc.vouches``: False for a chunk without one, or a damaged one)."""
+    return _span_arrays(key, state, frames, cut, check=True)
+
+
+def _span_arrays(key: bytes, state: bytes, frames: bytes | memoryview, cut: tuple[int, int] | None, *,
+                 check: bool) -> tuple[Any, Any, Any, bool]:
     import numpy as np
 
     st = ChunkState.parse(state)
@@ -52,7 +69,7 @@ def pending_span_arrays(key: bytes, state: bytes, frames: bytes | memoryview,
         msg = f"chunk {key.hex()}: a settled bitmap of {len(st.settled)} bytes for {n} records"
         raise IndexError(msg)
     bounds = _bounds(frames, n)
-    if bounds is None:
+    if bounds is None:  # a damaged length: the frames' own checks name the records it hides
         pairs = np.asarray(frame_spans(frames, n), dtype=np.int64).reshape(n, 2)
         starts, ends = pairs[:, 0], pairs[:, 1]
     else:
@@ -63,4 +80,6 @@ def pending_span_arrays(key: bytes, state: bytes, frames: bytes | memoryview,
     if cut is not None:
         keep &= (index > cut[0]) & (index <= cut[1])
     at = np.flatnonzero(keep)
-    return np.int64(sid_at(key, 0)) | index[at], starts[at], ends[at]
+    # the CRC only for a chunk with records to read (the walk must have ended where the entries end)
+    sound = check and bounds is not None and at.size > 0 and vouches(frames, bounds[n])
+    return np.int64(sid_at(key, 0)) | index[at], starts[at], ends[at], sound

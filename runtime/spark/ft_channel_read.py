@@ -64,9 +64,10 @@ def read_range(layer: FTLayer, opts: FTSourceOptions, c: int, shard: int, after:
                                    first_call=first_call, start_chunk=start_chunk,
                                    end_chunk=last.chunk or b"", cuts=cuts)
         start_chunk, first_call = b"", False  # the start bound is the first call's only
-        blob, starts, lengths, sids = batch.spans()
+        spans = batch.spans()
+        sids = spans[3]
         if len(sids):
-            yield from _arrow(layer, blob, starts, lengths, sids)
+            yield from _arrow(layer, spans)
         if not batch.last_id or (not batch.skip and compare_ids(batch.last_id, until) >= 0):
             return
         after, skip = batch.last_id, batch.skip
@@ -79,13 +80,16 @@ def read_range(layer: FTLayer, opts: FTSourceOptions, c: int, shard: int, after:
             page = max(page // 2, 1)
 
 
-def _arrow(layer: FTLayer, blob: bytes, starts: Any, lengths: Any, sids: Any) -> list[Any]:
+def _arrow(layer: FTLayer, spans: tuple[bytes, Any, Any, Any, Any]) -> list[Any]:
     """The Arrow batch of the frames read; one that fails its checks (a CRC mismatch) is
     failed in Redis for the dead-letter queue (by its place in its chunk) and left out, so
-    the channel goes on. ``starts``, ``lengths`` and ``sids`` are the ``int64`` arrays of
-    ``ChannelBatch.spans``."""
+    the channel goes on. ``spans`` is ``ChannelBatch.spans``' ``(blob, starts, lengths, sids,
+    vouched)``: a frame whose chunk CRC matched skips its own CRC (a chunk whose CRC does not
+    match, or that has none, has every frame checked, and the slow path below checks every
+    frame of the page alone)."""
+    blob, starts, lengths, sids, vouched = spans
     try:
-        return [spans_to_record_batch(blob, starts, lengths)]
+        return [spans_to_record_batch(blob, starts, lengths, vouched)]
     except FrameError:
         frames = [blob[s : s + n] for s, n in zip(starts.tolist(), lengths.tolist(), strict=True)]
         good, bad = split_bad_frames(frames)

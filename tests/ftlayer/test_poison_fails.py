@@ -9,7 +9,7 @@ import pytest
 
 from ftlayer.errors import FrameError
 from ftlayer.facade.ft_layer import FTLayer
-from ftlayer.records.chunks import chunk_key
+from ftlayer.records.chunks import chunk_key, frame_spans
 from ftlayer.records.frames import SemiDeserializedSerializer
 from serialization.serializers import make_record, make_records
 from tests.ftlayer.conftest import FakeClock
@@ -42,7 +42,8 @@ def test_fail_unreadable_fails_a_corrupt_stored_frame_once_by_its_place_in_its_c
     sid = recs[1].record_id.source_record_id  # the last frame of the chunk
     key = chunk_key(sid)
     raw = redis_client.hget(layer.store.keys.chunk_frames, key)
-    redis_client.hset(layer.store.keys.chunk_frames, key, raw[:-1] + bytes([raw[-1] ^ 1]))  # payload byte
+    _start, end = frame_spans(raw, 2)[1]  # the last frame ends before the chunk's CRC
+    redis_client.hset(layer.store.keys.chunk_frames, key, raw[: end - 1] + bytes([raw[end - 1] ^ 1]) + raw[end:])
     sids = [s for b in layer.persistence.iter_channel(0) for s in b.sids]
     frames = [f for b in layer.persistence.iter_channel(0) for f in b.frames]
     assert sid in sids  # the reader names it by its place, whatever its bytes say

@@ -72,7 +72,8 @@ end
 local function chunk_frame(c, i)
   -- the frame of record i ('' if the chunk's frames end before it). The lengths are walked
   -- once per chunk and call; a damaged length gives a damaged frame, which the replayer
-  -- cannot decode and dead-letters: never a silent loss
+  -- cannot decode and dead-letters: never a silent loss. The walk stops after n entries: the
+  -- chunk CRC that may follow them (ftlayer.records.chunk_crc) is never read here
   if not c.offs then
     local fr = redis.call('HGET', K_CF, c.key) or ''
     local offs, pos, size = {}, 1, #fr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import struct
+import zlib
 from typing import Any
 from unittest import mock
 
@@ -106,8 +107,10 @@ def test_frames_carry_their_record() -> None:
     _, n, channel, _, flen = CHUNK_IN_HEADER.unpack_from(chunk.blob)
     assert (n, channel) == (2, 2)
     body = chunk.blob[-flen:]
+    assert flen == 48 + 1 + 48 + 2 + 4  # two frames, then the chunk's CRC over them
+    assert body[-4:] == struct.pack(">I", zlib.crc32(body[:-4]))
     first = _SER.decode(body[: 48 + 1])
-    second = _SER.decode(body[48 + 1 :])
+    second = _SER.decode(body[48 + 1 : -4])
     assert (first.payload, first.key_hash, first.channel, first.source_id) == (b"\x01", 7, 2, 3)
     assert (second.payload, second.key_hash, second.record_id.source_record_id) == (b"\x02\x03", -8, chunk.sids[1])
     assert first.origin_id == first.record_id.source_record_id and first.replay_count == 0
