@@ -214,7 +214,13 @@ def run(args: argparse.Namespace) -> int:
     selected = _selected(args)
     out = Path(args.out).resolve()
     if not args.no_write:
-        out.mkdir(parents=True, exist_ok=True)  # before any benchmark: a bad --out fails in a second, not at the end
+        try:  # before any benchmark: a bad --out fails in a second, not at the end
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            from runtime.cli.common import CLIError
+
+            msg = f"--out {args.out} must be a directory (results.json is written into it): {exc.strerror}"
+            raise CLIError(msg) from exc
         _say(f"results go to {out / 'results.json'} (--out)")
     given = args.redis_url or _env("FTLAYER_REDIS_URL", "")
     server = None if given else EmbeddedServer().start()

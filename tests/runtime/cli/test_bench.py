@@ -36,3 +36,15 @@ def test_bench_refuses_unknown_names_and_bad_sizes(monkeypatch: pytest.MonkeyPat
         _sizes("10k")
     monkeypatch.setenv("FTLAYER_BENCH", "acker,warp")
     assert main(["bench", "--no-write", "--out", str(tmp_path)]) == 2
+
+
+def test_scripts_bench_with_a_file_as_out_says_so_without_a_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from runtime.cli import bench
+
+    results = tmp_path / "results.json"
+    results.write_text("{}")
+    assert bench.main(["acker", "--out", str(results)]) == 2  # what scripts/bench runs
+    err = capsys.readouterr().err
+    assert "--out" in err and "must be a directory" in err and "Traceback" not in err
+    assert results.read_text() == "{}"
