@@ -35,15 +35,14 @@ from itertools import groupby, repeat
 from typing import Any
 
 from ftlayer.errors import SerializationError
-from ftlayer.records.chunk_crc import CHUNK_CRC_BYTES, trailer
 from ftlayer.records.chunks import (
-    CHUNK_IN_HEADER,
     CHUNK_KEY_BYTES,
     CHUNK_MAX_BYTES,
     CHUNK_TARGET_RECORDS,
     INDEX_BITS,
     PackedChunk,
     bitmap_bytes,
+    chunk_blob,
     new_chunk_bases,
     split_run,
 )
@@ -142,8 +141,8 @@ def _packed(base: int, channel: int, cids: bytes, body: bytes, sids: tuple[int, 
     instead of every frame's)."""
     count = len(sids)
     key = ((base & _MASK64) >> INDEX_BITS).to_bytes(CHUNK_KEY_BYTES, "big")
-    blob = b"".join((CHUNK_IN_HEADER.pack(key, count, channel, count, len(body) + CHUNK_CRC_BYTES),
-                     bytes(bitmap_bytes(count)), cids, body, trailer(body)))
+    blob = chunk_blob(key, channel, n=count, pending=count, settled=bytes(bitmap_bytes(count)), cids=cids, body=body,
+                      crc=True)
     return PackedChunk(key, blob, sids)
 
 

@@ -47,7 +47,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ftlayer.errors import FrameError, InvalidIdError
-from ftlayer.records.chunk_crc import CHUNK_CRC_BYTES, trailer, vouches
+from ftlayer.records.chunk_crc import trailer, vouches
 from ftlayer.records.ids import new_ids
 
 __all__ = [
@@ -65,6 +65,7 @@ __all__ = [
     "assign_sids",
     "bitmap_bytes",
     "chunk_base",
+    "chunk_blob",
     "chunk_key",
     "frame_spans",
     "index_of",
@@ -228,6 +229,15 @@ class PackedChunk:
         return len(self.sids)
 
 
+def chunk_blob(key: bytes, channel: int, *, n: int, pending: int, settled: bytes, cids: bytes, body: bytes,
+               crc: bool) -> bytes:
+    """One chunk as PERSIST takes it: its header, its settled bitmap, its records' initial ack values
+    (``cids``: 8 bytes each, big-endian) and its frames (``body``), ended by their chunk CRC
+    (:mod:`ftlayer.records.chunk_crc`) with ``crc``: only for frames the caller encoded itself."""
+    tail = trailer(body) if crc else b""
+    return b"".join((CHUNK_IN_HEADER.pack(key, n, channel, pending, len(body) + len(tail)), settled, cids, body, tail))
+
+
 def _pack_one(key: bytes, channel: int, members: dict[int, tuple[int, bytes]], crc: bool) -> PackedChunk:
     n = max(members) + 1
     bits = bytearray(bitmap_bytes(n))
@@ -241,10 +251,8 @@ def _pack_one(key: bytes, channel: int, members: dict[int, tuple[int, bytes]], c
         else:
             cids[i] = got[0]
             frames.append(got[1])
-    body = b"".join(frames)
-    tail = trailer(body) if crc else b""
-    blob = b"".join((CHUNK_IN_HEADER.pack(key, n, channel, len(members), len(body) + len(tail)), bits,
-                     struct.pack(f">{n}q", *cids), body, tail))
+    blob = chunk_blob(key, channel, n=n, pending=len(members), settled=bytes(bits), cids=struct.pack(f">{n}q", *cids),
+                      body=b"".join(frames), crc=crc)
     return PackedChunk(key, blob, tuple(sid_at(key, i) for i in sorted(members)))
 
 
@@ -306,10 +314,9 @@ def pack_record_chunks(
     for base, members in groups.items():
         key = ((base & _MASK64) >> INDEX_BITS).to_bytes(CHUNK_KEY_BYTES, "big")
         n = len(members)
-        body = b"".join([frames[i] for i in members])
-        blob = b"".join((CHUNK_IN_HEADER.pack(key, n, channels[members[0]], n, len(body) + CHUNK_CRC_BYTES),
-                         bytes(bitmap_bytes(n)), struct.pack(f">{n}q", *[cids[i] for i in members]), body,
-                         trailer(body)))
+        blob = chunk_blob(key, channels[members[0]], n=n, pending=n, settled=bytes(bitmap_bytes(n)),
+                          cids=struct.pack(f">{n}q", *[cids[i] for i in members]),
+                          body=b"".join([frames[i] for i in members]), crc=True)
         out.append(PackedChunk(key, blob, tuple(sids[i] for i in members)))
     return out
 
