@@ -40,6 +40,7 @@ from hypothesis import HealthCheck, settings
 
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
 from ftlayer.servers.embedded import EmbeddedServer
+from tests.machine_lock import Alone, held_shared, machine_to_myself
 from tests.spark_jvm import configure as configure_spark_jvms
 
 # The suite runs in 3 workers on 2 cores beside JVMs: Hypothesis's timings (a 200 ms deadline per
@@ -63,6 +64,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("spark") is not None and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
+        if "alone" in getattr(item, "fixturenames", ()) and item.get_closest_marker("alone") is None:
+            item.add_marker(pytest.mark.alone)  # scripts/test runs them in a phase of their own
     # Under pytest-xdist (scripts/test: --dist worksteal) the Spark tests go out first, then the other
     # slow ones. Worksteal gives each worker a contiguous quarter of this order and lets an idle one
     # take the back half of another's queue: the first worker starts on Spark tests while the others
@@ -76,28 +79,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """Under pytest-xdist a test marked ``alone`` runs while no other worker runs a test.
-
-    Those tests time a server (a bounded script must not block it for 100 ms); two other workers'
-    JVMs on 2 cores would time the machine instead. A readers-writer lock over all workers of the
-    run: every test holds the lock shared, an ``alone`` test exclusively; the gate, held by an
-    ``alone`` test while it waits, lets no new test start meanwhile, so it is not starved.
-    """
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None:
+    """Each test holds the machine shared, so that a timed section (the ``alone`` fixture) can have it
+    to itself (``tests/machine_lock.py``)."""
+    with held_shared():
         return (yield)
-    base = Path(tempfile.gettempdir()) / f"ftlayer-tests-{run}"
-    alone = item.get_closest_marker("alone") is not None
-    with open(f"{base}.gate", "a") as gate, open(f"{base}.lock", "a") as lock:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        if not alone:
-            fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            return (yield)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def alone() -> Alone:
+    """``with alone(): ...``: the section runs while no other worker runs a test (it times a server;
+    the rest of the test runs beside the others). ``tests/machine_lock.py``."""
+    return machine_to_myself
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

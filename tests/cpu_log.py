@@ -1,4 +1,4 @@
-"""``pytest --cpu-log FILE``: each test's wall time and the CPU its process tree spent, as TSV.
+"""``pytest --cpu-log FILE``: each test's wall time, the CPU its process tree spent, its start and its worker, as TSV.
 
 On a 2-core machine the suite waits for CPU more than for anything else, and ``--durations``
 shows wall time only: a test that sleeps 60 s costs little, a driver restart that starts two JVMs
@@ -49,7 +49,8 @@ def tree_cpu_s(root: int) -> float:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--cpu-log", default=None, metavar="FILE",
-                     help="append each test's wall seconds and its process tree's CPU seconds to FILE (TSV)")
+                     help="append each test's wall seconds, its process tree's CPU seconds, its start (Unix "
+                          "seconds) and its xdist worker to FILE (TSV)")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -57,10 +58,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     path = item.config.getoption("--cpu-log")
     if not path:
         return (yield)
-    cpu0, t0 = tree_cpu_s(os.getpid()), time.monotonic()
+    cpu0, t0, started = tree_cpu_s(os.getpid()), time.monotonic(), time.time()
     try:
         return (yield)
     finally:
         cpu, wall = tree_cpu_s(os.getpid()) - cpu0, time.monotonic() - t0
         with open(path, "a") as out:
-            out.write(f"{item.nodeid}\t{wall:.1f}\t{cpu:.1f}\n")
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+            out.write(f"{item.nodeid}\t{wall:.1f}\t{cpu:.1f}\t{started:.1f}\t{worker}\n")

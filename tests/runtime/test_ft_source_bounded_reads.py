@@ -11,13 +11,13 @@ from ftlayer.config import FTConfig
 from ftlayer.facade.ft_layer import FTLayer
 from tests.ftlayer.script_latency import ScriptTimes
 from tests.ftlayer.scripting.test_bounded_scripts import persist_raw
+from tests.machine_lock import Alone
 from tests.runtime.spark.test_ft_source import CHANNELS, SRC, TOPO, read_partition, reader_for
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # timed: see tests/conftest.py
 def test_reader_reads_200k_records_in_big_entries_in_bounded_calls(
-    ft_config: FTConfig, redis_client: redis.Redis
+    ft_config: FTConfig, redis_client: redis.Redis, alone: Alone
 ) -> None:
     layer = FTLayer(ft_config, TOPO, SRC, num_channels=CHANNELS).open()
     # 20,000 records per persist call, as flush_batch_size wrote them: 10,000 ids per stream entry
@@ -25,12 +25,13 @@ def test_reader_reads_200k_records_in_big_entries_in_bounded_calls(
     reader = reader_for(ft_config)
     start = reader.initialOffset()
     end = reader.latestOffset(start, reader.getDefaultReadLimit())
-    times = ScriptTimes(redis_client).start()
-    try:
-        rows = [row for p in reader.partitions(start, end) for row in read_partition(reader, p)]
-        slow = times.max_ms()
-    finally:
-        times.stop()
+    with alone():  # timed (tests/machine_lock.py)
+        times = ScriptTimes(redis_client).start()
+        try:
+            rows = [row for p in reader.partitions(start, end) for row in read_partition(reader, p)]
+            slow = times.max_ms()
+        finally:
+            times.stop()
     print(f"\nreader over 200k records: slowest script calls (ms): {slow}")
     counts = Counter(r["sid"] for r in rows)
     assert set(counts) == set(sids) and max(counts.values()) == 1

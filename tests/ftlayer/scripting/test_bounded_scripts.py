@@ -33,6 +33,7 @@ from ftlayer.servers.embedded import EmbeddedServer
 from serialization.serializers import make_record
 from tests.ftlayer.conftest import FakeClock, commit_all, hand_out
 from tests.ftlayer.script_latency import PingProbe, ScriptTimes, latency_events, prioritised_server
+from tests.machine_lock import Alone
 
 _SER = SemiDeserializedSerializer()
 BIG = 200_000
@@ -77,9 +78,8 @@ def quiet_server() -> Iterator[EmbeddedServer]:
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # timed: see tests/conftest.py
 def test_200k_records_timing_out_at_once_never_block_the_server(
-    ft_config: FTConfig, clock: FakeClock, quiet_server: EmbeddedServer
+    ft_config: FTConfig, clock: FakeClock, quiet_server: EmbeddedServer, alone: Alone
 ) -> None:
     client = redis.Redis.from_url(quiet_server.url)
     cfg = ft_config.replace(redis_url=quiet_server.url, num_buckets=2, timeout_s=10.0)
@@ -93,14 +93,15 @@ def test_200k_records_timing_out_at_once_never_block_the_server(
     clock.advance(service.interval_s)
     service.tick()  # rotation 1: nothing expires yet
     assert expired == []
-    times = ScriptTimes(client).start()
-    try:
-        clock.advance(service.interval_s)
-        with PingProbe(quiet_server.url) as probe:
-            service.tick()  # rotation 2: all 200k expire, then the tick replays a batch of them
-        slow = times.max_ms()
-    finally:
-        times.stop()
+    with alone():  # timed: the machine to this section only (tests/machine_lock.py)
+        times = ScriptTimes(client).start()
+        try:
+            clock.advance(service.interval_s)
+            with PingProbe(quiet_server.url) as probe:
+                service.tick()  # rotation 2: all 200k expire, then the tick replays a batch of them
+            slow = times.max_ms()
+        finally:
+            times.stop()
     print(f"\n200k timeouts: {len(probe.samples_ms)} PINGs, max {probe.max_ms:.1f} ms; "
           f"slowest script calls (ms): {slow}; latency monitor (ms): {latency_events(client)}")
     counts = Counter(expired)
@@ -169,19 +170,19 @@ def test_channel_reads_are_chunked_by_bytes(layer: FTLayer) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # timed: see tests/conftest.py
 def test_trim_done_is_bounded_and_still_trims_everything(
-    layer: FTLayer, redis_client: redis.Redis
+    layer: FTLayer, redis_client: redis.Redis, alone: Alone
 ) -> None:
     persist_raw(layer, BIG)
     k = layer.store.keys
     redis_client.delete(k.chunks, k.chunk_acks, k.chunk_frames)  # every record done (completed or failed)
-    times = ScriptTimes(redis_client).start()
-    try:
-        removed = layer.persistence.trim_done()
-        slow = times.max_ms()
-    finally:
-        times.stop()
+    with alone():  # timed (tests/machine_lock.py)
+        times = ScriptTimes(redis_client).start()
+        try:
+            removed = layer.persistence.trim_done()
+            slow = times.max_ms()
+        finally:
+            times.stop()
     print(f"\ntrim_done of {BIG} done records: slowest script calls (ms): {slow}")
     assert removed == 40  # 10 persist calls x 4 channels
     assert all(redis_client.xlen(layer.store.keys.channel(c)) == 0 for c in range(4))
@@ -189,15 +190,15 @@ def test_trim_done_is_bounded_and_still_trims_everything(
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # timed: see tests/conftest.py
-def test_persist_is_split_into_bounded_calls(layer: FTLayer, redis_client: redis.Redis) -> None:
+def test_persist_is_split_into_bounded_calls(layer: FTLayer, redis_client: redis.Redis, alone: Alone) -> None:
     recs = [make_record(layer, i) for i in range(BIG // 4)]  # one persist() of 50k: many calls
-    times = ScriptTimes(redis_client).start()
-    try:
-        assert layer.persist(recs) == len(recs)
-        slow = times.max_ms()
-    finally:
-        times.stop()
+    with alone():  # timed (tests/machine_lock.py)
+        times = ScriptTimes(redis_client).start()
+        try:
+            assert layer.persist(recs) == len(recs)
+            slow = times.max_ms()
+        finally:
+            times.stop()
     print(f"\npersist of {len(recs)}: slowest script calls (ms): {slow}")
     assert layer.pending_count() == len(recs)
     assert slow.get("PERSIST", 0.0) < PING_LIMIT_MS, slow
