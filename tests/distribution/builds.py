@@ -9,8 +9,8 @@ The steps, each a function a test or a person can run alone:
   and sees no untracked ``build/`` or ``*.egg-info`` left there;
 - :func:`make_venv`: ``python -m venv --copies --without-pip`` (the interpreter copied, not
   symlinked; pip runs from outside with ``pip --python``, so the venv carries no pip);
-- :func:`pip_install`: ``pip --python VENV/bin/python install ...`` from the package index (pip's
-  cache makes repeat installs local);
+- :func:`pip_install`: ``pip --python VENV/bin/python install --no-compile ...`` from the package index
+  (pip's cache makes repeat installs local);
 - :func:`pack_venv`: a ``.tar.gz`` of the venv's contents (``bin``, ``lib``, ``pyvenv.cfg``) at the
   archive's top level, gzip -1. Two things Spark's unpacking needs: no ``./`` entry (Hadoop's tar
   reader refuses "expanding ./ would create entry outside ...") and gzip: a plain ``.tar`` is
@@ -96,8 +96,11 @@ def make_venv(path: Path) -> Path:
 
 
 def pip_install(python: Path, *requirements: str) -> None:
-    """``pip install`` ``requirements`` into the venv of ``python`` (pip runs from this interpreter)."""
-    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", *requirements],
+    """``pip install`` ``requirements`` into the venv of ``python`` (pip runs from this interpreter).
+
+    ``--no-compile``: pip would byte-compile every module it installs (pyspark's, numpy's, ...),
+    about half of the install's CPU; the interpreters compile, and cache, only what they import."""
+    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-compile", *requirements],
          env=clean_env())
 
 
