@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import xxhash
 
@@ -122,6 +122,22 @@ def chunk_records(key: bytes, state: bytes, frames: bytes) -> tuple[list[int], l
     return sids, out
 
 
+class PendingSpans(NamedTuple):
+    """Where a read's pending records lie in the joined frames of their chunks (:meth:`ChannelBatch.spans`).
+
+    ``blob``: the chunks' frames joined once; ``starts``, ``lengths`` and ``sids`` (``int64``
+    arrays, read order): each pending record's frame in ``blob`` and its source record id;
+    ``vouched`` (bool array): True where the record's chunk CRC matched
+    (``ftlayer.records.chunk_crc``), so its frame's own CRC need not be checked again.
+    """
+
+    blob: bytes
+    starts: Any
+    lengths: Any
+    sids: Any
+    vouched: Any
+
+
 @dataclass(frozen=True)
 class ChannelBatch:
     """Records read from one channel, still serialized, and the cursor where the read stopped.
@@ -164,13 +180,11 @@ class ChannelBatch:
                 frames.append(blob[start:end])
         return sids, frames
 
-    def spans(self) -> tuple[bytes, Any, Any, Any, Any]:
-        """The pending records as ``(buffer, starts, lengths, sids, vouched)``: the chunks' frames
-        joined once, and where each pending record's frame lies in it, as ``int64`` arrays in read
-        order (the FT source's hot path: no frame is copied out on its own, and no Python step per
-        record but the length-prefix walk, :mod:`ftlayer.records.span_arrays`); ``vouched`` (bool)
-        is True for a record whose chunk's CRC matched (``ftlayer.records.chunk_crc``), so its
-        frame's own CRC need not be checked again."""
+    def spans(self) -> PendingSpans:
+        """The pending records as :class:`PendingSpans`: the chunks' frames joined once, and where
+        each pending record's frame lies in it, in read order (the FT source's hot path: no frame
+        is copied out on its own, and no Python step per record but the length-prefix walk,
+        :mod:`ftlayer.records.span_arrays`)."""
         import numpy as np
 
         parts: list[bytes] = []
@@ -183,9 +197,9 @@ class ChannelBatch:
             offset += len(blob)
         if not found:
             empty = np.zeros(0, dtype=np.int64)
-            return b"", empty, empty, empty, np.zeros(0, dtype=bool)
+            return PendingSpans(b"", empty, empty, empty, np.zeros(0, dtype=bool))
         sids, starts, lengths, vouched = (np.concatenate(column) for column in zip(*found, strict=True))
-        return b"".join(parts), starts, lengths, sids, vouched
+        return PendingSpans(b"".join(parts), starts, lengths, sids, vouched)
 
     def records(self) -> list[SemiDeserializedRecord]:
         """The frames decoded (payloads stay msgpack bytes)."""

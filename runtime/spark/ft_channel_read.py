@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ftlayer.acker.batch_acks import BATCH_KEY_TTL_S
+from ftlayer.acker.persistence import PendingSpans
 from ftlayer.errors import FrameError
 from ftlayer.facade.ft_layer import FTLayer
 from runtime.spark.arrow_codec import frames_to_record_batch, spans_to_record_batch, split_bad_frames
@@ -65,7 +66,7 @@ def read_range(layer: FTLayer, opts: FTSourceOptions, c: int, shard: int, after:
                                    end_chunk=last.chunk or b"", cuts=cuts)
         start_chunk, first_call = b"", False  # the start bound is the first call's only
         spans = batch.spans()
-        sids = spans[3]
+        sids = spans.sids
         if len(sids):
             yield from _arrow(layer, spans)
         if not batch.last_id or (not batch.skip and compare_ids(batch.last_id, until) >= 0):
@@ -80,13 +81,12 @@ def read_range(layer: FTLayer, opts: FTSourceOptions, c: int, shard: int, after:
             page = max(page // 2, 1)
 
 
-def _arrow(layer: FTLayer, spans: tuple[bytes, Any, Any, Any, Any]) -> list[Any]:
+def _arrow(layer: FTLayer, spans: PendingSpans) -> list[Any]:
     """The Arrow batch of the frames read; one that fails its checks (a CRC mismatch) is
     failed in Redis for the dead-letter queue (by its place in its chunk) and left out, so
-    the channel goes on. ``spans`` is ``ChannelBatch.spans``' ``(blob, starts, lengths, sids,
-    vouched)``: a frame whose chunk CRC matched skips its own CRC (a chunk whose CRC does not
-    match, or that has none, has every frame checked, and the slow path below checks every
-    frame of the page alone)."""
+    the channel goes on. A frame whose chunk CRC matched (``spans.vouched``) skips its own CRC (a
+    chunk whose CRC does not match, or that has none, has every frame checked, and the slow path
+    below checks every frame of the page alone)."""
     blob, starts, lengths, sids, vouched = spans
     try:
         return [spans_to_record_batch(blob, starts, lengths, vouched)]
