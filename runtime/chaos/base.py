@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ftlayer.config import FTConfig
-from ftlayer.errors import FTLayerError
 from ftlayer.facade.ft_layer import FTLayer
+from runtime.chaos.errors import ChaosError
 from runtime.checker import Report, check
 from runtime.spark.xor_handler import DUPLICATE_FLUSH_PROPERTY
 from runtime.testing import CollectingSink, FaultLog, ScriptedSource
@@ -36,10 +36,6 @@ if TYPE_CHECKING:
 TOPOLOGY = "chaos"
 SOURCE = "events"
 TRIGGER_S = 0.2
-
-
-class ChaosError(FTLayerError):
-    """A chaos scenario could not run (unknown scenario, bad parameter, a query that keeps dying)."""
 
 
 def user_key(value: Any) -> Any:

@@ -28,7 +28,8 @@ import time
 
 from ftlayer.config import DURABILITY_MODES
 from ftlayer.servers.cluster import EmbeddedCluster
-from runtime.chaos.base import ChaosError, ScenarioContext, build, finish, run_query
+from runtime.chaos.base import ScenarioContext, build, finish, run_query
+from runtime.chaos.errors import ChaosError
 from runtime.chaos.faults import ChaosMap, Sampler
 from runtime.chaos.scenarios import paced
 from runtime.checker import Report

@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from runtime.chaos.base import ScenarioContext
-from runtime.chaos.dataframe import Lines, _run
+from runtime.chaos.df_pipeline import Lines, run_pipeline
 from runtime.chaos.executors import ExecutorKiller, StallUntilKilled, check_kill_executor
 from runtime.chaos.faults import ConnectionDropper, FailAtRate, KillWorker, Poison, RecordFault
 from runtime.chaos.scenarios import paced, warm_up
@@ -51,7 +51,7 @@ def kill_executor(ctx: ScenarioContext, records: int, at_fraction: float = 0.3) 
     source = ScriptedSource(paced(records, 250, 0.2, warm=layer))
     killer.start()
     try:
-        report, restarts = _run(ctx, source, [stall])
+        report, restarts = run_pipeline(ctx, source, [stall])
     finally:
         killer.stop()
     report.notes.append(f"executor JVM {killer.killed} SIGKILLed while its task held id {at} "
@@ -105,7 +105,7 @@ def delayed_acks(ctx: ScenarioContext, records: int, delayed: int = 3, timeout_s
     bound_s = cfg.max_batch_s + cfg.timeout_s * (1 + 1 / (cfg.num_buckets - 1)) + cfg.replay_backoff_initial_s + 10
     stall = StalledWrite(ctx.faults, ids, layer.stats, bound_s)
     writer = Lines(ctx.out_dir, ctx.faults, target=ctx.target, before_write=stall)
-    report, _ = _run(ctx, source, [], write=writer, max_records_per_batch=None)
+    report, _ = run_pipeline(ctx, source, [], write=writer, max_records_per_batch=None)
     s, seen = report.stats, stall.seen
     report.notes.append(f"the stalled write held {seen.get('held', 0):.0f} delayed records and waited "
                         f"{seen.get('waited_s', 0):.1f} s")
@@ -138,7 +138,7 @@ def mixed(ctx: ScenarioContext, records: int, *, rate: float = 0.02, kills: int 
     source = ScriptedSource(paced(records, 500, 0.1, warm=ctx.layer()))
     dropper = ConnectionDropper(ctx.config.redis_url, drop_interval_s).start()
     try:
-        report, _ = _run(ctx, source, faults, keyed=True)
+        report, _ = run_pipeline(ctx, source, faults, keyed=True)
     finally:
         dropper.stop()
     report.notes.append(f"CLIENT KILL rounds {dropper.rounds}, connections killed {dropper.killed}")

@@ -21,8 +21,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from runtime.chaos.base import SOURCE, TOPOLOGY, ChaosError, ScenarioContext, _first_line, finish
-from runtime.chaos.dataframe import TRIGGER, Lines, _run
+from runtime.chaos.base import SOURCE, TOPOLOGY, ScenarioContext, _first_line, finish
+from runtime.chaos.df_pipeline import TRIGGER, Lines, run_pipeline
+from runtime.chaos.errors import ChaosError
 from runtime.chaos.faults import ChaosMap, KillWorker
 from runtime.chaos.scenarios import paced
 from runtime.checker import Report
@@ -36,8 +37,8 @@ def slow_sink(ctx: ScenarioContext, records: int, timeout_s: float = 4.0) -> Rep
     # no cap on a batch's records: a capped batch ends inside a stream entry, and the unread rest of
     # that entry counts as read once the batch's hold ended, so it can time out before the next batch
     # holds it (a known gap, see docs/guarantees.md "Not promised"; this scenario is about the hold)
-    report, _ = _run(ctx, source, [], write=Lines(ctx.out_dir, ctx.faults, slow_s=3 * timeout_s, target=ctx.target),
-                     max_records_per_batch=None)
+    slow = Lines(ctx.out_dir, ctx.faults, slow_s=3 * timeout_s, target=ctx.target)
+    report, _ = run_pipeline(ctx, source, [], write=slow, max_records_per_batch=None)
     st = report.stats
     report.expect("the slow write happened", ctx.faults.marks("slow-sink") == 1)
     report.expect(f"no record timed out ({st.get('failed_timeout', 0)}) or replayed ({st.get('replayed', 0)})",
@@ -51,7 +52,8 @@ def sink_outage(ctx: ScenarioContext, records: int, timeout_s: float = 4.0) -> R
     """The sink is down for 5 x ``timeout_s``: retried in place, breaker open; 0 failed, 0 dead letters."""
     ctx.config = ctx.config.replace(timeout_s=timeout_s, num_buckets=3)
     source = ScriptedSource(paced(records, max(records // 4, 1), 0.05, warm=ctx.layer()))
-    report, _ = _run(ctx, source, [], write=Lines(ctx.out_dir, ctx.faults, outage_s=5 * timeout_s, target=ctx.target))
+    down = Lines(ctx.out_dir, ctx.faults, outage_s=5 * timeout_s, target=ctx.target)
+    report, _ = run_pipeline(ctx, source, [], write=down)
     st = report.stats
     refused = ctx.faults.affected().get("sink-outage", set())
     report.expect(f"the sink refused writes ({len(refused)} records met the outage)", len(refused) > 0)

@@ -1,7 +1,7 @@
 """The driver program that the kill-driver scenario SIGKILLs: ``python -m runtime.chaos.driver_app``.
 
 With ``--pipeline dataframe`` it runs the chaos DataFrame pipeline instead
-(:func:`runtime.chaos.dataframe.serve`), with the same phases.
+(:func:`runtime.chaos.df_pipeline.serve`), with the same phases.
 
 Phase 1 ingests ``--records`` chaos records (ids 0..N-1, in steps of 100) and processes them
 slowly (``--sleep-ms`` per record), so the harness can kill it mid-run. Phase 2 is the
@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = local_session("ftlayer-chaos-driver")
     warm_python_workers(spark)
     if args.pipeline == "dataframe":
-        from runtime.chaos.dataframe import serve
+        from runtime.chaos.df_pipeline import serve
 
         ok, stats = serve(spark, cfg, source, workdir, sleep_s=args.sleep_ms / 1000,
                           drain_s=300 if args.phase == 2 else 600, target=target)

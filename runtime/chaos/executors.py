@@ -24,7 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runtime.chaos.base import ChaosError, ScenarioContext
+from runtime.chaos.base import ScenarioContext
+from runtime.chaos.errors import ChaosError
 from runtime.chaos.faults import RecordFault, _DriverThread
 from runtime.checker import Report
 from runtime.testing import FaultLog

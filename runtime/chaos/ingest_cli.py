@@ -21,7 +21,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from runtime.chaos.base import SOURCE, TOPOLOGY, ChaosError, ScenarioContext
+from runtime.chaos.base import SOURCE, TOPOLOGY, ScenarioContext
+from runtime.chaos.errors import ChaosError
 
 CHANNELS = 2
 

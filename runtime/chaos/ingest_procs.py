@@ -25,7 +25,8 @@ import time
 from collections import Counter
 from typing import Any
 
-from runtime.chaos.base import SOURCE, TOPOLOGY, ChaosError, ScenarioContext
+from runtime.chaos.base import SOURCE, TOPOLOGY, ScenarioContext
+from runtime.chaos.errors import ChaosError
 from runtime.checker import Report, check
 from runtime.driver.file_source import offset_file
 

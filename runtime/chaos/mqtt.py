@@ -39,7 +39,8 @@ from pathlib import Path
 
 from ftlayer.config import FTConfig
 from ftlayer.facade.ft_layer import FTLayer
-from runtime.chaos.base import TRIGGER_S, ChaosError, ScenarioContext, build, finish, sink_args
+from runtime.chaos.base import TRIGGER_S, ScenarioContext, build, finish, sink_args
+from runtime.chaos.errors import ChaosError
 from runtime.chaos.faults import ChaosMap
 from runtime.chaos.mqtt_publisher import Publisher
 from runtime.chaos.targets import Target
@@ -199,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         events.end()
 
     if args.pipeline == "dataframe":
-        from runtime.chaos.dataframe import serve
+        from runtime.chaos.df_pipeline import serve
 
         ok, stats = serve(spark, cfg, events, workdir, sleep_s=args.sleep_ms / 1000, before_drain=until_end,
                           target=target)

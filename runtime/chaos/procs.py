@@ -26,7 +26,8 @@ from ftlayer.config.options import SINGLE_SERVER_DURABILITY
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.records.frames import SemiDeserializedSerializer
 from ftlayer.servers.embedded import EmbeddedServer
-from runtime.chaos.base import ChaosError, ScenarioContext, build, finish, run_query, sink_args
+from runtime.chaos.base import ScenarioContext, build, finish, run_query, sink_args
+from runtime.chaos.errors import ChaosError
 from runtime.chaos.faults import ChaosMap, Sampler
 from runtime.chaos.scenarios import paced
 from runtime.checker import Report
@@ -160,9 +161,9 @@ def _kill_redis(ctx: ScenarioContext, records: int, durability: str, down_s: flo
     sink = ctx.sink()
     try:
         if pipeline == "dataframe":
-            from runtime.chaos.dataframe import _run
+            from runtime.chaos.df_pipeline import run_pipeline
 
-            report, restarts = _run(ctx, source, [], on_tick=lambda ing: tick([ing]))
+            report, restarts = run_pipeline(ctx, source, [], on_tick=lambda ing: tick([ing]))
         else:
             restarts = run_query(ctx, lambda: build(ctx.config, source, ChaosMap([]), sink, keyed=False),
                                  on_tick=lambda q: tick(q.ingestors), max_records_per_batch=500)

@@ -34,7 +34,8 @@ from typing import Any
 
 from ftlayer.servers.embedded import EmbeddedServer
 from ftlayer.servers.ports import free_port
-from runtime.chaos.base import SOURCE, TOPOLOGY, ChaosError, ScenarioContext
+from runtime.chaos.base import SOURCE, TOPOLOGY, ScenarioContext
+from runtime.chaos.errors import ChaosError
 from runtime.chaos.ingest_cli import Consumer, IngestProcess
 from runtime.checker import Report, check
 from runtime.testing import default_value

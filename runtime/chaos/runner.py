@@ -39,8 +39,9 @@ from runtime.chaos import procs as chaos_procs
 from runtime.chaos import receivers as chaos_receivers
 from runtime.chaos import scenarios as chaos_scenarios
 from runtime.chaos import webhook as chaos_webhook
-from runtime.chaos.base import ChaosError, ScenarioContext, new_workdir
+from runtime.chaos.base import ScenarioContext, new_workdir
 from runtime.chaos.catalog import CATALOG, NO_TARGET, OWN_SERVER
+from runtime.chaos.errors import ChaosError
 from runtime.chaos.targets import SINKS, open_target
 from runtime.checker import Report
 

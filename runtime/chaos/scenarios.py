@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ftlayer.facade.ft_layer import FTLayer
-from runtime.chaos.base import ChaosError, ScenarioContext, build, finish, run_query
+from runtime.chaos.base import ScenarioContext, build, finish, run_query
+from runtime.chaos.errors import ChaosError
 from runtime.chaos.faults import (
     ChaosMap,
     ConnectionDropper,

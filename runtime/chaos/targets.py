@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.chaos.base import ChaosError
+from runtime.chaos.errors import ChaosError
 from runtime.sinks import ExecutorSink, SinkContext
 
 __all__ = ["SINKS", "OpenTarget", "Target", "open_target"]

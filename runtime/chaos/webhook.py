@@ -32,7 +32,8 @@ from pathlib import Path
 
 from ftlayer.config import FTConfig
 from ftlayer.servers.ports import free_port
-from runtime.chaos.base import TRIGGER_S, ChaosError, ScenarioContext, build, finish, sink_args
+from runtime.chaos.base import TRIGGER_S, ScenarioContext, build, finish, sink_args
+from runtime.chaos.errors import ChaosError
 from runtime.chaos.faults import ChaosMap
 from runtime.chaos.targets import Target
 from runtime.chaos.webhook_client import RetryingClient
@@ -140,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warm_python_workers(spark)
     hooks = WebhookSource(port=args.port, reply_timeout_s=30.0)
     if args.pipeline == "dataframe":
-        from runtime.chaos.dataframe import serve
+        from runtime.chaos.df_pipeline import serve
 
         def until_end() -> None:
             while not (workdir / END_FILE).exists():

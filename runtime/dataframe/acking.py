@@ -44,8 +44,8 @@ from ftlayer.keyspace.keys import query_batch_key
 from ftlayer.logs import logger_for
 from ftlayer.store.connection import client_for
 from runtime.dataframe.plan import is_stateful
+from runtime.dataframe.session_state import active_session, config_or_last
 from runtime.dataframe.sink_retry import SinkRetry
-from runtime.dataframe.sources import active_session, config_or_last
 from runtime.spark.connect import session_id
 
 if TYPE_CHECKING:

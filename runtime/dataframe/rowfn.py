@@ -23,7 +23,7 @@ away longer, the call raises :class:`~ftlayer.errors.RecordFailError` and fails
 the Spark task: the batch cannot commit, so nothing of it is acked (Spark
 retries the task, or the query stops and a restart re-runs the batch). The
 config is the one given, else the last source opened in the driver process
-(``runtime.dataframe.sources.last_config``), captured when the UDF is built.
+(``runtime.dataframe.session_state.last_config``), captured when the UDF is built.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError, RecordFailError
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.logs import logger_for
-from runtime.dataframe.sources import config_or_last, parse_schema
+from runtime.dataframe.session_state import config_or_last
+from runtime.dataframe.sources import parse_schema
 from runtime.spark.payload_columns import METADATA_COLUMN
 
 if TYPE_CHECKING:

@@ -50,11 +50,18 @@ from ftlayer.errors import ConfigError, RedisUnavailableError
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.facade.service import FTService
 from ftlayer.logs import logger_for
-from ftlayer.servers.process_server import resolved
 from ftlayer.servers.state_dir import TopologyState
+from runtime.dataframe.session_state import (
+    active_session,
+    config_or_last,
+    last_config,
+    remember_embedded,
+    remember_last,
+    session_config,
+)
 from runtime.driver.ingest import Ingestor, KeySelector
-from runtime.spark.conf import check_reachable_redis, effective_config
-from runtime.spark.connect import active_connect_session, check_server_reaches
+from runtime.spark.conf import check_reachable_redis
+from runtime.spark.connect import check_server_reaches
 from runtime.spark.ft_source import FORMAT, source_options
 from runtime.spark.payload_columns import METADATA_COLUMN, metadata_type
 from runtime.spark.typed_source import register
@@ -73,8 +80,6 @@ __all__ = [
 log = logger_for(__name__)
 _lock = threading.Lock()
 _handles: dict[tuple[str, str, str], SourceHandle] = {}
-_last: list[FTConfig] = []
-_embedded: dict[str, str] = {}  # namespace -> URL of the embedded server its sources were opened on
 
 
 def with_metadata(schema: StructType | str) -> StructType:
@@ -197,26 +202,6 @@ def open_waiting(layer: FTLayer, config: FTConfig) -> FTLayer:
             time.sleep(backoff.compute(failures))
 
 
-def active_session() -> Any:
-    """The active SparkSession of this thread, else the process's default one (the one
-    ``SparkSession.builder.getOrCreate()`` returns; Spark keeps "active" per thread), classic or
-    Spark Connect; None if there is none, or no pyspark."""
-    try:
-        from pyspark.sql import SparkSession
-    except ImportError:
-        return None
-    found = SparkSession.getActiveSession() or getattr(SparkSession, "_instantiatedSession", None)
-    return found if found is not None else active_connect_session()
-
-
-def session_config(config: FTConfig | None, spark: Any = None) -> FTConfig:
-    """``config`` (default ``FTConfig.load()``) with the ``spark.ftlayer.*`` keys of ``spark`` (default:
-    the active session) applied to every option not set in code."""
-    base = config if config is not None else FTConfig.load()
-    session = spark if spark is not None else active_session()
-    return effective_config(base, session) if session is not None else base
-
-
 def _resolve(config: FTConfig, topology: str, spark: Any) -> FTConfig:
     """``config`` with a URL: its own, or the topology's embedded server on its state directory."""
     if config.redis_url:
@@ -225,7 +210,7 @@ def _resolve(config: FTConfig, topology: str, spark: Any) -> FTConfig:
         check_reachable_redis(str(spark.conf.get("spark.master", "local") or "local"), config)
         check_server_reaches(spark, config)
     server = TopologyState.open(config, topology).embedded_server(config)
-    _embedded[config.namespace] = server.url
+    remember_embedded(config.namespace, server.url)
     return config.replace(redis_url=server.url)
 
 
@@ -244,7 +229,7 @@ def source(topology: str, name: str, *, config: FTConfig | None = None, num_chan
             raise ConfigError(msg)
         if handle is None or (base.redis_url and handle.config.redis_url != base.redis_url):
             handle = _handles[key] = SourceHandle(_resolve(base, topology, session), topology, name, channels)
-        _last[:] = [handle.config]
+        remember_last(handle.config)
     return handle
 
 
@@ -278,28 +263,6 @@ def ingest(topology: str, source_name: str, records: Any, *, config: FTConfig | 
     """Persist ``records`` into a source from a driver thread, independent of any query."""
     handle = source(topology, source_name, config=config, num_channels=num_channels, spark=spark)
     return handle.ingest(records, key=key, partitioning=partitioning)
-
-
-def config_or_last(config: FTConfig | None) -> FTConfig:
-    """``config`` with its Redis URL resolved, or :func:`last_config` when None. Every acking point
-    and row function goes through it: a config without a URL must never reach an executor or a
-    settle call. Without a URL it takes the embedded server its namespace's sources were opened
-    on in this process (else the process's own embedded server), with the session's Spark conf."""
-    if config is None:
-        return last_config()
-    if config.redis_url:
-        return config
-    cfg = session_config(config)
-    url = _embedded.get(cfg.namespace)
-    return cfg.replace(redis_url=url) if url else resolved(cfg)
-
-
-def last_config() -> FTConfig:
-    """The config of the most recently opened source handle; ConfigError if none was opened."""
-    if not _last:
-        msg = "no ftlayer source was opened in this process: pass config= (or call ftlayer.read_stream first)"
-        raise ConfigError(msg)
-    return _last[0]
 
 
 def stop_all() -> None:

@@ -59,8 +59,8 @@ from ftlayer.logs import logger_for
 from runtime.dataframe.acking import batch_sources, settle_batch
 from runtime.dataframe.plan import mark_writer, recall_stateful
 from runtime.dataframe.rowfn import MAX_REASON_CHARS
+from runtime.dataframe.session_state import config_or_last
 from runtime.dataframe.sink_retry import SinkRetry, close_breakers
-from runtime.dataframe.sources import config_or_last
 from runtime.spark.connect import is_connect
 from runtime.spark.payload_columns import METADATA_COLUMN
 from runtime.spark.typed_source import batch_identity

@@ -14,7 +14,7 @@ import pytest
 
 from ftlayer.config import FTConfig
 from ftlayer.servers.embedded import EmbeddedServer
-from runtime.chaos.base import ChaosError
+from runtime.chaos.errors import ChaosError
 from runtime.chaos.runner import run_scenario
 from runtime.checker import Report
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from ftlayer.config import FTConfig
-from runtime.chaos.base import ChaosError
 from runtime.chaos.driver_app import warm_python_workers
+from runtime.chaos.errors import ChaosError
 from runtime.chaos.runner import run_scenario
 from runtime.checker import Report
 

@@ -18,7 +18,8 @@ import pytest
 
 from ftlayer.config import FTConfig
 from ftlayer.facade.ft_layer import FTLayer
-from runtime.chaos.base import SOURCE, TOPOLOGY, ChaosError, ScenarioContext
+from runtime.chaos.base import SOURCE, TOPOLOGY, ScenarioContext
+from runtime.chaos.errors import ChaosError
 from runtime.chaos.executors import executor_pids, has_executor_jvms, kill_executor
 
 pytestmark = pytest.mark.spark
