@@ -19,7 +19,7 @@ from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError, ConnectServerError, FTLayerError, SparkConnectUnsupportedError
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.keyspace.keys import token_batch_key
-from runtime.dataframe import batch_context, sources
+from runtime.dataframe import batch_context, session_state, sources
 from runtime.dataframe.acking import acking, settle_batch
 from runtime.driver.listener_removal import remove_listener
 from runtime.spark.connect import batch_job_tag, check_server_reaches, is_connect, refuse_connect, token_from_job_tags
@@ -205,7 +205,7 @@ def test_acking_takes_a_resolved_config_and_the_session_id_along_when_pickled(
     monkeypatch.setattr(acking_module, "active_session", lambda: ConnectSession("user-session"))
     fn = pickle.loads(pickle.dumps(acking(write_nothing, config=ft_config)))
     assert fn.root == "user-session" and fn.config.redis_url == ft_config.redis_url
-    monkeypatch.setattr(sources, "_last", [])
+    monkeypatch.setattr(session_state, "_last", [])
     with pytest.raises(ConfigError, match="no ftlayer source was opened in this process"):
         pickle.dumps(acking(write_nothing))  # at foreachBatch(), in the user's process: not on the server
 
