@@ -62,6 +62,9 @@ _payloads = st.one_of(
     st.just(b"\x82\xa1i\x01\xa1i\x02"),  # {"i": 1, "i": 2}
     st.just(msgpack.packb({"i": msgpack.ExtType(42, b"x")})),
     st.just(b"\x81\xa1i\xa1\xff"),
+    # UTF-8 edge cases: a lone surrogate, an overlong NUL, beyond U+10FFFF (refused), U+FFFF (allowed)
+    st.sampled_from([b"\xed\xa0\x80", b"\xc0\x80", b"\xf4\x90\x80\x80", b"\xef\xbf\xbf"]).map(
+        lambda s: b"\x81\xa1i" + bytes([0xA0 | len(s)]) + s),
 )
 
 
