@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -23,8 +24,12 @@ NARROW = StructType([StructField("i", LongType(), nullable=False), StructField("
 
 
 def _raw(values: list[object]) -> object:
-    n = len(values)
-    frames = encode_source_frames(0, list(range(1, 2 * n + 1)), [7] * n, [pack_payload(v) for v in values], [0] * n)
+    return _raw_payloads([pack_payload(v) for v in values])
+
+
+def _raw_payloads(payloads: list[bytes]) -> object:
+    n = len(payloads)
+    frames = encode_source_frames(0, list(range(1, 2 * n + 1)), [7] * n, payloads, [0] * n)
     return frames_to_record_batch(frames)
 
 
@@ -55,6 +60,19 @@ def test_a_page_that_fits_takes_the_bulk_path(monkeypatch: pytest.MonkeyPatch) -
         raise AssertionError("the row path ran for a page that fits")
 
     monkeypatch.setattr(payload_columns, "decode_rows", refuse)
+    assert _same(decode_batch(raw, SCHEMA, "topo/src"), expected)
+
+
+def test_a_plain_page_is_read_by_msgspec(monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = _raw([{"i": 1, "user": "a", "ts": 1_700_000_000}, {"i": 2, "ts": "2026-01-02T03:04:05"},
+                {"i": 3, "user": "c", "ts": dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc)}, {}])
+    expected = decode_rows(raw, SCHEMA, "topo/src")
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("the msgpack path ran for a page of plain dicts")
+
+    monkeypatch.setattr(payload_columns, "decode_rows", refuse)
+    monkeypatch.setattr(payload_columns, "unpack_run", refuse)
     assert _same(decode_batch(raw, SCHEMA, "topo/src"), expected)
 
 
@@ -98,4 +116,30 @@ _values = st.one_of(
 @example([], SCHEMA)
 def test_bulk_and_row_paths_give_the_same_page(values: list[Any], schema: StructType) -> None:
     raw = _raw(values)
+    assert _same(decode_batch(raw, schema, "topo/src"), decode_rows(raw, schema, "topo/src"))
+
+
+_any_cells = st.one_of(
+    _cells, st.decimals(allow_nan=False, places=2), st.uuids(), st.dates(), st.timedeltas(),
+    st.tuples(st.integers()), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(),
+                                                                                  max_size=1))
+_any_ts = st.one_of(_ts, st.datetimes(), st.dates(), st.text(max_size=3))
+_payloads = st.one_of(
+    st.fixed_dictionaries({}, optional={"i": _any_cells, "user": _any_cells, "ts": _any_ts, "extra": _any_cells}
+                          ).map(pack_payload),
+    _any_cells.map(pack_payload),
+    # other producers' msgpack: the standard timestamp (ext -1, ns), an array map key, a repeated key
+    st.builds(lambda s, ns: msgpack.packb({"i": 1, "ts": msgpack.Timestamp(s, ns)}),
+              st.integers(0, 2**33), st.integers(0, 999_999_999)),
+    st.just(b"\x81\xa4user\x81\x91\x01\x02"),
+    st.just(b"\x82\xa1i\x01\xa1i\x02"),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_payloads, max_size=10), st.sampled_from([SCHEMA, NARROW]))
+@example([msgpack.packb({"i": 1, "ts": msgpack.Timestamp(0, 999)})], SCHEMA)  # msgspec would round it up
+@example([pack_payload({"i": 1, "user": (1, 2)})], SCHEMA)
+def test_bulk_and_row_paths_agree_on_any_payload(payloads: list[bytes], schema: StructType) -> None:
+    raw = _raw_payloads(payloads)
     assert _same(decode_batch(raw, schema, "topo/src"), decode_rows(raw, schema, "topo/src"))
