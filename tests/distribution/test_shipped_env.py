@@ -9,7 +9,7 @@ executor JVMs unpack the archive into their own working directories. What the te
 - the tour delivers every record (acked, or dead-lettered by its row function's rule) with the FT
   source's reads and the row function in the executors' Python workers;
 - every executor's Python worker is ``<its work dir>/environment/bin/python``, and ftlayer, hiredis,
-  xxhash, msgpack and pyarrow come from ``<its work dir>/environment/lib``; its ``sys.path`` holds
+  xxhash, msgpack, msgspec and pyarrow come from ``<its work dir>/environment/lib``; its ``sys.path`` holds
   nothing else but Spark's own Python (``pyspark.zip``, py4j) and the interpreter's standard library;
 - the same job with a Python that has nothing installed as the workers' interpreter fails with
   ``No module named 'ftlayer'``: no other way onto the executors exists.

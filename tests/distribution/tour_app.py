@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 WAIT_S = 240.0
-EXTENSIONS = ("ftlayer", "hiredis", "xxhash", "msgpack", "pyarrow")
+EXTENSIONS = ("ftlayer", "hiredis", "xxhash", "msgpack", "msgspec", "pyarrow")
 
 
 def where_am_i(_: Iterator[int]) -> Iterator[dict[str, Any]]:
