@@ -54,7 +54,7 @@ settings.load_profile("ftlayer")
 # class-data archive (tests/spark_jvm.py). A SPARK_CONF_DIR set by the caller wins.
 configure_spark_jvms()
 
-pytest_plugins = ["tests.cpu_log"]
+pytest_plugins = ["tests.cpu_log", "tests.waiting_lane"]
 
 NOT_MARKED_SPARK = "is not marked spark, so it may not start a JVM: mark it @pytest.mark.spark (tests/conftest.py)"
 

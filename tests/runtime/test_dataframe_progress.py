@@ -31,6 +31,7 @@ def run(spark: Any, ft_config: FTConfig, tmp_path: Path) -> Callable[..., Run]:
     return lambda n, **kw: Run(spark, ft_config, tmp_path, n, **kw)
 
 
+@pytest.mark.waits  # tests/waiting_lane.py
 def test_a_60_s_batch_with_timeout_10_s_replays_nothing(run: Callable[..., Run]) -> None:
     r = run(300, timeout_s=10.0, num_buckets=3)
     rows: list[int] = []
@@ -50,6 +51,7 @@ def test_a_60_s_batch_with_timeout_10_s_replays_nothing(run: Callable[..., Run])
     assert stats["refiled_held"] > 0, stats  # their timeouts fell due and were postponed
 
 
+@pytest.mark.waits  # tests/waiting_lane.py
 def test_a_batch_that_hangs_past_max_batch_s_times_out_and_completes_late(run: Callable[..., Run]) -> None:
     """Past max_batch_s the hung batch holds nothing: its records time out and are replayed. It
     commits all the same, and its settle completes them late (issue 27 item 3): the copies are
@@ -103,6 +105,7 @@ def test_a_record_that_times_out_between_two_reads_of_its_batch_is_not_completed
     assert sorted(rows) == list(range(20)), stats  # written once each, by their replays
 
 
+@pytest.mark.waits  # tests/waiting_lane.py
 def test_a_sink_down_for_five_timeouts_costs_no_replay(run: Callable[..., Run]) -> None:
     r = run(400, timeout_s=4.0, num_buckets=3)  # defaults otherwise: in-place retries, breaker
     rows: list[int] = []
@@ -130,6 +133,7 @@ def test_a_sink_down_for_five_timeouts_costs_no_replay(run: Callable[..., Run]) 
     assert SinkBreaker(store.client, store.keys).state() is None  # closed by the write that succeeded
 
 
+@pytest.mark.waits  # tests/waiting_lane.py
 def test_an_outage_past_the_retry_budget_spends_at_most_one_replay_per_record(run: Callable[..., Run]) -> None:
     r = run(300, timeout_s=4.0, num_buckets=3, sink_retry_budget_s=2.0, max_replays=1)
     rows: list[int] = []

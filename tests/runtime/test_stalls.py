@@ -42,6 +42,7 @@ class BlockingSink(CallableSink):
         self.out.write(values, ctx)
 
 
+@pytest.mark.waits  # tests/waiting_lane.py
 @pytest.mark.parametrize("max_batch_s", [600.0, 2.0], ids=["held", "hold-lapsed"])
 def test_a_stall_longer_than_the_replay_budget_dead_letters_nothing(
     spark: Any, ft_config: FTConfig, tmp_path: Path, max_batch_s: float,

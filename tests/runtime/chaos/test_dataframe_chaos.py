@@ -76,6 +76,7 @@ def test_kill_redis_dataframe(spark: Any, ft_config: FTConfig, tmp_path: Path, d
         assert report.delivered + len(report.lost_in_window) == 3000
 
 
+@pytest.mark.waits  # tests/waiting_lane.py
 def test_long_outage_dataframe(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
     """60 s without the server in the middle of the stream: nothing the source produced is lost and
     the DataFrame query never dies."""
@@ -98,12 +99,14 @@ def test_webhook_driver_kill_dataframe(spark: Any, ft_config: FTConfig, tmp_path
     assert report.records_in == report.delivered == 1500
 
 
+@pytest.mark.waits  # tests/waiting_lane.py
 def test_slow_sink_dataframe(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
     report = run_scenario("slow-sink", spark, ft_config, 1200, workdir=tmp_path, pipeline="dataframe")
     _ok(report)
     assert report.delivered == 1200 and report.duplicates == 0
 
 
+@pytest.mark.waits  # tests/waiting_lane.py
 def test_sink_outage_dataframe(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
     report = run_scenario("sink-outage", spark, ft_config, 1200, workdir=tmp_path, pipeline="dataframe")
     _ok(report)

@@ -115,6 +115,7 @@ def test_kill_redis(spark: Any, ft_config: FTConfig, tmp_path: Path, durability:
         assert report.delivered + len(report.lost_in_window) == 3000
 
 
+@pytest.mark.waits  # tests/waiting_lane.py
 def test_long_outage(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
     """The server is down for 60 s in the middle of the stream (SIGKILL, restart from its AOF):
     every record the source produced is delivered and the query never dies."""
