@@ -132,6 +132,18 @@ def _first_line(exc: BaseException) -> str:
     return (named[-1] if named else lines[0])[:200]
 
 
+def count_restart(ctx: ScenarioContext, died: BaseException, restarts: int, max_restarts: int) -> int:
+    """The scenario's query died after ``restarts`` restarts: note it and return the new count, or
+    raise ChaosError (naming the last failure) once ``max_restarts`` are used up."""
+    if restarts >= max_restarts:
+        msg = f"chaos {ctx.name}: the query died {restarts + 1} times; last: {_first_line(died)}"
+        raise ChaosError(msg) from died
+    restarts += 1
+    ctx.notes.append(f"query died ({_first_line(died)}); restarted on its checkpoint (#{restarts})")
+    ctx.say(f"query died; restarting on its checkpoint (#{restarts})")
+    return restarts
+
+
 def run_query(
     ctx: ScenarioContext,
     make: Callable[[], Topology],
@@ -172,12 +184,7 @@ def run_query(
         finally:
             query.stop()
         if died is not None:
-            if restarts >= max_restarts:
-                msg = f"chaos {ctx.name}: the query died {restarts + 1} times; last: {_first_line(died)}"
-                raise ChaosError(msg) from died
-            restarts += 1
-            ctx.notes.append(f"query died ({_first_line(died)}); restarted on its checkpoint (#{restarts})")
-            ctx.say(f"query died; restarting on its checkpoint (#{restarts})")
+            restarts = count_restart(ctx, died, restarts, max_restarts)
             continue
         if not drained:
             ctx.notes.append(f"not drained within {timeout_s:.0f} s")

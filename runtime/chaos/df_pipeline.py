@@ -29,8 +29,7 @@ import redis
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError
-from runtime.chaos.base import SOURCE, TOPOLOGY, ScenarioContext, _first_line, finish
-from runtime.chaos.errors import ChaosError
+from runtime.chaos.base import SOURCE, TOPOLOGY, ScenarioContext, count_restart, finish
 from runtime.chaos.faults import ChaosMap, RecordFault
 from runtime.checker import Report
 from runtime.testing import CollectingSink, FaultLog
@@ -172,12 +171,7 @@ def run_pipeline(ctx: ScenarioContext, source: Any, faults: list[RecordFault], *
             died = _wait(query, handle, ingestor, deadline, on_tick)
             if died is None:
                 break
-            if restarts >= max_restarts:
-                msg = f"chaos {ctx.name}: the query died {restarts + 1} times; last: {_first_line(died)}"
-                raise ChaosError(msg) from died
-            restarts += 1
-            ctx.notes.append(f"query died ({_first_line(died)}); restarted on its checkpoint (#{restarts})")
-            ctx.say(f"query died; restarting on its checkpoint (#{restarts})")
+            restarts = count_restart(ctx, died, restarts, max_restarts)
         if time.monotonic() >= deadline:
             ctx.notes.append(f"not drained within {timeout_s:.0f} s")
     finally:
