@@ -82,18 +82,15 @@ class EmbeddedCluster:
         self._owns_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="ftlayer-cluster-")).resolve()
         self.nodes: list[EmbeddedServer] = []
-        self.bus_ports: list[int] = []
         for i in range(primaries * (1 + replicas)):
-            bus_port = free_port()  # explicit: the default (port + 10000) may be taken or out of range
-            self.bus_ports.append(bus_port)
             self.nodes.append(EmbeddedServer(
                 data_dir=self.data_dir / f"node-{i}",
                 appendfsync=appendfsync,
                 die_with_parent=die_with_parent,
+                cluster_bus_port=free_port(),
                 extra_args=(
                     "--cluster-enabled", "yes",
                     "--cluster-config-file", "nodes.conf",
-                    "--cluster-port", str(bus_port),
                     "--cluster-node-timeout", str(cluster_node_timeout_ms),
                     # a replica may take over however long it was disconnected: the test
                     # cluster prefers availability, as a chaos test of failover needs
@@ -111,6 +108,11 @@ class EmbeddedCluster:
     def urls(self) -> list[str]:
         """redis:// URL of every node, as startup nodes for a cluster client."""
         return [node.url for node in self.nodes]
+
+    @property
+    def bus_ports(self) -> list[int]:
+        """Cluster-bus port of every node, in start order (as final once :meth:`start` returned)."""
+        return [node.cluster_bus_port or node.port + 10_000 for node in self.nodes]
 
     @property
     def ports(self) -> list[int]:

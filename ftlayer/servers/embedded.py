@@ -8,6 +8,11 @@ directory, which is how fault tests kill the server and recover from its AOF.
 Contract:
 - ``start()`` returns only when the server answers PING, or raises
   :class:`~ftlayer.errors.EmbeddedServerError` with the tail of the server log.
+- Ports drawn by :func:`~ftlayer.servers.ports.free_port` (no ``port`` given) were free only
+  when drawn: another process can bind one before the server does (several test workers start
+  servers side by side). A first ``start()`` whose server exits because its port or cluster-bus
+  port was taken ("Address already in use" in its log) draws new ones and starts again, up to
+  :data:`PORT_DRAWS` times; a port the caller gave, and any restart, keeps its port.
 - A temporary data directory (the default) is removed on ``stop()``; a given
   one is kept, so a restart finds its AOF.
 - With ``die_with_parent`` (Linux) the server gets SIGTERM if the process that
@@ -35,13 +40,18 @@ from types import TracebackType
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from ftlayer.config.redis_url import mask_url
 from ftlayer.errors import EmbeddedServerError
 from ftlayer.servers.child_processes import popen_with_parent
-from ftlayer.servers.ports import free_port
+from ftlayer.servers.ports import free_port, listens_on
 
 _log = logging.getLogger("ftlayer.server")
+
+PORT_DRAWS = 5  # first starts on freshly drawn ports before a taken port is an error
+_PORT_TAKEN = "Address already in use"
 
 
 def find_server_binary() -> Path:
@@ -63,6 +73,10 @@ def find_server_binary() -> Path:
         raise EmbeddedServerError(msg) from exc
 
 
+class _PortTakenError(EmbeddedServerError):
+    """The server exited at start because another process had bound its port or bus port."""
+
+
 class EmbeddedServer:
     """A private valkey-server process. Not thread-safe; one owner starts and stops it."""
 
@@ -75,10 +89,16 @@ class EmbeddedServer:
         extra_args: tuple[str, ...] = (),
         die_with_parent: bool = True,
         password: str | None = None,
+        cluster_bus_port: int | None = None,
     ) -> None:
         self._owns_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="ftlayer-valkey-")).resolve()
+        self._ports_drawn = port is None  # ours to draw again if another process takes one first
         self.port = port or free_port()
+        # a cluster node's bus port (--cluster-port): given, the default (port + 10000) may be taken
+        # or out of range; drawn again with the client port when that was drawn
+        self.cluster_bus_port = cluster_bus_port
+        self._started_once = False
         self.appendfsync = appendfsync
         self.extra_args = extra_args
         self.die_with_parent = die_with_parent and sys.platform.startswith("linux")
@@ -117,12 +137,36 @@ class EmbeddedServer:
         ]
         if self.password:
             args += ["--requirepass", self.password]
+        if self.cluster_bus_port is not None:
+            args += ["--cluster-port", str(self.cluster_bus_port)]
         return args + list(self.extra_args)
 
     def start(self, timeout_s: float = 15.0) -> EmbeddedServer:
-        """Start the server and wait until it answers PING. Idempotent while running."""
+        """Start the server and wait until it answers PING. Idempotent while running.
+
+        On a first start with drawn ports, a server that exits because one was taken is started
+        again on new ones (module notes); ``port`` and ``cluster_bus_port`` then name the new ones.
+        """
         if self.pid is not None:
             return self
+        redraws = PORT_DRAWS - 1 if self._ports_drawn and not self._started_once else 0
+        while True:
+            try:
+                self._start_once(timeout_s)
+            except _PortTakenError:
+                if redraws == 0:
+                    raise
+                redraws -= 1
+                _log.info("valkey-server: port %d or its bus port was taken before it bound; drawing new ones",
+                          self.port)
+                self.port = free_port()
+                if self.cluster_bus_port is not None:
+                    self.cluster_bus_port = free_port()
+                continue
+            self._started_once = True
+            return self
+
+    def _start_once(self, timeout_s: float) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
             # own session: a signal to the driver's process group must not SIGKILL the server
@@ -142,11 +186,12 @@ class EmbeddedServer:
             self._atexit_registered = True
         self._wait_ready(timeout_s)
         _log.info("embedded valkey-server at %s (data dir %s, AOF on)", mask_url(self.url), self.data_dir)
-        return self
 
     def _wait_ready(self, timeout_s: float) -> None:
+        # a socket timeout too: a port another process took first may accept and never answer
         client = redis.Redis(
-            host="127.0.0.1", port=self.port, password=self.password, socket_connect_timeout=0.5
+            host="127.0.0.1", port=self.port, password=self.password, socket_connect_timeout=0.5,
+            socket_timeout=0.5, retry=Retry(NoBackoff(), 0),  # this loop is the retry: it also watches the process
         )
         deadline = time.monotonic() + timeout_s
         last: Exception | None = None
@@ -155,19 +200,26 @@ class EmbeddedServer:
                 if self._proc is None or self._proc.poll() is not None:
                     break
                 try:
-                    if client.ping():
+                    # PING answered by our server, not by one that bound the port first (module notes)
+                    if client.ping() and listens_on(self._proc.pid, self.port):
                         return
                 except redis.BusyLoadingError as exc:  # replaying a large AOF
                     last = exc
-                except redis.ConnectionError as exc:
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
                     last = exc
                 time.sleep(0.02)
         finally:
             client.close()
+        code = self._proc.poll() if self._proc is not None else None
         self.kill()
+        tail = self.log_tail()
+        if code is not None:
+            msg = (f"embedded valkey-server on port {self.port} exited with code {code} before it answered "
+                   f"PING; log tail:\n{tail}")
+            raise (_PortTakenError if _PORT_TAKEN in tail else EmbeddedServerError)(msg)
         msg = (
             f"embedded valkey-server on port {self.port} did not answer PING within "
-            f"{timeout_s:.0f} s ({last}); log tail:\n{self.log_tail()}"
+            f"{timeout_s:.0f} s ({last}); log tail:\n{tail}"
         )
         raise EmbeddedServerError(msg)
 

@@ -2,15 +2,19 @@
 
 Contract: :func:`free_port` returns a port on 127.0.0.1 that was free a moment ago, drawn below
 the kernel's ephemeral range where it can, so a server killed and restarted on it finds it free.
+A drawn port can still be bound by another process before the server binds it (several test
+workers start servers side by side); then a connection to it reaches that other process, so a
+server's start checks with :func:`listens_on` that the listener is its own.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from pathlib import Path
 
-__all__ = ["free_port"]
+__all__ = ["free_port", "listens_on"]
 
 _LISTEN_PORTS_FROM = 10_000  # lowest port free_port() hands out (below: well-known and registered services)
 _EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -49,3 +53,41 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """Socket inodes of the TCP listeners on ``port`` (IPv4 and IPv6), from /proc/net."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # local_address is HEXIP:HEXPORT; state 0A is LISTEN
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def listens_on(pid: int, port: int) -> bool:
+    """True if process ``pid`` holds a TCP listening socket on ``port`` (Linux /proc); True where
+    /proc cannot tell (no such tables: another OS), False if another process holds the listener."""
+    if not Path("/proc/net/tcp").exists():
+        return True
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return False
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target[8:-1] in inodes:
+            return True
+    return False

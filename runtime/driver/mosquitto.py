@@ -40,7 +40,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ftlayer.errors import FTLayerError
-from ftlayer.servers.ports import free_port
+from ftlayer.servers.ports import free_port, listens_on
 
 __all__ = ["INSTALL_HINT", "EmbeddedMosquitto", "MosquittoError", "find_mosquitto"]
 
@@ -79,6 +79,7 @@ class EmbeddedMosquitto:
         self._bin = find_mosquitto()
         self._temporary = directory is None
         self.directory = Path(tempfile.mkdtemp(prefix="ftlayer-mqtt-") if directory is None else directory)
+        self._port_drawn, self._started_once = port is None, False
         self.port = port or free_port()
         self.users = dict(users or {})
         self.tls = tls
@@ -137,9 +138,28 @@ class EmbeddedMosquitto:
         path.chmod(0o600)
 
     def start(self, timeout_s: float = 30.0) -> EmbeddedMosquitto:
-        """Write the configuration, start the broker and wait until it accepts connections."""
+        """Write the configuration, start the broker and wait until it accepts connections.
+
+        A drawn port (no ``port`` given) was free only when drawn: if another process binds it
+        first, the broker exits ("Address already in use") and a first start draws a new port and
+        starts again, up to 5 times (``port`` then names it). A given port, and a restart, keep theirs.
+        """
         if self.pid is not None:
             return self
+        redraws = 4 if self._port_drawn and not self._started_once else 0
+        while True:
+            try:
+                self._start_once(timeout_s)
+            except MosquittoError as exc:
+                if redraws == 0 or "Address already in use" not in str(exc):
+                    raise
+                redraws -= 1
+                self.port = free_port()
+                continue
+            self._started_once = True
+            return self
+
+    def _start_once(self, timeout_s: float) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.users:
             self._write_passwords()
@@ -158,7 +178,8 @@ class EmbeddedMosquitto:
                 self._proc = None
                 raise MosquittoError(msg)
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                return self
+                if listens_on(self._proc.pid, self.port):  # ours, not a process that bound the port first
+                    return
             if time.monotonic() > deadline:
                 self._kill_quietly()
                 msg = f"mosquitto did not listen on port {self.port} within {timeout_s}s:\n{self.log_tail()}"

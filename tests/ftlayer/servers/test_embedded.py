@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import socket
+
 import pytest
 import redis
 
 from ftlayer.config import FTConfig, mask_url
-from ftlayer.errors import RedisUnavailableError
+from ftlayer.errors import EmbeddedServerError, RedisUnavailableError
 from ftlayer.servers.embedded import EmbeddedServer
 from ftlayer.servers.ports import free_port
 from ftlayer.store.connection import client_for
@@ -93,3 +95,52 @@ def test_free_port_stays_below_the_ephemeral_range() -> None:
         server.listen()
         client.connect(("127.0.0.1", port))
         assert client.getsockname()[1] >= low
+
+
+def _held_port() -> socket.socket:
+    """A port another process could have bound between free_port() and the server's own bind."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", free_port()))
+    sock.listen()
+    return sock
+
+
+def test_a_drawn_port_taken_before_the_server_binds_is_drawn_again(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The race of ci38: a node's drawn bus port bound by another test worker first. The server
+    exits ("Address already in use"); a first start draws new ports and starts again."""
+    with _held_port() as taken, _held_port() as taken_bus:
+        server = EmbeddedServer(data_dir=tmp_path, cluster_bus_port=taken_bus.getsockname()[1],
+                                extra_args=("--cluster-enabled", "yes"))
+        server.port = taken.getsockname()[1]  # as if drawn, then taken: both of its ports are busy
+        try:
+            server.start()
+            assert server.port != taken.getsockname()[1]
+            assert server.cluster_bus_port != taken_bus.getsockname()[1]
+            with redis.Redis(port=server.port) as client:
+                assert client.ping()
+                assert client.config_get("cluster-port")["cluster-port"] == str(server.cluster_bus_port)
+        finally:
+            server.stop()
+
+
+def test_a_given_port_that_is_taken_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with _held_port() as taken:
+        port = taken.getsockname()[1]
+        server = EmbeddedServer(data_dir=tmp_path, port=port)
+        with pytest.raises(EmbeddedServerError, match=f"(?s)port {port} exited with code .* Address already in use"):
+            server.start()
+        assert server.port == port and server.pid is None
+
+
+def test_a_drawn_port_that_another_valkey_took_is_not_taken_for_ours(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The other process on the port answers PING too: the start must not take it for its own server."""
+    with EmbeddedServer(data_dir=tmp_path / "a") as first:
+        second = EmbeddedServer(data_dir=tmp_path / "b")
+        second.port = first.port  # as if drawn by two workers at once
+        try:
+            second.start()
+            assert second.port != first.port and second.pid is not None
+            with redis.Redis(port=second.port) as client:
+                assert client.info("server")["process_id"] == second.pid
+        finally:
+            second.stop()

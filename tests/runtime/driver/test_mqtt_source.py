@@ -237,3 +237,22 @@ def test_without_paho_the_error_says_which_extra_to_install(monkeypatch: pytest.
     monkeypatch.setitem(sys.modules, "paho.mqtt.client", None)  # import fails as if not installed
     with pytest.raises(MqttError, match=r"needs paho-mqtt: pip install 'ftlayer\[mqtt\]'"):
         MqttSource("mqtt://127.0.0.1:1", "t/#", client_id="x").open()
+
+
+def test_a_drawn_port_taken_before_the_broker_binds_is_drawn_again(mosquitto_binary: Path, tmp_path: Path) -> None:
+    """Another process binds the broker's drawn port first (test workers start brokers side by
+    side): the broker exits with "Address already in use" and a first start draws a new port."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        broker = EmbeddedMosquitto(tmp_path)
+        broker.port = taken.getsockname()[1]  # as if drawn, then taken
+        try:
+            broker.start()
+            assert broker.port != taken.getsockname()[1] and broker.pid is not None
+            with socket.create_connection(("127.0.0.1", broker.port), timeout=5):
+                pass
+        finally:
+            broker.stop()
