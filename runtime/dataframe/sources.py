@@ -62,9 +62,9 @@ from runtime.dataframe.session_state import (
 from runtime.driver.ingest import Ingestor, KeySelector
 from runtime.spark.conf import check_reachable_redis
 from runtime.spark.connect import check_server_reaches
-from runtime.spark.ft_source import FORMAT, source_options
+from runtime.spark.ft_data_sources import FORMAT, register
+from runtime.spark.ft_options import source_options
 from runtime.spark.payload_columns import METADATA_COLUMN, metadata_type
-from runtime.spark.typed_source import register
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

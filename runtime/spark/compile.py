@@ -139,7 +139,7 @@ class Compiler:
 
         from partitioners.spark_exact import exact_repartition
         from runtime.spark.feed_source import read_feed_stream
-        from runtime.spark.ft_source import read_stream
+        from runtime.spark.ft_data_sources import read_stream
 
         if isinstance(node, SourceNode):
             if self.config.ft_on:

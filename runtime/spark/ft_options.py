@@ -26,11 +26,11 @@ from ftlayer.acker.holds import hold_lease_s
 from ftlayer.config import FTConfig, parse_bool
 from ftlayer.errors import ConfigError
 from ftlayer.keyspace.keys import check_name
-from runtime.spark.option_names import SourceOptionMap, camel_case
+from runtime.spark.option_names import FT_FORMAT, SourceOptionMap, camel_case
 
 __all__ = ["DEFAULT_READ_PAGE_ENTRIES", "FORMAT", "MAX_READ_PAGE_ENTRIES", "FTSourceOptions", "source_options"]
 
-FORMAT = "ftlayer"
+FORMAT = FT_FORMAT
 DEFAULT_READ_PAGE_ENTRIES = 8  # first page of a read; later pages adapt (runtime.spark.ft_channel_read)
 MAX_READ_PAGE_ENTRIES = 4096
 DEFAULT_OUTAGE_BUDGET_S = FTConfig().outage_budget_s

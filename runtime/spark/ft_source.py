@@ -1,7 +1,8 @@
 """The FT source: a PySpark streaming data source over one ftlayer source's channel streams.
 
-``spark.readStream.format("ftlayer")`` (after :func:`register`) or
-:func:`read_stream` gives one row per persisted source record, with the columns
+``spark.readStream.format("ftlayer")`` (the ``DataSource`` classes and ``register`` are in
+:mod:`runtime.spark.ft_data_sources`, light for Spark's planner processes to import) or
+:func:`~runtime.spark.ft_data_sources.read_stream` gives one row per persisted source record, with the columns
 of :data:`runtime.spark.row_contract.SOURCE_ROW`::
 
     sid long, cid long, key_hash long, origin long, replay int, channel int, payload binary
@@ -46,20 +47,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.types import StructType
 
 from ftlayer.acker.batch_acks import batch_tag
 from ftlayer.acker.holds import CARRY_PREFIX
-from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError
 from ftlayer.logs import logger_for
-from ftlayer.servers.process_server import resolved
 from runtime.spark.admission import max_rows
 from runtime.spark.arrow_codec import SOURCE_SCHEMA_DDL
 from runtime.spark.batch_holds import HOLD_SET_MARGIN_S, BatchHolds
-from runtime.spark.channel_source import ChannelPartition, ChannelSource
+from runtime.spark.channel_source import ChannelPartition
 from runtime.spark.ft_batch_ends import Offset, capped_end, entry_chunks
 from runtime.spark.ft_channel_read import read_range
 from runtime.spark.ft_offsets import START_ID, Position, compare_ids
@@ -71,20 +70,17 @@ from runtime.spark.row_contract import SOURCE_ROW
 from runtime.spark.worker_heap import freeze_worker_heap
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    pass
 
 __all__ = [
     "FORMAT",
     "SOURCE_SCHEMA_DDL",
     "FTPartition",
-    "FTSource",
     "FTSourceOptions",
     "FTStreamReader",
     "Offset",
     "channel_key",
     "compare_ids",
-    "read_stream",
-    "register",
     "source_options",
     "source_schema",
 ]
@@ -259,54 +255,3 @@ class FTStreamReader(FTStreamsReader):
             pipe.execute()
 
         self.layer.store.ride_out(trim)  # idempotent: a cluster failover is waited out
-
-
-
-class FTSource(ChannelSource):
-    """``format("ftlayer")``: the persisted records of one ftlayer source as a stream."""
-
-    FORMAT = FORMAT
-    LABEL = "FT source"
-
-    def streamReader(self, schema: StructType) -> FTStreamReader:
-        return cast("FTStreamReader", super().streamReader(schema))
-
-    def open_reader(self) -> FTStreamReader:
-        return FTStreamReader(FTSourceOptions.parse(self.options))
-
-
-REGISTERED_ATTR = "_ftlayer_format"  # set on a session once format "ftlayer" is registered in it
-
-
-def register(spark: SparkSession) -> None:
-    """Register :class:`FTSource` with the session (``format("ftlayer")``); safe to repeat.
-
-    A session that already has the format keeps it: the typed source
-    (``runtime.spark.typed_source``) registers a subclass that reads both schemas.
-    """
-    if getattr(spark, REGISTERED_ATTR, False):
-        return
-    spark.dataSource.register(FTSource)
-    setattr(spark, REGISTERED_ATTR, True)
-
-
-def read_stream(
-    spark: SparkSession,
-    config: FTConfig,
-    topology: str,
-    source: str,
-    num_channels: int,
-    *,
-    max_records_per_batch: int | None = None,
-    read_page_entries: int | None = None,
-) -> DataFrame:
-    """A streaming DataFrame of the source's persisted records (registers the format first).
-
-    ``config`` is resolved on the driver (an embedded server is started here if it
-    has no URL), so executors connect to the same server by URL.
-    """
-    cfg = resolved(config)
-    register(spark)
-    options = source_options(cfg, topology, source, num_channels, max_records_per_batch=max_records_per_batch,
-                             read_page_entries=read_page_entries)
-    return spark.readStream.format(FORMAT).options(**options).load()

@@ -34,12 +34,13 @@ from ftlayer.errors import ConfigError
 from runtime.spark.admission import AvailableNowBase
 from runtime.spark.channel_source import ChannelSource, ChannelStreamReader
 from runtime.spark.feed_source import FeedSource
-from runtime.spark.ft_source import FTSource
+from runtime.spark.ft_data_sources import FTSource
 from runtime.spark.row_contract import STAGE_ROW, stage_row_additions
-from runtime.spark.stages import Stage
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from runtime.spark.stages import Stage  # not at run time: this module stays light (below)
 
 __all__ = ["FORMAT", "FUSED_OPTION", "INNER_OPTION", "FusedReader", "FusedSource", "FusedStage", "decode",
            "fused_from", "read_fused"]

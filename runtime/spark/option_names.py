@@ -15,7 +15,11 @@ from collections.abc import Iterator, Mapping
 
 from ftlayer.errors import ConfigError
 
-__all__ = ["SourceOptionMap", "camel_case", "option_key"]
+__all__ = ["FT_FORMAT", "SourceOptionMap", "camel_case", "option_key"]
+
+# the FT source's name in readStream.format(...): here, where its options and its light DataSource
+# module (runtime.spark.ft_data_sources) can both import it
+FT_FORMAT = "ftlayer"
 
 
 def option_key(name: str) -> str:

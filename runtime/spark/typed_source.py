@@ -35,27 +35,17 @@ its batch's output and state are committed, and a batch that Spark re-runs
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark.sql.types import StructType
 
 from ftlayer.errors import ConfigError
 from runtime.spark.connect import JOB_TAGS_PROPERTY, token_from_job_tags
-from runtime.spark.ft_source import (
-    REGISTERED_ATTR,
-    FTPartition,
-    FTSource,
-    FTSourceOptions,
-    FTStreamReader,
-)
+from runtime.spark.ft_source import FTPartition, FTSourceOptions, FTStreamReader
 from runtime.spark.payload_columns import METADATA_COLUMN, decode_batch, metadata_type
-from runtime.spark.row_contract import SOURCE_ROW
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 __all__ = [
-    "BATCH_ID_PROPERTY", "QUERY_ID_PROPERTY", "FTDataSource", "TypedStreamReader", "batch_identity", "register",
+    "BATCH_ID_PROPERTY", "QUERY_ID_PROPERTY", "TypedStreamReader", "batch_identity",
 ]
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"  # stable across restarts from the same checkpoint
@@ -110,19 +100,3 @@ class TypedStreamReader(FTStreamReader):
     def settle(self, tag: str) -> None:
         """Spark committed the batch ``tag``: ack every record it emitted that is still pending."""
         self.layer.settle_batch(tag, "ack")
-
-
-class FTDataSource(FTSource):
-    """``format("ftlayer")`` for both paths: the raw source schema (the Topology compiler) or a user schema."""
-
-    def streamReader(self, schema: StructType) -> FTStreamReader:
-        if SOURCE_ROW.same_struct(schema):
-            return self.open_reader()
-        return TypedStreamReader(FTSourceOptions.parse(self.options), schema)
-
-
-def register(spark: SparkSession) -> None:
-    """Register :class:`FTDataSource` as ``format("ftlayer")`` in the session; safe to repeat."""
-    if getattr(spark, REGISTERED_ATTR, None) != "typed":
-        spark.dataSource.register(FTDataSource)
-        setattr(spark, REGISTERED_ATTR, "typed")

@@ -29,11 +29,11 @@ AS_ON_4_0 = """
 import inspect, json, sys
 import pyspark.sql.datasource  # 4.3's imports the hidden module; 4.0's does not have it to import
 sys.modules["pyspark.sql.streaming.datasource"] = None
-from runtime.spark import admission, feed_source, ft_source
+from runtime.spark import admission, feed_source, ft_data_sources, ft_source
 url, ns = sys.argv[1], sys.argv[2]
 options = {"redis_url": url, "namespace": ns, "topology": "adm", "source": "src", "num_channels": "2",
            "max_records_per_batch": "5"}
-reader = ft_source.FTSource(options).streamReader(ft_source.source_schema())
+reader = ft_data_sources.FTSource(options).streamReader(ft_source.source_schema())
 start = reader.initialOffset()
 end = reader.latestOffset()  # what pyspark 4.0's runner calls: no start, no limit
 rows = [r for p in reader.partitions(start, end) for b in reader.read(p) for r in b.to_pylist()]

@@ -12,9 +12,10 @@ from runtime.driver.feed import Feed, FeedDestination, FeedServer
 from runtime.driver.ingest import Ingestor
 from runtime.spark.channel_source import ChannelPartition, ChannelSource, ChannelStreamReader
 from runtime.spark.feed_source import FeedPartition, FeedSource, FeedStreamReader, feed_options
-from runtime.spark.ft_source import FTPartition, FTSource, FTStreamReader, source_options
+from runtime.spark.ft_data_sources import FTDataSource, FTSource
+from runtime.spark.ft_source import FTPartition, FTStreamReader, source_options
 from runtime.spark.row_contract import SOURCE_ROW
-from runtime.spark.typed_source import FTDataSource, TypedStreamReader
+from runtime.spark.typed_source import TypedStreamReader
 
 
 def test_every_source_is_a_channel_source_of_the_source_row() -> None:

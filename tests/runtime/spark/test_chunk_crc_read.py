@@ -31,7 +31,8 @@ from ftlayer.records.chunks import (
 from ftlayer.records.frames import SemiDeserializedSerializer
 from ftlayer.records.keyhash import key_hash, pmod
 from runtime.spark.arrow_codec import spans_to_record_batch
-from runtime.spark.ft_source import FTSource, FTStreamReader, source_schema
+from runtime.spark.ft_data_sources import FTSource
+from runtime.spark.ft_source import FTStreamReader, source_schema
 from serialization.payload import pack_payload, unpack_payload
 
 TOPO, SRC, CHANNELS = "topo", "crc", 2

@@ -17,13 +17,8 @@ from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.records.frames import SemiDeserializedSerializer
 from ftlayer.records.keyhash import key_hash, pmod
 from runtime.spark.arrow_codec import arrow_schema, frames_to_record_batch
-from runtime.spark.ft_source import (
-    FTSource,
-    FTStreamReader,
-    compare_ids,
-    read_stream,
-    source_schema,
-)
+from runtime.spark.ft_data_sources import FTSource, read_stream
+from runtime.spark.ft_source import FTStreamReader, compare_ids, source_schema
 from serialization.payload import unpack_payload
 from serialization.serializers import make_record
 
