@@ -17,13 +17,23 @@ Contract (what the ingest loop relies on; each list it yields is to be persisted
 - The source raises: the list held is yielded first, then the exception is raised on the next
   resumption (records pulled before a source broke are persisted, as before).
 - The source ends: the list held is yielded, then the generator ends.
+
+A ``list`` or ``tuple`` source is in memory: its records are all there at once, so it is cut into
+slices of ``batch_size`` (C speed; 0.16 against 0.03 µs a record, 2026-11-27) with ``stop`` checked
+between slices, and linger never fires, as in the record-at-a-time loop where no clock reading
+between two list items reaches ``linger_s``. A slice holding a ``None`` (found by identity, never
+by ``==``, which a record type may define as it likes) goes through the record-at-a-time loop, so
+``None`` keeps its meaning. A list that grows while it is ingested is read to its end, as its
+iterator would.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import repeat
+from operator import is_
 from typing import Any
 
 __all__ = ["iterable_batches"]
@@ -32,6 +42,27 @@ __all__ = ["iterable_batches"]
 def iterable_batches(source: Iterable[Any], stop: threading.Event, batch_size: int, linger_s: float, *,
                      clock: Callable[[], float] = time.monotonic) -> Iterator[list[Any]]:
     """The records of ``source`` in lists of at most ``batch_size`` (module contract)."""
+    if type(source) in (list, tuple):
+        return _sequence_batches(source, stop, batch_size, linger_s, clock)  # type: ignore[arg-type]
+    return _iterator_batches(source, stop, batch_size, linger_s, clock)
+
+
+def _sequence_batches(source: Sequence[Any], stop: threading.Event, batch_size: int, linger_s: float,
+                      clock: Callable[[], float]) -> Iterator[list[Any]]:
+    """A list's or tuple's records, sliced (module notes)."""
+    at = 0
+    while at < len(source) and not stop.is_set():
+        part = list(source[at : at + batch_size])
+        at += len(part)
+        if any(map(is_, part, repeat(None))):
+            yield from _iterator_batches(part, stop, batch_size, linger_s, clock)
+        else:
+            yield part
+
+
+def _iterator_batches(source: Iterable[Any], stop: threading.Event, batch_size: int, linger_s: float,
+                      clock: Callable[[], float]) -> Iterator[list[Any]]:
+    """Any source's records, one ``next()`` at a time (module contract)."""
     it = iter(source)
     stopped = stop.is_set
     batch: list[Any] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from itertools import chain
 from typing import Any
 
 import pytest
@@ -107,3 +108,43 @@ def test_no_record_is_lost_or_reordered_and_every_rule_holds(steps: list[Any], b
         assert len(got) <= batch_size
         handed += got
     assert handed == [s for s in steps if s is not None and not isinstance(s, tuple)]
+
+
+def _no_clock() -> float:
+    raise AssertionError("an in-memory list is sliced: no clock reading per record")
+
+
+@pytest.mark.parametrize("kind", [list, tuple])
+def test_a_list_or_tuple_is_sliced_without_a_step_per_record(kind: type) -> None:
+    got = list(iterable_batches(kind(range(10)), threading.Event(), 4, 60.0, clock=_no_clock))
+    assert got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert all(type(b) is list for b in got)  # lists the caller may keep, not slices of a tuple
+
+
+def test_records_whose_equality_is_not_a_bool_are_sliced_too() -> None:
+    import numpy as np
+
+    arrays = [np.arange(3) + i for i in range(5)]  # array == None is an array: no bool, so `None in` would raise
+    got = list(iterable_batches(arrays, threading.Event(), 2, 60.0, clock=_no_clock))
+    assert [len(b) for b in got] == [2, 2, 1]
+    assert all(a is b for a, b in zip(chain.from_iterable(got), arrays, strict=True))
+
+
+def test_stop_between_slices_ends_a_list_source() -> None:
+    stop = threading.Event()
+    gen = iterable_batches(list(range(10)), stop, 4, 60.0, clock=_no_clock)
+    assert next(gen) == [0, 1, 2, 3]
+    stop.set()
+    assert list(gen) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.none() | st.integers(0, 9)), st.integers(1, 5))
+def test_a_list_gives_what_its_iterator_gives_and_none_keeps_its_meaning(values: list[Any], batch_size: int) -> None:
+    sliced = list(iterable_batches(values, threading.Event(), batch_size, 60.0, clock=Clock()))
+    one_by_one = list(iterable_batches(iter(values), threading.Event(), batch_size, 60.0, clock=Clock()))
+    assert [*chain.from_iterable(sliced)] == [*chain.from_iterable(one_by_one)] == [v for v in values if v is not None]
+    assert all(len(b) <= batch_size for b in sliced)
+    assert sliced.count([]) == values.count(None)  # each None: an empty poll, as the iterator's
+    if None not in values:
+        assert sliced == one_by_one
