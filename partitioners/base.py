@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import ClassVar, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from ftlayer.acker.channels import validate_num_channels
 
@@ -88,6 +88,14 @@ class Partitioner(ReplayPartitioner):
         without a call per record). For a strategy that selects one channel per record."""
         select = self.select
         return [select(key_hash=h)[0] for h in key_hashes]
+
+    def select_channel_array(self, key_hashes: Any) -> Any:
+        """:meth:`select_channels` over a numpy ``int64`` array of key hashes, as an ``int64``
+        array (ingest's batches when their hashes are an array); strategies that can do it in one
+        array step override it."""
+        import numpy as np
+
+        return np.asarray(self.select_channels(key_hashes.tolist()), dtype=np.int64)
 
     @abstractmethod
     def select(

@@ -52,6 +52,11 @@ class FieldsPartitioner(Partitioner):
         except TypeError:
             return super().select_channels(key_hashes)  # raises select's own error for a None
 
+    def select_channel_array(self, key_hashes: Any) -> Any:
+        """``pmod(h, n)`` for each hash of an ``int64`` array, in one step (numpy's ``%`` of a signed
+        integer by a positive one is non-negative, as Python's and Spark's ``pmod``)."""
+        return key_hashes % self._num_channels
+
     def select_replay(self, record: RoutedRecord) -> list[int]:
         """``[pmod(record.key_hash, n)]``: the channel the live record went to."""
         return [record.key_hash % self._num_channels]
@@ -174,6 +179,12 @@ class GlobalPartitioner(Partitioner):
     def select_channels(self, key_hashes: Sequence[int]) -> list[int]:
         """Channel 0 for each."""
         return [0] * len(key_hashes)
+
+    def select_channel_array(self, key_hashes: Any) -> Any:
+        """Channel 0 for each (an ``int64`` array)."""
+        import numpy as np
+
+        return np.zeros(len(key_hashes), dtype=np.int64)
 
     def select_replay(self, record: RoutedRecord) -> list[int]:
         """``[0]``."""

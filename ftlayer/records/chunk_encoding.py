@@ -111,8 +111,13 @@ def encode_source_chunks(
     Up to :data:`PLAIN_MAX_RECORDS` records take :func:`encode_chunks_plain`, more
     :func:`encode_chunks_arrays`: for the same random draws both give the same chunks, byte for byte.
     """
-    encode = encode_chunks_plain if len(payloads) <= PLAIN_MAX_RECORDS else encode_chunks_arrays
-    return encode(source_id, payloads, key_hashes, channels, num_shards=num_shards, among=among)
+    if len(payloads) > PLAIN_MAX_RECORDS:
+        return encode_chunks_arrays(source_id, payloads, key_hashes, channels, num_shards=num_shards, among=among)
+    # hashes and channels may come as numpy arrays (ingest): the plain encoder does its arithmetic on
+    # Python ints (numpy scalars would wrap silently on overflow), and steps per record anyway
+    key_hashes = key_hashes if isinstance(key_hashes, list) else list(map(int, key_hashes))
+    channels = channels if isinstance(channels, list) else list(map(int, channels))
+    return encode_chunks_plain(source_id, payloads, key_hashes, channels, num_shards=num_shards, among=among)
 
 
 def _refused(n: int, problem: str) -> SerializationError:

@@ -93,7 +93,15 @@ def key_hash(key: Any) -> int:
 
 
 def key_hashes(keys: Sequence[Any]) -> list[int]:
-    """``[key_hash(k) for k in keys]``, the same values and the same errors (ingest's batches).
+    """``[key_hash(k) for k in keys]``, the same values and the same errors (ingest's batches);
+    :func:`key_hash_array`'s values as a list."""
+    values: list[int] = key_hash_array(keys).tolist()
+    return values
+
+
+def key_hash_array(keys: Sequence[Any]) -> Any:
+    """The key hashes of ``keys`` as a numpy ``int64`` array: ``key_hash(k)`` for each, the same
+    errors (ingest's batches, handed on as an array to the channel choice and the frames).
 
     A batch of ``str`` keys (the common case) is hashed with no Python step per key: the
     encoding and the digests run in C over the batch (``map``) and the unsigned digests
@@ -107,9 +115,8 @@ def key_hashes(keys: Sequence[Any]) -> list[int]:
     try:
         digests = np.fromiter(map(_xxh64, map(str.encode, keys), repeat(SPARK_SEED)), dtype=np.uint64, count=n)
     except (TypeError, UnicodeEncodeError):  # not all str (str.encode refuses the others), or unencodable
-        return list(map(key_hash, keys))
-    values: list[int] = digests.view(np.int64).tolist()
-    return values
+        return np.fromiter(map(key_hash, keys), dtype=np.int64, count=n)
+    return digests.view(np.int64)
 
 
 def pmod(value: int, n: int) -> int:

@@ -356,7 +356,10 @@ class FeedDestination:
         self.label = label
         self.rejected = 0
 
-    def put(self, payloads: list[bytes], hashes: list[int], channels: list[int]) -> None:
+    def put(self, payloads: list[bytes], hashes: Sequence[int], channels: Sequence[int]) -> None:
+        # ingest may hand numpy arrays over: the loop below steps per row, cheaper over Python ints
+        hashes = hashes if isinstance(hashes, list) else hashes.tolist()  # type: ignore[attr-defined]
+        channels = channels if isinstance(channels, list) else channels.tolist()  # type: ignore[attr-defined]
         per: dict[int, tuple[list[int], list[bytes]]] = {}
         for payload, h, ch in zip(payloads, hashes, channels, strict=True):
             hs, out = per.setdefault(ch, ([], []))

@@ -83,7 +83,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, Protocol
 
 import redis
@@ -94,7 +94,7 @@ from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.logs import logger_for
 from ftlayer.records.chunks import PackedChunk
 from ftlayer.records.frames import SemiDeserializedRecord
-from ftlayer.records.keyhash import NO_KEY_HASH, key_hash, key_hashes
+from ftlayer.records.keyhash import NO_KEY_HASH, key_hash, key_hash_array
 from ftlayer.status.ingest_state import write_state
 from partitioners.factory import partitioner_for, source_strategy
 from runtime.driver.iterable_batches import iterable_batches
@@ -192,8 +192,9 @@ class BatchDestination(Protocol):
     max_pending: int  # ingest waits while pending_count() is at least this
     label: str  # for logs
 
-    def put(self, payloads: list[bytes], hashes: list[int], channels: list[int]) -> None:
-        """Make a batch of packed values visible to the query (may raise FTLayerError: retried with backoff)."""
+    def put(self, payloads: list[bytes], hashes: Sequence[int], channels: Sequence[int]) -> None:
+        """Make a batch of packed values visible to the query (may raise FTLayerError: retried with backoff).
+        ``hashes`` and ``channels`` are lists or numpy ``int64`` arrays (``Ingestor._prepare``)."""
         ...
 
     def reject(self, value: Any, reason: str) -> None:
@@ -221,7 +222,7 @@ class PersistDestination:
         self._rejecting: tuple[Any, str, SemiDeserializedRecord] | None = None  # a reject being retried
         self._putting: tuple[list[bytes], list[PackedChunk]] | None = None  # a batch being retried
 
-    def put(self, payloads: list[bytes], hashes: list[int], channels: list[int]) -> None:
+    def put(self, payloads: list[bytes], hashes: Sequence[int], channels: Sequence[int]) -> None:
         # hot path: chunks straight from the parts; channels come from the source's partitioner.
         # Ingest retries a failed put with the same payloads list: reuse its chunks (same ids), so
         # a call that reached the server before its reply was lost files nothing twice (its token),
@@ -352,16 +353,24 @@ class Ingestor:
             if hook is not False:
                 hook(values)
 
-    def _prepare(self, values: list[Any]) -> tuple[list[bytes], list[int], list[int]]:
+    def _prepare(self, values: list[Any]) -> tuple[list[bytes], Sequence[int], Sequence[int]]:
         """Packed value, key hash and channel of every value (fields by key, else round-robin).
 
         A value whose key selector raises or that cannot be packed is rejected
-        (see the module contract) and left out.
+        (see the module contract) and left out. The hashes and channels are numpy ``int64``
+        arrays on the fast path (no Python step per record from the key to the frames), lists
+        when the batch was sorted out one by one.
         """
         key = self.key
-        try:  # the fast path: no per-value error handling, the loops in C (map)
+        try:  # the fast path: no per-value error handling, the loops in C (map) and numpy
             payloads = pack_payloads(values)
-            hashes = [NO_KEY_HASH] * len(values) if key is None else key_hashes(list(map(key, values)))
+            if key is None:
+                import numpy as np
+
+                hash_array: Any = np.full(len(values), NO_KEY_HASH, dtype=np.int64)
+            else:
+                hash_array = key_hash_array(list(map(key, values)))
+            return payloads, hash_array, self.partitioner.select_channel_array(hash_array)
         except Exception:  # a key selector or value failed: sort the batch out one by one
             payloads, hashes = [], []
             for value in values:

@@ -8,6 +8,7 @@ import pickle
 from collections import Counter
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -208,10 +209,15 @@ def test_select_channels_is_select_per_record(hashes: list[int], n: int, offset:
     # ingest routes a batch with select_channels: the same channels, and the same state after
     for strategy, make in (("fields", lambda: FieldsPartitioner(n)), ("global", lambda: GlobalPartitioner(n)),
                            ("rebalance", lambda: RebalancePartitioner(n, offset))):
-        batch, single = make(), make()
+        batch, single, arrays = make(), make(), make()
         first = batch.select_channels(hashes)
         assert first == [single.select(key_hash=h)[0] for h in hashes], strategy
-        assert batch.select_channels(hashes) == [single.select(key_hash=h)[0] for h in hashes], strategy
+        second = batch.select_channels(hashes)
+        assert second == [single.select(key_hash=h)[0] for h in hashes], strategy
+        # the array form (ingest's fast path): the same channels as int64, the same state after
+        for want in (first, second):
+            got = arrays.select_channel_array(np.asarray(hashes, dtype=np.int64))
+            assert got.dtype == np.int64 and got.tolist() == want, strategy
 
 
 def test_select_channels_of_a_shuffle_stays_in_range() -> None:

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ftlayer.errors import KeyHashError
-from ftlayer.records.keyhash import key_hash, key_hashes
+from ftlayer.records.keyhash import key_hash, key_hash_array, key_hashes
 
 
 def test_known_vector() -> None:
@@ -45,6 +45,8 @@ def test_a_batch_of_strings_hashes_as_key_by_key(keys: list[str]) -> None:
 @given(st.lists(_KEYS, max_size=30))
 def test_a_batch_of_any_keys_hashes_as_key_by_key(keys: list[object]) -> None:
     assert key_hashes(keys) == [key_hash(k) for k in keys]
+    array = key_hash_array(keys)  # what ingest hands on to the channel choice and the frames
+    assert str(array.dtype) == "int64" and array.tolist() == [key_hash(k) for k in keys]
 
 
 def test_a_batch_keeps_known_values_and_str_subclasses() -> None:

@@ -225,3 +225,28 @@ def test_ft_off_feed_drops_and_counts_a_rejected_record() -> None:
     ing = Ingestor(dest, [{"u": "a"}, {}, {"u": "b"}], key=lambda e: e["u"])
     ing.run()
     assert ing.ingested == 2 and ing.rejected == 1 and dest.rejected == 1 and dest.feed.pending() == 2
+
+
+def test_ft_off_feed_takes_a_batch_on_the_fast_path() -> None:
+    """The key hashes and channels come as numpy arrays there: the feed's frames get the same values."""
+    from runtime.driver.feed import Feed, FeedDestination
+
+    dest = FeedDestination(Feed(2), FTConfig(status="off"))
+    values = [{"u": f"user-{i}"} for i in range(50)]
+    ing = Ingestor(dest, values, key=lambda e: e["u"])
+    ing.run()
+    assert ing.ingested == 50 and dest.feed.pending() == 50
+    import struct
+
+    from serialization.payload import unpack_payload
+
+    seen = 0
+    for ch in range(2):
+        for chunk in dest.feed.read(ch, -1, 10**9)[1]:
+            hashes = struct.unpack(f"<{chunk.count}q", chunk.hashes)
+            offsets = struct.unpack(f"<{chunk.count + 1}i", chunk.offsets)
+            for i, h in enumerate(hashes):
+                user = unpack_payload(chunk.data[offsets[i]:offsets[i + 1]])["u"]
+                assert h == key_hash(user) and key_hash(user) % 2 == ch, (ch, user)
+                seen += 1
+    assert seen == 50
