@@ -72,19 +72,20 @@ processing: it is handed to the destination's ``reject`` (FT on: a dead letter
 with the reason, ``ftlayer dlq`` shows it; FT off: dropped, logged and counted)
 and ingest goes on with the next record.
 
-Where batches go is pluggable: an :class:`FTLayer` (FT on) is wrapped in a
-:class:`PersistDestination`; with FT off the topology passes a
-``runtime.driver.feed.FeedDestination`` (an in-memory feed, no Redis). Any object with
-the :class:`BatchDestination` attributes works; key hashing and channel routing
-stay here, the same for both.
+Where batches go is pluggable (:mod:`runtime.driver.destinations`): an :class:`FTLayer` (FT on)
+is wrapped in a :class:`~runtime.driver.destinations.PersistDestination`; with FT off the
+topology passes a ``runtime.driver.feed.FeedDestination`` (an in-memory feed, no Redis). Any
+object with the :class:`~runtime.driver.destinations.BatchDestination` attributes works; key
+hashing and channel routing stay here, the same for both. The kinds of user source are adapted
+in :mod:`runtime.driver.source_adapters`.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -92,20 +93,17 @@ from redis.backoff import ExponentialBackoff
 from ftlayer.errors import DurabilityError, FTLayerError, SerializationError
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.logs import logger_for
-from ftlayer.records.chunks import PackedChunk
-from ftlayer.records.frames import SemiDeserializedRecord
 from ftlayer.records.keyhash import NO_KEY_HASH, key_hash, key_hash_array
-from ftlayer.status.ingest_state import write_state
 from partitioners.factory import partitioner_for, source_strategy
+from runtime.driver.destinations import BatchDestination, PersistDestination
 from runtime.driver.iterable_batches import iterable_batches
-from runtime.sources import AckingSource, PausableSource, PollSource
+from runtime.driver.source_adapters import is_plain_iterable, source_polls
+from runtime.sources import AckingSource, PausableSource
 from serialization.payload import pack_payload, pack_payloads
-from serialization.serializers import make_record
 
 log = logger_for(__name__)
 
 KeySelector = Callable[[Any], Any]
-MAX_REPR_CHARS = 4096
 # errors of the destination that pause ingest instead of stopping it: an outage, a server
 # restarting or loading its AOF, a script refused (raw redis-py errors included: a command
 # outside a script, such as HLEN, WAITAOF or XADD, raises them unwrapped)
@@ -120,144 +118,6 @@ STOP_GRACE_S = 5.0
 # counting before every batch was a second round trip per persist, a third of a small batch's
 # time (the webhook's batches are a few requests)
 PENDING_RECOUNT_S = 0.05
-
-
-def is_plain_iterable(source: Any) -> bool:
-    """Is ``source`` an iterable of records (neither a poll source nor a callable source)?"""
-    return not isinstance(source, PollSource) and not (callable(source) and not isinstance(source, Iterable))
-
-
-def source_iterator(source: Any, stop: threading.Event) -> Iterator[Any]:
-    """Adapt any supported user source to an iterator that yields records or None (idle)."""
-    if isinstance(source, PollSource):
-        for values in _polls(source, stop):
-            if values:
-                yield from values
-            else:
-                yield None
-    elif callable(source) and not isinstance(source, Iterable):
-        while not stop.is_set():
-            try:
-                got = source()
-            except StopIteration:
-                return
-            if got is None:
-                yield None
-            elif isinstance(got, (list, tuple)):
-                yield from got
-            else:
-                yield got
-    else:
-        yield from source
-
-
-def source_polls(source: Any, stop: threading.Event) -> Iterator[list[Any]]:
-    """:func:`source_iterator` a poll at a time: lists of records, [] when idle. A poll source's
-    ``poll()`` result is passed on whole, so ingest handles a request
-    or a delivery of many records with one step instead of one per record; any other source
-    yields its records one list each, as :func:`source_iterator` yields them."""
-    if isinstance(source, PollSource):
-        yield from _polls(source, stop)
-        return
-    for value in source_iterator(source, stop):
-        yield [] if value is None else [value]
-
-
-def _polls(source: PollSource, stop: threading.Event) -> Iterator[list[Any]]:
-    """A poll source's ``poll()`` results until it returns None or ``stop`` is set, between its
-    optional ``open()`` and ``close()``; a None inside a poll is "nothing", never a record."""
-    opener = getattr(source, "open", None)  # optional in the contract
-    if callable(opener):
-        opener()
-    try:
-        while not stop.is_set():
-            got = source.poll()
-            if got is None:
-                return
-            values = got if type(got) is list else list(got)
-            if None in values:
-                values = [v for v in values if v is not None]
-            yield values
-    finally:
-        closer = getattr(source, "close", None)
-        if callable(closer):
-            closer()
-
-
-class BatchDestination(Protocol):
-    """Where an :class:`Ingestor` puts its batches (see the module notes)."""
-
-    num_channels: int
-    batch_size: int  # most records per put()
-    max_pending: int  # ingest waits while pending_count() is at least this
-    label: str  # for logs
-
-    def put(self, payloads: list[bytes], hashes: Sequence[int], channels: Sequence[int]) -> None:
-        """Make a batch of packed values visible to the query (may raise FTLayerError: retried with backoff).
-        ``hashes`` and ``channels`` are lists or numpy ``int64`` arrays (``Ingestor._prepare``)."""
-        ...
-
-    def reject(self, value: Any, reason: str) -> None:
-        """Set aside a record that cannot be processed (its key selector raised, or it cannot be packed)."""
-        ...
-
-    def pending_count(self) -> int:
-        """Records put and not yet done with (backpressure)."""
-        ...
-
-
-class PersistDestination:
-    """FT on: give each record a RecordId and persist the batch through the FT layer."""
-
-    def __init__(self, layer: FTLayer) -> None:
-        self.layer = layer
-        self.num_channels = layer.num_channels
-        # the loss window of a source without ack (module notes): flush_batch_size, or less
-        self.batch_size = min(layer.config.flush_batch_size, layer.config.ingest_batch_records)
-        self.max_pending = layer.config.max_pending
-        self.label = layer.keys.prefix
-        # replicated modes: a wait that is not confirmed (a failover, a replica catching up) is
-        # transient, and a retry of the same frames is safe (see put)
-        self.retry_durability = layer.config.durability.startswith("replicated")
-        self._rejecting: tuple[Any, str, SemiDeserializedRecord] | None = None  # a reject being retried
-        self._putting: tuple[list[bytes], list[PackedChunk]] | None = None  # a batch being retried
-
-    def put(self, payloads: list[bytes], hashes: Sequence[int], channels: Sequence[int]) -> None:
-        # hot path: chunks straight from the parts; channels come from the source's partitioner.
-        # Ingest retries a failed put with the same payloads list: reuse its chunks (same ids), so
-        # a call that reached the server before its reply was lost files nothing twice (its token),
-        # and its durability wait covers them again (PERSIST always writes its counter, so the
-        # wait's replication offset is past the first call's writes).
-        held = self._putting
-        if held is not None and held[0] is payloads:
-            chunks = held[1]
-        else:
-            chunks = self.layer.new_chunks(payloads, hashes, channels)
-            self._putting = (payloads, chunks)
-        self.layer.persist_chunks(chunks)  # re-keys in place a chunk whose id is in use
-        self._putting = None
-
-    def reject(self, value: Any, reason: str) -> None:
-        # Ingest retries a failed reject with the same value: reuse the record built for it, so
-        # the dead letter's guard (its source record id) matches and nothing is added twice.
-        held = self._rejecting
-        if held is not None and held[0] is value and held[1] == reason:
-            record = held[2]
-        else:
-            try:
-                record = make_record(self.layer, value, channel=0)
-            except SerializationError:  # keep what can be kept: the value's repr
-                record = make_record(self.layer, repr(value)[:MAX_REPR_CHARS], channel=0)
-            self._rejecting = (value, reason, record)
-        self.layer.dead_letter(record, reason)
-        self._rejecting = None
-
-    def pending_count(self) -> int:
-        return self.layer.pending_count()
-
-    def report_state(self, state: str, detail: str) -> None:
-        """Record the ingest state for ``ftlayer status`` (:mod:`ftlayer.status.ingest_state`)."""
-        write_state(self.layer.store, state, detail)
 
 
 class Ingestor:

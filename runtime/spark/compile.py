@@ -33,8 +33,9 @@ from ftlayer.facade.service import FTService
 from ftlayer.servers.process_server import resolved
 from ftlayer.servers.state_dir import TopologyState
 from partitioners.factory import replay_partitioner_for
+from runtime.driver.destinations import BatchDestination
 from runtime.driver.feed import Feed, FeedDestination, FeedProgress, FeedServer
-from runtime.driver.ingest import BatchDestination, Ingestor
+from runtime.driver.ingest import Ingestor
 from runtime.driver.observe import TopologyObservers
 from runtime.driver.token_janitor import TokenJanitor
 from runtime.graph import Graph, KeyByNode, Node, Op, OpNode, SinkNode, SourceNode, StateNode, UnionNode

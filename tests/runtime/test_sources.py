@@ -9,7 +9,7 @@ import pytest
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import TopologyError
-from runtime.driver.ingest import source_iterator
+from runtime.driver.source_adapters import source_iterator
 from runtime.sources import AckingSource, PausableSource, PollSource, is_source
 from runtime.topology import Topology
 

@@ -11,6 +11,7 @@ import pytest
 from ftlayer.config import FTConfig
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.records.keyhash import key_hash
+from runtime.driver import destinations as destinations_module
 from runtime.driver import ingest as ingest_module
 from runtime.driver.ingest import Ingestor
 from tests.waiting import wait_until
@@ -95,7 +96,7 @@ def test_a_poll_is_taken_whole_and_persisted_at_most_batch_size_at_a_time(ft_con
     persisted and in order; a None inside a poll is nothing, as from any other source."""
     layer = _layer(ft_config, ingest_batch_records=40)
     sizes: list[int] = []
-    real_put = ingest_module.PersistDestination.put
+    real_put = destinations_module.PersistDestination.put
 
     class Poller:
         def __init__(self) -> None:
@@ -114,7 +115,7 @@ def test_a_poll_is_taken_whole_and_persisted_at_most_batch_size_at_a_time(ft_con
 
     poller = Poller()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ingest_module.PersistDestination, "put", put)
+        mp.setattr(destinations_module.PersistDestination, "put", put)
         ing = Ingestor(layer, poller)
         ing.run()
     assert ing.error is None and ing.ingested == 102
