@@ -138,11 +138,12 @@ def plain_latency(
     client = client_for(url)
     started = time.time()
     try:
-        time.sleep(warmup_s + duration_s + 5 * trigger_interval_s + 5.0)
-        # on a loaded machine one long batch can span the whole window: wait (bounded) until a
-        # batch with input has started after it and finished, so the batch figures see the window
+        # the window's rows are all processed once a batch with input has started after the window
+        # and finished (it took every row due by its start): poll for that, not a fixed margin (one
+        # long batch on a loaded machine can span the whole window); bounded at 60 s past the window
         window_end = started + warmup_s + duration_s
-        deadline = time.monotonic() + 60.0
+        deadline = time.monotonic() + warmup_s + duration_s + 60.0
+        time.sleep(warmup_s + duration_s)  # no such batch can have finished before
         while not _batch_after(query.recentProgress, window_end) and time.monotonic() < deadline:
             if query.exception() is not None:
                 break
