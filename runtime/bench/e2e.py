@@ -37,6 +37,7 @@ from runtime.spark.worker_heap import freeze_worker_heap
 from runtime.topology import Topology
 
 USERS = 97
+PRIME_RECORDS = 20_000  # an untimed FT-off run that warms fresh Python workers (bench_e2e)
 
 
 def make_value(i: int, payload_bytes: int) -> dict[str, Any]:
@@ -64,6 +65,9 @@ class Run:
     variant: str
     records: int
     seconds: float
+    # the run's stop interrupted a running micro-batch (a rate source always has the next one):
+    # Spark then discards the Python workers of its killed tasks (see bench_e2e)
+    interrupted: bool = False
 
     @property
     def rate(self) -> float:
@@ -140,8 +144,29 @@ def run_plain(spark: Any, records: int, payload_bytes: int, *, frozen: bool = Fa
             time.sleep(0.01)
         elapsed = time.perf_counter() - start
     finally:
-        stop_query(query, BENCH_STOP_GRACE_S)
-    return Run("plain-frozen" if frozen else "plain", done, elapsed)
+        quiet = stop_query(query, BENCH_STOP_GRACE_S)
+    return Run("plain-frozen" if frozen else "plain", done, elapsed, interrupted=not quiet)
+
+
+def alternate(variants: dict[str, Callable[[], Run]], repeats: int, *, prime: Callable[[], Any],
+              interrupted: bool = False, on_round: Any = None) -> tuple[list[dict[str, float]], int]:
+    """Run every variant ``repeats`` times, the order rotated each round; each round's records/s by
+    variant, and how many times ``prime`` ran: before any run that follows a run whose stop
+    interrupted a micro-batch (``interrupted``: the one before the first), untimed (see :func:`bench_e2e`)."""
+    names, rounds, primes = list(variants), [], 0
+    for r in range(repeats):
+        got: dict[str, float] = {}
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            if interrupted:
+                prime()
+                primes += 1
+            run = variants[name]()
+            interrupted = run.interrupted
+            got[name] = run.rate
+        rounds.append(got)
+        if on_round is not None:
+            on_round(r, got)
+    return rounds, primes
 
 
 def bench_e2e(spark: Any, config: FTConfig, records: int, payload_bytes: int, repeats: int, *,
@@ -152,6 +177,15 @@ def bench_e2e(spark: Any, config: FTConfig, records: int, payload_bytes: int, re
     ft-on / ft-off, ft-on / plain and ft-on / plain-frozen. A warm-up round of each variant runs
     first and is not counted (the first query in a session pays JVM and
     Python-worker start-up); ``warm_up=False`` skips it (tests of the bench itself).
+
+    Every timed run starts on warm Python workers. A plain run's source always has its next
+    micro-batch, so its stop interrupts one (``Run.interrupted``), and Spark discards the Python
+    workers of the tasks it killed: the next run would fork fresh ones and pay their imports and
+    first heap freeze inside its timing (at 1 KiB, plain on such workers ran 45k records/s against
+    75k on warm ones, 2026-11-27). The rotation always put plain-frozen after plain and ft-on after
+    plain-frozen, so those two paid it. After such a stop an untimed FT-off run of
+    :data:`PRIME_RECORDS` records (it ends between batches) starts the new workers first; the
+    count is ``primes`` in the result.
     """
     variants: dict[str, Callable[[], Run]] = {
         "ft-on": lambda: run_ftlayer(spark, config, records, payload_bytes, ft_on=True),
@@ -159,27 +193,21 @@ def bench_e2e(spark: Any, config: FTConfig, records: int, payload_bytes: int, re
         "plain": lambda: run_plain(spark, records, payload_bytes),
         "plain-frozen": lambda: run_plain(spark, records, payload_bytes, frozen=True),
     }
+    interrupted = False  # the last run's stop killed tasks (and so their Python workers)
     if warm_up:  # not counted: JVM, Python workers, first-query costs
         warm = min(records, 50_000)
         run_ftlayer(spark, config, warm, payload_bytes, ft_on=True)
         run_ftlayer(spark, config, warm, payload_bytes, ft_on=False)
         run_plain(spark, warm, payload_bytes)
-        run_plain(spark, warm, payload_bytes, frozen=True)
-    rates: dict[str, list[float]] = {name: [] for name in variants}
-    on_off: list[float] = []
-    on_plain: list[float] = []
-    on_frozen: list[float] = []
-    names = list(variants)
-    for r in range(repeats):
-        order = names[r % len(names):] + names[: r % len(names)]
-        got = {name: variants[name]().rate for name in order}
-        for name, rate in got.items():
-            rates[name].append(rate)
-        on_off.append(got["ft-on"] / got["ft-off"])
-        on_plain.append(got["ft-on"] / got["plain"])
-        on_frozen.append(got["ft-on"] / got["plain-frozen"])
-        if on_round is not None:
-            on_round(r, got)
+        interrupted = run_plain(spark, warm, payload_bytes, frozen=True).interrupted
+    rounds, primes = alternate(
+        variants, repeats, prime=lambda: run_ftlayer(spark, config, min(records, PRIME_RECORDS), payload_bytes,
+                                                     ft_on=False),
+        interrupted=interrupted, on_round=on_round)
+    rates = {name: [got[name] for got in rounds] for name in variants}
+    on_off = [got["ft-on"] / got["ft-off"] for got in rounds]
+    on_plain = [got["ft-on"] / got["plain"] for got in rounds]
+    on_frozen = [got["ft-on"] / got["plain-frozen"] for got in rounds]
     return {
         "records": records,
         "payload_bytes": payload_bytes,
@@ -187,4 +215,5 @@ def bench_e2e(spark: Any, config: FTConfig, records: int, payload_bytes: int, re
         "ft_on_vs_off_ratio": summary(on_off),
         "ft_on_vs_plain_ratio": summary(on_plain),
         "ft_on_vs_plain_frozen_ratio": summary(on_frozen),
+        "primes": primes,
     }

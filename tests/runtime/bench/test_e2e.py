@@ -37,3 +37,24 @@ def test_as_shipped_undoes_a_frozen_worker_heap() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[3], capture_output=True,
                           text=True, timeout=120, check=True)
     assert done.stdout.split() == ["True", "0"]
+
+
+def test_a_run_after_a_stop_that_killed_tasks_starts_on_primed_workers() -> None:
+    """A plain run's stop interrupts a micro-batch (its workers are discarded): the next timed run
+    comes after an untimed prime, whoever it is; runs after a quiet stop do not."""
+    from runtime.bench.e2e import Run, alternate
+
+    events: list[str] = []
+
+    def variant(name: str, interrupts: bool) -> Any:
+        def run() -> Run:
+            events.append(name)
+            return Run(name, 100, 1.0, interrupted=interrupts)
+        return run
+
+    variants = {"ft-on": variant("ft-on", False), "ft-off": variant("ft-off", False),
+                "plain": variant("plain", True), "plain-frozen": variant("plain-frozen", True)}
+    rounds, primes = alternate(variants, 2, prime=lambda: events.append("prime"), interrupted=True)
+    assert events == ["prime", "ft-on", "ft-off", "plain", "prime", "plain-frozen",  # round 1
+                      "prime", "ft-off", "plain", "prime", "plain-frozen", "prime", "ft-on"]  # rotated
+    assert primes == 5 and rounds == [dict.fromkeys(variants, 100.0)] * 2
