@@ -29,6 +29,7 @@ runtime therefore uses the DataFrame form.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -104,13 +105,15 @@ def landing_values(n: int) -> list[int]:
     return list(_landing_table(n))
 
 
-def exact_repartition(df: DataFrame, channel_col: str, n: int) -> DataFrame:
+def exact_repartition(df: DataFrame, channel_col: str, n: int, carry: Sequence[str] | None = None) -> DataFrame:
     """Repartition ``df`` into ``n`` partitions; a row with channel ``c`` lands in partition ``c``.
 
     ``channel_col`` is an integer column with values in ``[0, n)``. A null or
     out-of-range channel fails the Spark job with an error naming the value
     (raised on the executor, so it surfaces as a Spark exception). The result
-    has the columns of ``df``; ``df`` must not have a column named
+    has the columns of ``df``, or only ``carry`` (in that order) when given: the
+    others are dropped *before* the shuffle, so its rows do not carry them (the
+    channel itself need not be among them). ``df`` must not have a column named
     :data:`LANDING_COLUMN`. Works on batch and streaming DataFrames.
     """
     from pyspark.sql import functions as F
@@ -131,8 +134,9 @@ def exact_repartition(df: DataFrame, channel_col: str, n: int) -> DataFrame:
         )
     )
     in_range = channel.isNotNull() & (channel >= 0) & (channel < n)
+    kept = list(df.columns if carry is None else carry)
     return (
-        df.withColumn(LANDING_COLUMN, F.when(in_range, landing).otherwise(bad))
+        df.select(*kept, F.when(in_range, landing).otherwise(bad).alias(LANDING_COLUMN))
         .repartition(n, LANDING_COLUMN)
         .drop(LANDING_COLUMN)
     )

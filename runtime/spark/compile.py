@@ -45,7 +45,7 @@ from runtime.spark.conf import check_reachable_redis, effective_config
 from runtime.spark.feed_source import feed_host
 from runtime.spark.fused_read import FusedStage
 from runtime.spark.row_batch import Fanout
-from runtime.spark.row_contract import STAGE_ROW, stage_row_additions
+from runtime.spark.row_contract import STAGE_INPUT, STAGE_ROW, stage_row_additions
 from runtime.spark.sink_stage import DriverSinkBatch, SinkStage
 from runtime.spark.stages import ROW_SCHEMA, Stage, StatefulStage, TaskEnv
 from runtime.trigger import Trigger
@@ -159,7 +159,8 @@ class Compiler:
                 keyed = self.stage_df(parent, key=node.key)
             else:
                 keyed = self.pass_through(parent, node, key=node.key)
-            return exact_repartition(keyed, "channel", self.n)
+            # key_hash and channel are spent once the rows are placed: the shuffle carries the rest
+            return exact_repartition(keyed, "channel", self.n, carry=STAGE_INPUT.names)
         if isinstance(node, StateNode):
             keyed = node.parents[0]
             assert isinstance(keyed, KeyByNode) and keyed.key is not None and node.fn is not None
@@ -167,7 +168,9 @@ class Compiler:
             return self.input_df(keyed, node).mapInArrow(stage, ROW_SCHEMA)
         if isinstance(node, UnionNode):
             # s.union(s): each occurrence of a parent is an edge of its own, reading its own copy
-            dfs = [self.input_df(p, node, edge=node.parents[:i].count(p)) for i, p in enumerate(node.parents)]
+            # STAGE_INPUT: a keyed parent's rows have no key_hash and channel left; the union's readers need neither
+            dfs = [self.input_df(p, node, edge=node.parents[:i].count(p)).select(*STAGE_INPUT.names)
+                   for i, p in enumerate(node.parents)]
             return functools.reduce(lambda a, b: a.unionByName(b), dfs)
         msg = f"cannot compile node {node!r}"
         raise TopologyError(msg)

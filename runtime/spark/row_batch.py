@@ -141,7 +141,7 @@ def _values(rb: Any, handler: FailingHandler, src: Any, sid: Any) -> tuple[list[
 
 
 def decode_batch(rb: Any, handler: FailingHandler, fanout: Fanout | None) -> RowBatch:
-    """Decode an Arrow batch of ``ROW_COLUMNS`` into a :class:`RowBatch`.
+    """Decode an Arrow batch with (at least) the columns of ``STAGE_INPUT`` into a :class:`RowBatch`.
 
     A null payload decodes to CARRIER. With a fan-out, copy ``index`` gets its
     own current id; only the reader of copy 0 keeps the carried deltas and carrier

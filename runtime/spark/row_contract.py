@@ -7,6 +7,8 @@ Two contracts, each a tuple of ``(name, kind)`` columns:
 - :data:`STAGE_ROW`, the rows between stages (a source's rows once the compiler adds ``src``
   and a zero ``delta``, every stage's output, the sink stage's input): ``src int, sid long, cid
   long, origin long, key_hash long, channel int, payload binary, delta long``.
+- :data:`STAGE_INPUT`, the part of STAGE_ROW a stage reads (no ``key_hash``, no ``channel``): what
+  a keyed exchange and a union pass on.
 
 Every form a contract takes is generated here from that table: the Spark DDL string
 (:meth:`RowContract.ddl`, for ``mapInArrow``), the Spark ``StructType`` (a data source's
@@ -30,7 +32,7 @@ from ftlayer.errors import ConfigError
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
-__all__ = ["KINDS", "SOURCE_ROW", "STAGE_ROW", "Kind", "RowContract", "stage_row_additions"]
+__all__ = ["KINDS", "SOURCE_ROW", "STAGE_INPUT", "STAGE_ROW", "Kind", "RowContract", "stage_row_additions"]
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,14 @@ STAGE_ROW = RowContract((
     ("payload", "binary"),  # msgpack bytes; null on a carrier row
     ("delta", "long"),  # the XOR this row carries to the sink
 ))
+
+
+#: The STAGE_ROW columns a stage, a sink stage or a foreachBatch sink reads
+#: (``runtime.spark.row_batch.decode_batch``): all but ``key_hash`` and ``channel``, which only route
+#: a keyed exchange. So rows cross a keyed exchange (``partitioners.spark_exact.exact_repartition``'s
+#: ``carry``) and a union with these columns alone: narrower shuffle rows, and fewer columns for the
+#: JVM to write into the next stage's Arrow batches (its cost per row grows with the columns).
+STAGE_INPUT = RowContract(tuple(c for c in STAGE_ROW.columns if c[0] not in ("key_hash", "channel")))
 
 
 def stage_row_additions(src: int) -> dict[str, int]:

@@ -27,7 +27,8 @@ from ftlayer.records.lineage import lineage_ids
 from runtime.graph import Op
 from runtime.sinks import ExecutorSink, ForeachBatchSink, SinkContext
 from runtime.spark.handlers import CARRIER, FTHandler, handler_for
-from runtime.spark.row_batch import ROW_COLUMNS, RowBatch, decode_batch
+from runtime.spark.row_batch import RowBatch, decode_batch
+from runtime.spark.row_contract import STAGE_INPUT
 from runtime.spark.stages import TaskEnv, make_chain
 from runtime.spark.task_tokens import NO_QUERY, QUERY_ID_PROPERTY
 from runtime.spark.worker_heap import freeze_worker_heap
@@ -113,7 +114,7 @@ class DriverSinkBatch:
         handler: FTHandler = handler_for(True, 0)
         rows = handler.receive(
             (r["src"], r["sid"], r["cid"], r["origin"], CARRIER if r["payload"] is None else r["payload"], r["delta"])
-            for r in df.select(*ROW_COLUMNS).collect()
+            for r in df.select(*STAGE_INPUT.names).collect()
         )
         ids = [(src, sid, cid ^ delta) for src, sid, cid, _, _, delta in rows]
         try:

@@ -124,10 +124,37 @@ def test_exact_repartition_puts_channel_c_in_partition_c(spark: Any, n: int) -> 
     df = spark.createDataFrame(data, "id bigint, channel bigint")
     out = exact_repartition(df, "channel", n)
     assert out.columns == ["id", "channel"]
+    assert _shuffled_columns(out) == ["id", "channel", "__ftlayer_landing"]
     rows = out.withColumn("pid", F.spark_partition_id()).collect()
     assert sorted((r["id"], r["channel"]) for r in rows) == data
     assert [(r["id"], r["channel"], r["pid"]) for r in rows if r["pid"] != r["channel"]] == []
     assert out.rdd.getNumPartitions() == n
+
+
+def _shuffled_columns(df: Any) -> list[str]:
+    """The columns of the rows ``df``'s repartition shuffles (its optimized plan's
+    RepartitionByExpression's input)."""
+    node = df._jdf.queryExecution().optimizedPlan()
+    while node.nodeName() != "RepartitionByExpression":
+        node = node.children().apply(0)
+    output = node.child().output()
+    return [output.apply(i).name() for i in range(output.size())]
+
+
+@pytest.mark.spark
+def test_exact_repartition_carries_only_the_columns_asked_for(spark: Any) -> None:
+    """``carry``: the shuffle's rows hold those columns alone (the channel too is dropped before it),
+    and every row still lands in its channel's partition."""
+    from pyspark.sql import functions as F
+
+    n = 7
+    data = [(i, i % n, i * 10) for i in range(80)]
+    df = spark.createDataFrame(data, "id bigint, channel int, extra bigint")
+    out = exact_repartition(df, "channel", n, carry=["extra", "id"])
+    assert out.columns == ["extra", "id"]
+    assert _shuffled_columns(out) == ["extra", "id", "__ftlayer_landing"]
+    rows = out.withColumn("pid", F.spark_partition_id()).collect()
+    assert sorted((r["id"], r["extra"], r["pid"]) for r in rows) == [(i, e, c) for i, c, e in data]
 
 
 @pytest.mark.spark

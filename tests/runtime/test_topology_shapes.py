@@ -16,6 +16,7 @@ import pytest
 from ftlayer.config import FTConfig
 from ftlayer.errors import TopologyError
 from runtime.sinks import ForeachBatchSink, JsonLinesSink
+from runtime.spark.row_contract import STAGE_INPUT
 from runtime.topology import FTQuery, Topology
 from tests.runtime.test_topology_e2e import clicks, run_to_drain
 
@@ -33,6 +34,19 @@ def assert_all_completed(query: FTQuery, what: str) -> None:
     assert stats["pending"] == 0 and stats["failed_waiting"] == 0, stats
     assert stats["failed_timeout"] == 0 and stats["replayed"] == 0 and stats["dead_lettered"] == 0, stats
     assert query.layers[0].leftovers() == []
+
+
+def shuffled_columns(query: FTQuery) -> list[str]:
+    """The columns of the rows the last micro-batch's (one) keyed exchange shuffled."""
+    nodes = [query.query._jsq.streamingQuery().lastExecution().optimizedPlan()]
+    while nodes:
+        node = nodes.pop()
+        if node.nodeName() == "RepartitionByExpression":
+            output = node.child().output()
+            return [output.apply(i).name() for i in range(output.size())]
+        children = node.children()
+        nodes.extend(children.apply(i) for i in range(children.size()))
+    raise AssertionError("no keyed exchange in the plan")
 
 
 def start(topo: Topology, spark: Any, tmp_path: Path) -> FTQuery:
@@ -69,6 +83,8 @@ def test_diamond_with_a_keyed_branch_and_a_filter_completes(
     assert set(seen) == {("b", i) for i in range(N)} | {("c", i) for i in range(0, N, 2)}
     assert set(seen.values()) == {1}
     assert_all_completed(query, "diamond")
+    # the keyed exchange carries what the next stage reads (STAGE_INPUT), not key_hash and channel
+    assert shuffled_columns(query) == [*STAGE_INPUT.names, "__ftlayer_landing"]
 
 
 @pytest.mark.spark

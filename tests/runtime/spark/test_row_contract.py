@@ -12,7 +12,7 @@ import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from ftlayer.errors import ConfigError
-from runtime.spark.row_contract import KINDS, SOURCE_ROW, STAGE_ROW, RowContract, stage_row_additions
+from runtime.spark.row_contract import KINDS, SOURCE_ROW, STAGE_INPUT, STAGE_ROW, RowContract, stage_row_additions
 
 # the four forms, read back as (name, kind) pairs, each through its own library
 _SQL_KIND = {k.sql: name for name, k in KINDS.items()}
@@ -54,7 +54,7 @@ def _check_agree(contract: RowContract) -> None:
                 contract.numpy_dtype(f.name)
 
 
-@pytest.mark.parametrize("contract", [SOURCE_ROW, STAGE_ROW], ids=["source", "stage"])
+@pytest.mark.parametrize("contract", [SOURCE_ROW, STAGE_ROW, STAGE_INPUT], ids=["source", "stage", "input"])
 def test_each_generated_form_agrees_with_the_table(contract: RowContract) -> None:
     _check_agree(contract)
 
@@ -132,3 +132,19 @@ def test_a_source_row_becomes_a_stage_row_by_the_additions_alone() -> None:
     assert set(SOURCE_ROW.names) - set(STAGE_ROW.names) == {"replay"}  # dropped by the select
     assert all(SOURCE_ROW.kind(n) == STAGE_ROW.kind(n) for n in set(SOURCE_ROW.names) & set(STAGE_ROW.names))
     assert added == {"src": 3, "delta": 0}
+
+
+def test_stage_input_is_exactly_what_a_stage_reads() -> None:
+    """A keyed exchange and a union pass on STAGE_INPUT's columns alone: decoding them gives what
+    decoding the whole STAGE_ROW batch gives, and each of them is needed."""
+    from runtime.spark.handlers import NonFTHandler
+    from runtime.spark.row_batch import CARRIER, RowBatch, decode_batch, encoded_to_arrow
+
+    assert STAGE_INPUT.columns == tuple(c for c in STAGE_ROW.columns if c[0] not in ("key_hash", "channel"))
+    full = encoded_to_arrow(RowBatch.from_rows([(1, 2, 3, 4, (b"\x01", 9), 5), (1, 6, 0, 6, CARRIER, 7)]), 4)
+    narrow = full.select(list(STAGE_INPUT.names))
+    got, want = decode_batch(narrow, NonFTHandler(0), None), decode_batch(full, NonFTHandler(0), None)
+    assert list(got.rows()) == list(want.rows()) == [(1, 2, 3, 4, 1, 5), (1, 6, 0, 6, CARRIER, 7)]
+    for name in STAGE_INPUT.names:
+        with pytest.raises(KeyError):
+            decode_batch(narrow.drop_columns([name]), NonFTHandler(0), None)
