@@ -36,7 +36,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ftlayer.errors import FTLayerError
-from ftlayer.servers.ports import free_port
+from ftlayer.servers.ports import free_port, listens_on
 
 __all__ = ["EmbeddedPostgres", "PostgresServerError", "find_postgres_bin"]
 
@@ -92,6 +92,7 @@ class EmbeddedPostgres:
         self._temporary = directory is None
         self.directory = Path(tempfile.mkdtemp(prefix="ftlayer-pg-") if directory is None else directory)
         self.data_dir = self.directory / "data"
+        self._port_drawn, self._started_once = port is None, False  # a drawn port may be drawn again (start)
         self.port = port or free_port()
         self.database = database
         self._proc: subprocess.Popen[bytes] | None = None
@@ -141,9 +142,29 @@ class EmbeddedPostgres:
             raise PostgresServerError(msg)
 
     def start(self, timeout_s: float = 60.0) -> EmbeddedPostgres:
-        """Initialise the data directory if new, start the server and wait until it accepts connections."""
+        """Initialise the data directory if new, start the server and wait until it accepts connections.
+
+        A drawn port (no ``port`` given) was free only when drawn: if another process binds it
+        first, the server exits ("could not bind", "Address already in use"), and a first start
+        draws a new port and starts again, up to 5 times (``port`` and ``url`` then name it). A
+        given port, and a restart, keep theirs.
+        """
         if self.pid is not None:
             return self
+        redraws = 4 if self._port_drawn and not self._started_once else 0
+        while True:
+            try:
+                self._start_once(timeout_s)
+            except PostgresServerError as exc:
+                if redraws == 0 or "Address already in use" not in str(exc):
+                    raise
+                redraws -= 1
+                self.port = free_port()
+                continue
+            self._started_once = True
+            return self
+
+    def _start_once(self, timeout_s: float) -> None:
         self._prepare()
         args = [str(self._bin / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
                 "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
@@ -153,7 +174,6 @@ class EmbeddedPostgres:
             self._proc = subprocess.Popen(self._as_user(args), stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, start_new_session=True)
         self._wait_ready(timeout_s)
-        return self
 
     def _wait_ready(self, timeout_s: float) -> None:
         from runtime.idempotent.postgres import import_psycopg
@@ -164,10 +184,15 @@ class EmbeddedPostgres:
             assert self._proc is not None
             if self._proc.poll() is not None:
                 msg = f"postgres exited with {self._proc.returncode} on port {self.port}:\n{self.log_tail()}"
+                self._proc = None
                 raise PostgresServerError(msg)
             try:
                 with psycopg.connect(self.url, connect_timeout=2) as conn:
                     conn.execute("SELECT 1")
+                # answered by our postmaster, not by another server that bound the port first
+                if not listens_on(self._proc.pid, self.port):
+                    time.sleep(0.05)
+                    continue
             except psycopg.OperationalError as exc:  # not listening yet, or still in crash recovery
                 if time.monotonic() > deadline:
                     self._kill_quietly()

@@ -60,3 +60,22 @@ def test_kill9_and_restart_keep_committed_rows() -> None:
             assert conn.execute("SELECT count(*) FROM crash").fetchone() == (2,)
         directory = server.directory
     assert not directory.exists()  # a temporary directory goes with stop()
+
+
+@pytest.mark.slow
+def test_a_drawn_port_another_server_took_is_drawn_again(postgres: EmbeddedPostgres) -> None:
+    """Two test workers drew the same port: the other server answers on it (trust auth, SELECT 1
+    works) while this one exits on "Address already in use". The start must not take the other
+    for its own, and draws a new port."""
+    with tempfile.TemporaryDirectory() as parent:
+        os.chmod(parent, 0o755)  # the server's user must reach its directory inside
+        second = EmbeddedPostgres(Path(parent) / "pg")
+        second.port = postgres.port  # as if drawn, then taken
+        try:
+            second.start()
+            assert second.port != postgres.port and second.pid is not None
+            with psycopg.connect(second.url) as conn:
+                data_dir = conn.execute("SHOW data_directory").fetchone()
+            assert data_dir == (str(second.data_dir),)
+        finally:
+            second.stop()
