@@ -12,7 +12,7 @@ Contract:
   when drawn: another process can bind one before the server does (several test workers start
   servers side by side). A first ``start()`` whose server exits because its port or cluster-bus
   port was taken ("Address already in use" in its log) draws new ones and starts again, up to
-  :data:`PORT_DRAWS` times; a port the caller gave, and any restart, keeps its port.
+  :data:`~ftlayer.servers.ports.PORT_DRAWS` times; a port the caller gave, and any restart, keeps its port.
 - A temporary data directory (the default) is removed on ``stop()``; a given
   one is kept, so a restart finds its AOF.
 - With ``die_with_parent`` (Linux) the server gets SIGTERM if the process that
@@ -46,12 +46,10 @@ from redis.retry import Retry
 from ftlayer.config.redis_url import mask_url
 from ftlayer.errors import EmbeddedServerError
 from ftlayer.servers.child_processes import popen_with_parent
-from ftlayer.servers.ports import free_port, listens_on
+from ftlayer.servers.ports import PORT_DRAWS, PORT_TAKEN, free_port, listens_on, start_redrawing
 
 _log = logging.getLogger("ftlayer.server")
 
-PORT_DRAWS = 5  # first starts on freshly drawn ports before a taken port is an error
-_PORT_TAKEN = "Address already in use"
 
 
 def find_server_binary() -> Path:
@@ -149,22 +147,17 @@ class EmbeddedServer:
         """
         if self.pid is not None:
             return self
-        redraws = PORT_DRAWS - 1 if self._ports_drawn and not self._started_once else 0
-        while True:
-            try:
-                self._start_once(timeout_s)
-            except _PortTakenError:
-                if redraws == 0:
-                    raise
-                redraws -= 1
-                _log.info("valkey-server: port %d or its bus port was taken before it bound; drawing new ones",
-                          self.port)
-                self.port = free_port()
-                if self.cluster_bus_port is not None:
-                    self.cluster_bus_port = free_port()
-                continue
-            self._started_once = True
-            return self
+        draws = PORT_DRAWS if self._ports_drawn and not self._started_once else 1
+        start_redrawing(lambda: self._start_once(timeout_s), self._redraw,
+                        lambda exc: isinstance(exc, _PortTakenError), draws=draws)
+        self._started_once = True
+        return self
+
+    def _redraw(self) -> None:
+        _log.info("valkey-server: port %d or its bus port was taken before it bound; drawing new ones", self.port)
+        self.port = free_port()
+        if self.cluster_bus_port is not None:
+            self.cluster_bus_port = free_port()
 
     def _start_once(self, timeout_s: float) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -216,7 +209,7 @@ class EmbeddedServer:
         if code is not None:
             msg = (f"embedded valkey-server on port {self.port} exited with code {code} before it answered "
                    f"PING; log tail:\n{tail}")
-            raise (_PortTakenError if _PORT_TAKEN in tail else EmbeddedServerError)(msg)
+            raise (_PortTakenError if PORT_TAKEN in tail else EmbeddedServerError)(msg)
         msg = (
             f"embedded valkey-server on port {self.port} did not answer PING within "
             f"{timeout_s:.0f} s ({last}); log tail:\n{tail}"

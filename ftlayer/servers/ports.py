@@ -12,10 +12,13 @@ from __future__ import annotations
 import os
 import random
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["free_port", "listens_on"]
+__all__ = ["PORT_DRAWS", "PORT_TAKEN", "free_port", "listens_on", "start_redrawing"]
 
+PORT_DRAWS = 5  # first starts on freshly drawn ports before a taken port is an error
+PORT_TAKEN = "Address already in use"  # what a server says (log, error) when its port was taken
 _LISTEN_PORTS_FROM = 10_000  # lowest port free_port() hands out (below: well-known and registered services)
 _EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
@@ -91,3 +94,19 @@ def listens_on(pid: int, port: int) -> bool:
         if target.startswith("socket:[") and target[8:-1] in inodes:
             return True
     return False
+
+
+def start_redrawing(start_once: Callable[[], None], redraw: Callable[[], None],
+                    taken: Callable[[Exception], bool], *, draws: int = PORT_DRAWS) -> None:
+    """``start_once()``; while it raises an error ``taken`` says came from a port another process
+    bound first, ``redraw()`` (draw new ports) and start again, ``draws`` starts in all; the last
+    error is raised. ``draws=1``: one start, no redraw (a given port, a restart)."""
+    for left in range(draws - 1, -1, -1):
+        try:
+            start_once()
+        except Exception as exc:
+            if left == 0 or not taken(exc):
+                raise
+            redraw()
+        else:
+            return

@@ -36,7 +36,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ftlayer.errors import FTLayerError
-from ftlayer.servers.ports import free_port, listens_on
+from ftlayer.servers.ports import PORT_DRAWS, PORT_TAKEN, free_port, listens_on, start_redrawing
 
 __all__ = ["EmbeddedPostgres", "PostgresServerError", "find_postgres_bin"]
 
@@ -151,18 +151,14 @@ class EmbeddedPostgres:
         """
         if self.pid is not None:
             return self
-        redraws = 4 if self._port_drawn and not self._started_once else 0
-        while True:
-            try:
-                self._start_once(timeout_s)
-            except PostgresServerError as exc:
-                if redraws == 0 or "Address already in use" not in str(exc):
-                    raise
-                redraws -= 1
-                self.port = free_port()
-                continue
-            self._started_once = True
-            return self
+        start_redrawing(lambda: self._start_once(timeout_s), self._redraw,
+                        lambda exc: isinstance(exc, PostgresServerError) and PORT_TAKEN in str(exc),
+                        draws=PORT_DRAWS if self._port_drawn and not self._started_once else 1)
+        self._started_once = True
+        return self
+
+    def _redraw(self) -> None:
+        self.port = free_port()
 
     def _start_once(self, timeout_s: float) -> None:
         self._prepare()
