@@ -54,11 +54,14 @@ def _run(cmd: list[str], *, cwd: Path | None = None, env: Mapping[str, str] | No
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without what would let a child import ftlayer from elsewhere.
 
-    Drops ``PYTHONPATH``, ``VIRTUAL_ENV``, ``PYSPARK_PYTHON``/``PYSPARK_DRIVER_PYTHON``, ``SPARK_HOME``
-    and every ``FTLAYER_*`` setting, and takes this interpreter's venv (``sys.prefix/bin``, the dev
-    venv with ftlayer installed editable) off ``PATH``; then sets ``extra``.
+    Drops ``PYTHONPATH``, ``VIRTUAL_ENV``, ``PYSPARK_PYTHON``/``PYSPARK_DRIVER_PYTHON``, ``SPARK_HOME``,
+    ``PYTHONDONTWRITEBYTECODE`` (the venvs are installed ``--no-compile``: their interpreters are to
+    cache what they import; with it set, every driver, planner and executor process compiled
+    pyspark and ftlayer anew) and every ``FTLAYER_*`` setting, and takes this interpreter's venv
+    (``sys.prefix/bin``, the dev venv with ftlayer installed editable) off ``PATH``; then sets ``extra``.
     """
-    drop = {"PYTHONPATH", "VIRTUAL_ENV", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_HOME", "PYTHONHOME"}
+    drop = {"PYTHONPATH", "VIRTUAL_ENV", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_HOME", "PYTHONHOME",
+            "PYTHONDONTWRITEBYTECODE"}
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("FTLAYER_")}
     own_bin = str(Path(sys.prefix) / "bin")
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p and p != own_bin)
