@@ -14,9 +14,13 @@ Contract:
 - :meth:`LocalConnectServer.start` starts
   ``spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer`` from
   ``$SPARK_HOME`` (else pyspark's own directory) with ``master`` and ``conf``, listening on
-  127.0.0.1 at a free port, and returns once the port accepts connections. It raises
-  :class:`~ftlayer.errors.ConnectServerError` with the log's tail if the process exits first or
-  ``start_timeout_s`` passes.
+  127.0.0.1 at a free port, and returns once the server process itself listens on that port (a
+  connection alone could reach another process that bound the drawn port first). A server that
+  exits because its port was taken (Spark's ``BindException``: another process bound it between
+  the draw and the server's bind, as test workers starting servers side by side do) is started
+  again on a newly drawn port, up to ``PORT_DRAWS`` starts (``ftlayer.servers.ports``). It raises
+  :class:`~ftlayer.errors.ConnectServerError` with the log's tail if the process exits first for
+  another reason, or ``start_timeout_s`` passes.
 - The server's Python processes (the FT source's runner and readers, row functions, the
   ``foreachBatch`` worker) run on ``python`` (default: this interpreter) with ``python_path``
   first on ``PYTHONPATH``: they unpickle ftlayer's data source and functions by module name, so
@@ -40,7 +44,7 @@ from types import TracebackType
 
 from ftlayer.errors import ConnectServerError
 from ftlayer.servers.child_processes import popen_with_parent
-from ftlayer.servers.ports import free_port
+from ftlayer.servers.ports import PORT_DRAWS, free_port, listens_on, start_redrawing
 
 __all__ = ["SERVER_CLASS", "LocalConnectServer", "spark_home"]
 
@@ -55,6 +59,15 @@ def spark_home() -> Path:
     import pyspark
 
     return Path(pyspark.__file__).parent
+
+
+# what the server logs (and exits on) when its gRPC port is bound by another process (Spark 4's
+# Utils.startServiceOnPort, then SparkConnectServer: "Error starting Spark Connect server")
+_BIND_FAILED = "java.net.BindException: Failed to bind to address"
+
+
+class _PortTakenError(ConnectServerError):
+    """The drawn port was bound by another process before the server bound it (drawn again)."""
 
 
 class LocalConnectServer:
@@ -107,8 +120,17 @@ class LocalConnectServer:
         if self._proc is not None:
             return self
         self.port = free_port()
+        start_redrawing(self._start_once, self._redraw, lambda exc: isinstance(exc, _PortTakenError),
+                        draws=PORT_DRAWS)
+        return self
+
+    def _redraw(self) -> None:
+        self.port = free_port()
+
+    def _start_once(self) -> None:
         self._log = self.log_path or Path(f"/tmp/ftlayer-connect-{os.getpid()}-{self.port}.log")
         self._log.parent.mkdir(parents=True, exist_ok=True)
+        logged_before = self._log.stat().st_size if self._log.exists() else 0
         with open(self._log, "ab") as out:
             self._proc = popen_with_parent(self.command_line(), stdin=subprocess.DEVNULL, stdout=out,
                                            stderr=subprocess.STDOUT, env=self._env(), cwd=self.cwd,
@@ -118,7 +140,11 @@ class LocalConnectServer:
             if self._proc.poll() is not None:
                 code = self._proc.returncode
                 self._proc = None
-                msg = f"the Spark Connect server exited with code {code} before it listened:\n{self.log_tail()}"
+                tail = self.log_tail()
+                if _BIND_FAILED in self._log.read_bytes()[logged_before:].decode(errors="replace"):
+                    msg = f"port {self.port} was taken before the Spark Connect server bound it:\n{tail}"
+                    raise _PortTakenError(msg)
+                msg = f"the Spark Connect server exited with code {code} before it listened:\n{tail}"
                 raise ConnectServerError(msg)
             if time.monotonic() > deadline:
                 self.stop()
@@ -126,12 +152,17 @@ class LocalConnectServer:
                        f"{self.start_timeout_s:g} s:\n{self.log_tail()}")
                 raise ConnectServerError(msg)
             time.sleep(0.25)
-        return self
 
     def _listening(self) -> bool:
+        """The server process itself listens on ``port`` (not another process that took it)."""
+        if self._proc is None:
+            return False
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.settimeout(0.5)
-            return sock.connect_ex(("127.0.0.1", self.port)) == 0
+            if sock.connect_ex(("127.0.0.1", self.port)) != 0:
+                return False
+        # spark-submit execs spark-class, which execs the JVM: the process started is the listener
+        return listens_on(self._proc.pid, self.port)
 
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines of the server's log."""
