@@ -40,7 +40,7 @@ from hypothesis import HealthCheck, settings
 
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
 from ftlayer.servers.embedded import EmbeddedServer
-from tests.machine_lock import Alone, held_shared, machine_to_myself
+from tests.machine_lock import Alone, held_shared, machine_to_myself, name_the_run, remove_run_files
 from tests.spark_jvm import configure as configure_spark_jvms
 
 # The suite runs in 3 workers on 2 cores beside JVMs: Hypothesis's timings (a 200 ms deadline per
@@ -75,6 +75,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # at once on all workers: 896 s against this order's 736 s (the JVMs' idle polling and
     # heartbeats cost CPU for as long as they wait, and they waited on one another).
     items.sort(key=lambda item: (item.get_closest_marker("spark") is None, item.get_closest_marker("slow") is None))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    name_the_run(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    remove_run_files(config)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -24,19 +24,40 @@ import contextlib
 import fcntl
 import os
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["Alone", "held_shared", "machine_to_myself"]
+import pytest
+
+__all__ = ["Alone", "held_shared", "machine_to_myself", "name_the_run", "remove_run_files"]
 
 # what the ``alone`` fixture gives a test: ``with alone(): <the timed section>``
 Alone = Callable[[], contextlib.AbstractContextManager[None]]
 
 
-def _base() -> Path | None:
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+def _base(run: str | None = None) -> Path | None:
+    run = run or os.environ.get("PYTEST_XDIST_TESTRUNUID")
     return None if run is None else Path(tempfile.gettempdir()) / f"ftlayer-tests-{run}"
+
+
+def name_the_run(config: pytest.Config) -> None:
+    """On xdist's controller: choose the run id (``--testrunuid``) unless given, so that the
+    controller knows the name of the lock files its workers use (xdist draws one it keeps to itself)."""
+    if not hasattr(config, "workerinput") and getattr(config.option, "testrunuid", "unset") is None:
+        config.option.testrunuid = uuid.uuid4().hex
+
+
+def remove_run_files(config: pytest.Config) -> None:
+    """On xdist's controller, once every worker has ended: delete the run's gate and lock files (a
+    worker must not: another one still running would open a new file of that name, a lock apart)."""
+    if hasattr(config, "workerinput"):
+        return
+    base = _base(getattr(config.option, "testrunuid", None) or "")
+    if base is not None and getattr(config.option, "numprocesses", None):
+        for suffix in (".gate", ".lock"):
+            Path(f"{base}{suffix}").unlink(missing_ok=True)
 
 
 _held: dict[str, IO[str]] = {}  # this worker's open lock file while a test runs

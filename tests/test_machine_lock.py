@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -65,8 +68,11 @@ def _events(log: Any, n: int) -> list[str]:
 
 
 @pytest.fixture
-def run_id() -> str:
-    return f"lock-test-{uuid.uuid4().hex[:8]}"
+def run_id() -> Iterator[str]:
+    run = f"lock-test-{uuid.uuid4().hex[:8]}"
+    yield run
+    for suffix in (".gate", ".lock"):  # the run's lock files: every process using them has ended
+        (Path(tempfile.gettempdir()) / f"ftlayer-tests-{run}{suffix}").unlink(missing_ok=True)
 
 
 def test_a_section_waits_for_running_tests_and_no_test_starts_during_it(run_id: str) -> None:
@@ -102,3 +108,22 @@ def test_without_xdist_both_are_no_ops(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYTEST_XDIST_TESTRUNUID", raising=False)
     with held_shared(), machine_to_myself():
         pass
+
+
+def test_the_controller_removes_the_run_s_lock_files_and_a_worker_does_not(run_id: str) -> None:
+    from types import SimpleNamespace
+
+    from tests.machine_lock import name_the_run, remove_run_files
+
+    files = [Path(tempfile.gettempdir()) / f"ftlayer-tests-{run_id}{suffix}" for suffix in (".gate", ".lock")]
+    for f in files:
+        f.touch()
+    worker = SimpleNamespace(option=SimpleNamespace(testrunuid=run_id, numprocesses=2), workerinput={})
+    remove_run_files(worker)  # type: ignore[arg-type]
+    assert all(f.exists() for f in files)  # other workers may still be using them
+    controller = SimpleNamespace(option=SimpleNamespace(testrunuid=run_id, numprocesses=2))
+    remove_run_files(controller)  # type: ignore[arg-type]
+    assert not any(f.exists() for f in files)
+    unnamed = SimpleNamespace(option=SimpleNamespace(testrunuid=None, numprocesses=2))
+    name_the_run(unnamed)  # type: ignore[arg-type]
+    assert unnamed.option.testrunuid  # xdist's workers get this id, and the controller knows it
