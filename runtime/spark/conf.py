@@ -14,14 +14,37 @@ Connect, never through a JVM. It is read when a topology starts (see
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ftlayer.config import SPARK_PREFIX, FTConfig
 from ftlayer.errors import ConfigError
 
 
+def _classic_conf(spark: Any) -> dict[str, Any] | None:
+    """A classic session's whole runtime conf in one JVM call, serialized to JSON by the Jackson
+    that Spark itself ships; None on Spark Connect (no JVM here) or if that fails.
+
+    Why: ``spark.conf.getAll`` hands back a py4j proxy of the Java map, and building a dict from it
+    costs two round trips per key (about 70 for a session's 35 keys: 22 ms on an idle driver).
+    Each round trip waits for this process's GIL; beside a busy thread of the driver (ingest
+    packing records while a query starts) that was 0.9 s, against 65 ms for this call."""
+    jvm = getattr(spark, "_jvm", None)
+    jconf = getattr(getattr(spark, "conf", None), "_jconf", None)
+    if jvm is None or jconf is None:
+        return None
+    try:
+        found = json.loads(jvm.com.fasterxml.jackson.databind.ObjectMapper().writeValueAsString(jconf.getAllAsJava()))
+    except Exception:  # no Jackson, or a proxy that is not py4j's: the map as it comes
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def ftlayer_conf(spark: Any) -> dict[str, str]:
     """The session's ``spark.ftlayer.*`` keys and values (empty if it has none)."""
+    classic = _classic_conf(spark)
+    if classic is not None:
+        return {str(k): str(v) for k, v in classic.items() if str(k).startswith(SPARK_PREFIX)}
     # RuntimeConfig.getAll is new in Spark 4.0: a method in some releases, a property in others (4.3)
     get_all = getattr(spark.conf, "getAll", None)
     found = get_all() if callable(get_all) else get_all
