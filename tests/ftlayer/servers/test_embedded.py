@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 
 import pytest
 import redis
@@ -144,3 +145,29 @@ def test_a_drawn_port_that_another_valkey_took_is_not_taken_for_ours(tmp_path) -
                 assert client.info("server")["process_id"] == second.pid
         finally:
             second.stop()
+
+
+def test_a_first_start_killed_before_it_logged_is_started_again(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """ci50: a server died of SIGABRT at start before writing its log (cause unknown). A stand-in
+    binary aborts its first start the same way, then runs the real server: the start succeeds."""
+    import ftlayer.servers.embedded as embedded
+
+    real, marker = embedded.find_server_binary(), tmp_path / "aborted-once"
+    stand_in = tmp_path / "valkey-server"
+    stand_in.write_text(
+        f"#!{sys.executable}\n"
+        "import os, signal, sys\n"
+        f"if not os.path.exists({str(marker)!r}):\n"
+        f"    open({str(marker)!r}, 'w').close()\n"
+        "    os.kill(os.getpid(), signal.SIGABRT)\n"
+        f"os.execv({str(real)!r}, [{str(real)!r}, *sys.argv[1:]])\n")
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(embedded, "find_server_binary", lambda: stand_in)
+    server = EmbeddedServer(data_dir=tmp_path / "data")
+    try:
+        server.start()
+        assert marker.exists()  # the first start was killed
+        with redis.Redis(port=server.port) as client:
+            assert client.ping()
+    finally:
+        server.stop()
