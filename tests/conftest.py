@@ -56,6 +56,19 @@ configure_spark_jvms()
 
 pytest_plugins = ["tests.cpu_log", "tests.waiting_lane"]
 
+
+@pytest.fixture(scope="session", autouse=True)
+def spark_scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every JVM this test process starts from now on (its session, and the driver apps its tests
+    start and kill) keeps its Spark scratch files under this test run's temporary directory, not in
+    /tmp: a SIGKILLed driver never deletes its own (``runtime/spark/scratch.py``), and pytest drops
+    old runs' directories (it keeps the last three)."""
+    from runtime.spark.scratch import scratch_env
+
+    scratch = tmp_path_factory.mktemp("spark-scratch")
+    os.environ.update(scratch_env(scratch))
+    return scratch
+
 NOT_MARKED_SPARK = "is not marked spark, so it may not start a JVM: mark it @pytest.mark.spark (tests/conftest.py)"
 
 

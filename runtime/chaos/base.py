@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -26,6 +29,7 @@ from ftlayer.config import FTConfig
 from ftlayer.facade.ft_layer import FTLayer
 from runtime.chaos.errors import ChaosError
 from runtime.checker import Report, check
+from runtime.spark.scratch import scratch_env
 from runtime.spark.xor_handler import DUPLICATE_FLUSH_PROPERTY
 from runtime.testing import CollectingSink, FaultLog, ScriptedSource
 from runtime.topology import FTQuery, Topology
@@ -73,6 +77,11 @@ class ScenarioContext:
     def checkpoint(self) -> Path:
         return self.workdir / "checkpoint"
 
+    @property
+    def spark_scratch(self) -> Path:
+        """Spark's scratch files of the driver programs this scenario starts (see :func:`spawn_driver`)."""
+        return self.workdir / SPARK_SCRATCH
+
     def sink(self) -> Any:
         """The Topology pipeline's sink: the target's (``--sink``), else lines in ``out_dir``."""
         return self.eo_sink() or CollectingSink(self.out_dir)
@@ -87,6 +96,25 @@ class ScenarioContext:
         """A handle on the chaos source's FT state (for monitoring and the check)."""
         cfg = config or self.config
         return FTLayer(cfg, TOPOLOGY, SOURCE, num_channels=cfg.num_channels)
+
+
+#: The directory under a scenario's workdir that holds its driver programs' Spark scratch files.
+SPARK_SCRATCH = "spark-scratch"
+
+
+def spawn_driver(ctx: ScenarioContext, module: str, args: list[str], log_name: str) -> subprocess.Popen[str]:
+    """``python -m module args`` as a driver program the scenario may SIGKILL: a session of its own
+    (``os.killpg`` takes its Spark JVM and Python workers too), stdout piped, stderr into
+    ``log_name`` under the workdir, and Spark's scratch files in :attr:`ScenarioContext.spark_scratch`,
+    which :func:`remove_scratch` deletes once the scenario is over."""
+    with (ctx.workdir / log_name).open("w") as log:  # the child holds its own copy of the descriptor
+        return subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, stderr=log, text=True,
+                                start_new_session=True, env=scratch_env(ctx.spark_scratch))
+
+
+def remove_scratch(workdir: Path) -> None:
+    """Delete the Spark scratch files the scenario's driver programs left (a killed one leaves its own)."""
+    shutil.rmtree(workdir / SPARK_SCRATCH, ignore_errors=True)
 
 
 def sink_args(ctx: ScenarioContext) -> list[str]:

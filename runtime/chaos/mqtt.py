@@ -39,7 +39,7 @@ from pathlib import Path
 
 from ftlayer.config import FTConfig
 from ftlayer.facade.ft_layer import FTLayer
-from runtime.chaos.base import TRIGGER_S, ScenarioContext, build, finish, sink_args
+from runtime.chaos.base import TRIGGER_S, ScenarioContext, build, finish, sink_args, spawn_driver
 from runtime.chaos.errors import ChaosError
 from runtime.chaos.faults import ChaosMap
 from runtime.chaos.mqtt_publisher import Publisher
@@ -58,13 +58,9 @@ TOPIC_FILTER = "chaos/#"
 
 def _driver(ctx: ScenarioContext, broker_url: str, log_name: str, pipeline: str, *extra: str) -> subprocess.Popen[str]:
     cfg = ctx.config
-    log = (ctx.workdir / log_name).open("w")
-    return subprocess.Popen(
-        [sys.executable, "-m", "runtime.chaos.mqtt", "--redis-url", cfg.redis_url, "--namespace", cfg.namespace,
-         "--workdir", str(ctx.workdir), "--broker-url", broker_url, "--pipeline", pipeline, *sink_args(ctx),
-         *extra],
-        stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
-    )
+    return spawn_driver(ctx, "runtime.chaos.mqtt",
+                        ["--redis-url", cfg.redis_url, "--namespace", cfg.namespace, "--workdir", str(ctx.workdir),
+                         "--broker-url", broker_url, "--pipeline", pipeline, *sink_args(ctx), *extra], log_name)
 
 
 def _unacked(lines: list[str]) -> int:

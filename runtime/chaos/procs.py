@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -26,7 +25,7 @@ from ftlayer.config.options import SINGLE_SERVER_DURABILITY
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.records.frames import SemiDeserializedSerializer
 from ftlayer.servers.embedded import EmbeddedServer
-from runtime.chaos.base import ScenarioContext, build, finish, run_query, sink_args
+from runtime.chaos.base import ScenarioContext, build, finish, run_query, sink_args, spawn_driver
 from runtime.chaos.errors import ChaosError
 from runtime.chaos.faults import ChaosMap, Sampler
 from runtime.chaos.scenarios import paced
@@ -46,13 +45,10 @@ def pending_ids(layer: FTLayer) -> list[int]:
 
 def _driver(ctx: ScenarioContext, phase: int, records: int, pipeline: str) -> subprocess.Popen[str]:
     cfg = ctx.config
-    return subprocess.Popen(
-        [sys.executable, "-m", "runtime.chaos.driver_app", "--phase", str(phase), "--redis-url", cfg.redis_url,
-         "--namespace", cfg.namespace, "--workdir", str(ctx.workdir), "--records", str(records),
-         "--pipeline", pipeline, *sink_args(ctx)],
-        stdout=subprocess.PIPE, stderr=(ctx.workdir / f"driver{phase}.log").open("w"), text=True,
-        start_new_session=True,
-    )
+    return spawn_driver(ctx, "runtime.chaos.driver_app",
+                        ["--phase", str(phase), "--redis-url", cfg.redis_url, "--namespace", cfg.namespace,
+                         "--workdir", str(ctx.workdir), "--records", str(records), "--pipeline", pipeline,
+                         *sink_args(ctx)], f"driver{phase}.log")
 
 
 def kill_driver(ctx: ScenarioContext, records: int, kill_timeout_s: float = 240.0,

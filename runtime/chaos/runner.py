@@ -39,7 +39,7 @@ from runtime.chaos import procs as chaos_procs
 from runtime.chaos import receivers as chaos_receivers
 from runtime.chaos import scenarios as chaos_scenarios
 from runtime.chaos import webhook as chaos_webhook
-from runtime.chaos.base import ScenarioContext, new_workdir
+from runtime.chaos.base import ScenarioContext, new_workdir, remove_scratch
 from runtime.chaos.catalog import CATALOG, NO_TARGET, OWN_SERVER
 from runtime.chaos.errors import ChaosError
 from runtime.chaos.targets import SINKS, open_target
@@ -153,5 +153,6 @@ def run_scenario(
         report = scenario.run(ctx, records or scenario.records, **params)
     finally:
         opened.close()
+        remove_scratch(path)
     report.strict = ctx.strict
     return report

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ftlayer.config import FTConfig
 from ftlayer.servers.ports import free_port
-from runtime.chaos.base import TRIGGER_S, ScenarioContext, build, finish, sink_args
+from runtime.chaos.base import TRIGGER_S, ScenarioContext, build, finish, sink_args, spawn_driver
 from runtime.chaos.errors import ChaosError
 from runtime.chaos.faults import ChaosMap
 from runtime.chaos.targets import Target
@@ -45,12 +45,9 @@ END_FILE = "end"
 
 def _driver(ctx: ScenarioContext, port: int, log_name: str, pipeline: str, *extra: str) -> subprocess.Popen[str]:
     cfg = ctx.config
-    log = (ctx.workdir / log_name).open("w")
-    return subprocess.Popen(
-        [sys.executable, "-m", "runtime.chaos.webhook", "--redis-url", cfg.redis_url, "--namespace", cfg.namespace,
-         "--workdir", str(ctx.workdir), "--port", str(port), "--pipeline", pipeline, *sink_args(ctx), *extra],
-        stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
-    )
+    return spawn_driver(ctx, "runtime.chaos.webhook",
+                        ["--redis-url", cfg.redis_url, "--namespace", cfg.namespace, "--workdir", str(ctx.workdir),
+                         "--port", str(port), "--pipeline", pipeline, *sink_args(ctx), *extra], log_name)
 
 
 def webhook_driver_kill(ctx: ScenarioContext, records: int, threads: int = 6, pace_s: float = 0.03, *,
