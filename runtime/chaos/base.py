@@ -98,6 +98,9 @@ class ScenarioContext:
         return FTLayer(cfg, TOPOLOGY, SOURCE, num_channels=cfg.num_channels)
 
 
+#: The file a scenario drops into the workdir to end a push source's driver program (webhook, MQTT:
+#: ``runtime.chaos.driver_app.run_pipeline``).
+END_FILE = "end"
 #: The directory under a scenario's workdir that holds its driver programs' Spark scratch files.
 SPARK_SCRATCH = "spark-scratch"
 

@@ -21,26 +21,19 @@ after their timeout; the ids pending at the kill are recorded as the fault's).
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
-from ftlayer.config import FTConfig
 from ftlayer.servers.ports import free_port
-from runtime.chaos.base import TRIGGER_S, ScenarioContext, build, finish, sink_args, spawn_driver
+from runtime.chaos.base import END_FILE, ScenarioContext, finish, sink_args, spawn_driver
 from runtime.chaos.errors import ChaosError
-from runtime.chaos.faults import ChaosMap
-from runtime.chaos.targets import Target
 from runtime.chaos.webhook_client import RetryingClient
 from runtime.checker import Report
 from runtime.testing import CollectingSink, default_value
-
-END_FILE = "end"
 
 
 def _driver(ctx: ScenarioContext, port: int, log_name: str, pipeline: str, *extra: str) -> subprocess.Popen[str]:
@@ -117,51 +110,17 @@ def webhook_driver_kill(ctx: ScenarioContext, records: int, threads: int = 6, pa
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The driver program: run until ``<workdir>/end`` exists, then end the source and drain."""
-    from runtime.chaos.driver_app import warm_python_workers
+    from runtime.chaos.driver_app import driver_options, run_pipeline, warm_python_workers
     from runtime.driver.webhook import WebhookSource
     from runtime.spark.session import local_session
 
-    p = argparse.ArgumentParser(prog="python -m runtime.chaos.webhook")
-    p.add_argument("--redis-url", required=True)
-    p.add_argument("--namespace", required=True)
-    p.add_argument("--workdir", required=True)
+    p = driver_options("python -m runtime.chaos.webhook")
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--timeout-s", type=float, default=8.0, help="the topology's record timeout")
-    p.add_argument("--sleep-ms", type=float, default=5.0, help="processing time per record")
-    p.add_argument("--pipeline", choices=("topology", "dataframe"), default="topology")
-    p.add_argument("--sink-spec", default=None, help="the scenario's target (runtime.chaos.targets.Target.spec)")
     args = p.parse_args(argv)
-    target = Target.from_spec(args.sink_spec) if args.sink_spec else Target("lines", str(Path(args.workdir) / "out"))
-    cfg = FTConfig(redis_url=args.redis_url, namespace=args.namespace, timeout_s=args.timeout_s, num_buckets=3)
-    workdir = Path(args.workdir)
     spark = local_session("ftlayer-chaos-webhook")
     warm_python_workers(spark)
     hooks = WebhookSource(port=args.port, reply_timeout_s=30.0)
-    if args.pipeline == "dataframe":
-        from runtime.chaos.df_pipeline import serve
-
-        def until_end() -> None:
-            while not (workdir / END_FILE).exists():
-                time.sleep(0.1)
-            hooks.end()
-
-        ok, stats = serve(spark, cfg, hooks, workdir, sleep_s=args.sleep_ms / 1000, before_drain=until_end,
-                          target=target)
-        print("drained" if ok else "not drained", stats, flush=True)
-        return 0 if ok else 1
-    topo = build(cfg, hooks, ChaosMap([], sleep_s=args.sleep_ms / 1000), target.topology_sink(), keyed=False)
-    query = topo.start(spark, checkpoint_location=str(workdir / "checkpoint"), trigger_interval_s=TRIGGER_S,
-                       max_records_per_batch=400)
-    print("started", flush=True)
-    while not (workdir / END_FILE).exists() and query.query.exception() is None:
-        time.sleep(0.1)
-    hooks.end()
-    ok = query.await_drained(300)
-    if ok:
-        query.query.processAllAvailable()
-    query.stop()
-    print("drained" if ok else "not drained", query.stats(), flush=True)
-    return 0 if ok else 1
+    return run_pipeline(spark, hooks, args, push=hooks)
 
 
 if __name__ == "__main__":
