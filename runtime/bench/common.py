@@ -24,9 +24,9 @@ def as_shipped() -> None:
     worker an ftlayer task froze; unfreezing makes PySpark's per-task ``gc.collect()`` cost what
     it costs without ftlayer, so the baseline is PySpark as shipped.
     """
-    import gc
+    from runtime.spark.worker_heap import thaw_worker_heap
 
-    gc.unfreeze()
+    thaw_worker_heap()
 
 
 def delete_namespace(url: str, namespace: str) -> None:
