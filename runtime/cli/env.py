@@ -32,7 +32,8 @@ from runtime.cli.common import CLIError
 class EnvOption:
     """One option whose default comes from an environment variable.
 
-    ``kind`` is ``int``, ``float``, ``str``, ``flag`` (on when the variable is ``1``) or ``list``
+    ``kind`` is ``int``, ``float``, ``str``, ``flag`` (on when the variable is ``1``, ``true``, ``yes``
+    or ``on``; a value that is none of these nor ``0``/``false``/``no``/``off`` is refused) or ``list``
     (the option may be repeated; the variable holds the values comma-separated);
     ``default`` is the default as text (None: no value); ``lo`` is the smallest allowed number.
     """
@@ -322,6 +323,23 @@ def _converter(opt: EnvOption) -> Any:
     return convert
 
 
+def _flag(opt: EnvOption, raw: str | None) -> bool:
+    """A flag's variable: 1/true/yes/on (any case) sets it; unset, empty or 0/false/no/off leave it off.
+
+    Anything else is refused (:class:`CLIError` naming the variable): ``=maybe`` silently meaning off
+    would run, say, a chaos scenario without the check its user asked for.
+    """
+    text = "" if raw is None else raw.strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    msg = (f"environment variable {opt.env}={raw!r} is invalid: expected 1 (or true, yes, on) to set it, "
+           f"0 (or false, no, off, empty) to leave it off (it sets ftlayer {opt.command} {opt.flag}; "
+           "unset it or fix it)")
+    raise CLIError(msg)
+
+
 def resolve_env_defaults(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> argparse.Namespace:
     """Replace every :class:`EnvDefault` left in ``args`` by its variable's value or the default."""
     env = os.environ if env is None else env
@@ -331,7 +349,7 @@ def resolve_env_defaults(args: argparse.Namespace, env: Mapping[str, str] | None
         opt = value.option
         raw = env.get(opt.env)
         if opt.kind == "flag":
-            setattr(args, dest, raw is not None and raw.strip() == "1")
+            setattr(args, dest, _flag(opt, raw))
             continue
         if raw is None or (raw == "" and opt.kind != "str"):
             setattr(args, dest, None if opt.default is None else _convert(opt, opt.default))
