@@ -44,7 +44,7 @@ from runtime.cli.common import CLIError, connection_options, load_config
 from runtime.cli.env import add_env_options
 from runtime.cli.ingest_mqtt import check_no_mqtt_options, mqtt_source, run_mqtt, topic_key
 from runtime.cli.ingest_webhook import check_no_webhook_options, run_webhook
-from runtime.driver.file_source import LinesSource
+from runtime.driver.file_source import STDIN, LinesSource
 from runtime.driver.ingest import Ingestor
 
 PROGRESS_EVERY_S = 5.0
@@ -81,6 +81,20 @@ def parse_worker(text: str) -> tuple[int, int]:
         msg = f"--worker {text!r}: expected I/N with 0 <= I < N, e.g. 0/2"
         raise CLIError(msg)
     return worker
+
+
+def check_files(files: list[str]) -> None:
+    """:class:`CLIError` for a FILE that cannot be read, before Redis is touched: a bad argument is one
+    error line, not an ingest thread's traceback and an ``ERROR`` left in ``ftlayer status``."""
+    for path in files:
+        if path == STDIN:
+            continue
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            msg = f"cannot read {path}: {exc.strerror or exc}"
+            raise CLIError(msg) from None
 
 
 def _key_selector(field: str | None) -> Any:
@@ -120,6 +134,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     if not args.webhook:
         check_no_webhook_options(args)
     worker = parse_worker(args.worker)
+    check_files(args.files)
     channels = args.num_channels or config.num_channels
     layer = FTLayer(config, args.topology, args.source, num_channels=channels).open()
     shards = layer.write_shards(*worker) if worker[1] > 1 else list(range(layer.num_shards))

@@ -180,6 +180,19 @@ def test_bad_arguments_end_in_one_error_line(args: list[str], redis_server_url: 
     assert "Traceback" not in out and "ftlayer: error:" in out
 
 
+def test_a_file_it_cannot_read_is_one_error_line_and_nothing_is_registered(
+        tmp_path: Path, redis_server_url: str, namespace: str) -> None:
+    good = tmp_path / "events.jsonl"
+    _write(good, 0, 10)
+    for bad, why in [(tmp_path / "missing.jsonl", "No such file or directory"), (tmp_path, "Is a directory")]:
+        rc, out = _run("clicks", "events", str(good), str(bad), url=redis_server_url, ns=namespace)
+        assert rc == 2, out
+        assert out.strip() == f"ftlayer: error: cannot read {bad}: {why}", out  # one line, no traceback
+    # refused before Redis was touched: no source registered, so no ingest ERROR left in ftlayer status
+    assert FTLayer(FTConfig(redis_url=redis_server_url, namespace=namespace), "clicks", "events",
+                   num_channels=CHANNELS).recorded_channels() is None
+
+
 def test_worker_split_is_stable_across_a_resume(tmp_path: Path) -> None:
     f = tmp_path / "x.txt"
     f.write_text("".join(f"{i}\n" for i in range(10)))
