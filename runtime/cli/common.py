@@ -145,8 +145,14 @@ def positive_int(text: str) -> int:
     return value
 
 
-def source_options(parser: argparse.ArgumentParser) -> None:
-    """Add --topology and --source filters to ``parser``."""
+def source_options(parser: argparse.ArgumentParser, *, one: bool = False) -> None:
+    """Add --topology and --source filters to ``parser``; ``one``: the command acts on one source."""
+    if one:  # one_source(): they pick the source, and may be left out when only one is registered
+        parser.add_argument("--topology", default=None,
+                            help="the source's topology; needed when more than one registered source matches")
+        parser.add_argument("--source", default=None,
+                            help="the source; needed when more than one registered source matches")
+        return
     parser.add_argument("--topology", default=None, help="only this topology (default: all)")
     parser.add_argument("--source", default=None, help="only this source (default: all)")
 

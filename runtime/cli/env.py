@@ -397,8 +397,9 @@ def env_help_epilog() -> str:
         "env < spark.ftlayer.* conf < command line; 'ftlayer config' shows the effective values and",
         "where each came from, docs/configuration.md what each means):",
         textwrap.fill(names, width=96, initial_indent="  ", subsequent_indent="  "),
-        "Each command's --help names the variable behind each of its options (FTLAYER_BENCH_*,",
-        "FTLAYER_CHAOS_*, FTLAYER_INGEST_*, ...). Exit status: 0 done, 1 not (entirely) done, 2 error.",
+        "Each command's --help names the variable behind each of its options that has one",
+        "(FTLAYER_BENCH_*, FTLAYER_CHAOS_*, FTLAYER_INGEST_*, ...; --redis-url, --namespace, --config).",
+        "Exit status: 0 done, 1 not (entirely) done, 2 error.",
     ])
 
 
