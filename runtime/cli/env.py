@@ -219,7 +219,7 @@ OTHER_ENV_VARS: tuple[tuple[str, str], ...] = (
     ("FTLAYER_CHAOS_DUPLICATE_FLUSH", "ftlayer chaos: =1 sends every flush twice (read in the process that "
                                       "flushes; the duplicate-flush scenario sets it)"),
     ("FTLAYER_TEST_REDIS_URL", "tests: use this server instead of an embedded one"),
-    ("FTLAYER_TEST_WORKERS", "scripts/test: pytest-xdist workers (default 3; 0 runs the tests in one process)"),
+    ("FTLAYER_TEST_WORKERS", "scripts/test: pytest-xdist workers (default 4; 0 runs the tests in one process)"),
     ("FTLAYER_VENV", "scripts/*: the virtualenv to create or reuse"),
     ("FTLAYER_KEEP_PYSPARK_ZIP", "Spark's Python processes: =1 keeps pyspark.zip first on their path even "
                                  "when it is the installed pyspark's (runtime/spark/installed_pyspark.py)"),
