@@ -19,6 +19,7 @@ import datetime as _dt
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -167,13 +168,30 @@ def load_config(args: argparse.Namespace) -> FTConfig:
     return FTConfig.load(getattr(args, "config", None), env=os.environ, **overrides)
 
 
+def embedded_url_hint(config: FTConfig) -> str:
+    """Where a topology run here without ``redis_url`` noted its embedded server's URL, as a hint
+    for the no-URL error ('' if none): ``<state_dir>/<topology>/redis/url`` (ftlayer.servers.state_dir).
+    Only a hint: the file outlives the server, and the commands never connect to it by themselves."""
+    if config.state_temporary or config.embedded_data_dir:
+        return ""
+    try:
+        found = sorted(Path(config.state_dir).glob("*/redis/url"))[:3]
+        notes = [f"{path} says {path.read_text().strip()}" for path in found]
+    except OSError:
+        return ""
+    if not notes:
+        return ""
+    return (f". A topology run here without redis_url notes its embedded server's URL: {'; '.join(notes)}; "
+            f"while that program runs, pass it with --redis-url")
+
+
 def connect_configured(config: FTConfig, command: str) -> redis.Redis:
     """A client for the configured server; :class:`CLIError` if no URL is configured."""
     if not config.redis_url:
         msg = (
             f"no Redis URL configured: pass --redis-url or set FTLAYER_REDIS_URL (or redis_url in the "
             f"config file). 'ftlayer {command}' does not start an embedded server, because a new "
-            f"one would be empty and show nothing of a running topology"
+            f"one would be empty and show nothing of a running topology{embedded_url_hint(config)}"
         )
         raise CLIError(msg)
     return client_for(config.redis_url, config.connect_timeout_s)

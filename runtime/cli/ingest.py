@@ -40,7 +40,7 @@ from ftlayer.config import FTConfig, mask_url
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.keyspace.keys import check_name
 from ftlayer.servers.state_dir import state_root
-from runtime.cli.common import CLIError, connection_options, load_config
+from runtime.cli.common import CLIError, connection_options, embedded_url_hint, load_config
 from runtime.cli.env import add_env_options
 from runtime.cli.ingest_mqtt import check_no_mqtt_options, mqtt_source, run_mqtt, topic_key
 from runtime.cli.ingest_webhook import check_no_webhook_options, run_webhook
@@ -120,7 +120,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     config = load_config(args)
     if not config.redis_url:
         msg = ("ftlayer ingest needs the Redis that the query also uses: pass --redis-url or set "
-               "FTLAYER_REDIS_URL (start one with `ftlayer redis --data-dir DIR` if you have none)")
+               "FTLAYER_REDIS_URL (start one with `ftlayer redis --data-dir DIR` if you have none)"
+               + embedded_url_hint(config))
         raise CLIError(msg)
     check_name("topology", args.topology)
     check_name("source", args.source)
