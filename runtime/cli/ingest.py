@@ -136,6 +136,10 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         check_no_webhook_options(args)
     worker = parse_worker(args.worker)
     check_files(args.files)
+    if args.files and args.key and args.format == "text":
+        msg = (f"--key {args.key} names a field of a JSON record, but --format text makes each line a string "
+               "(every record would be dead-lettered): drop --key, or read the lines as JSON")
+        raise CLIError(msg)
     channels = args.num_channels or config.num_channels
     layer = FTLayer(config, args.topology, args.source, num_channels=channels).open()
     shards = layer.write_shards(*worker) if worker[1] > 1 else list(range(layer.num_shards))

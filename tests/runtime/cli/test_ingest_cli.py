@@ -194,6 +194,17 @@ def test_a_file_it_cannot_read_is_one_error_line_and_nothing_is_registered(
                    num_channels=CHANNELS).recorded_channels() is None
 
 
+def test_key_with_text_lines_is_refused_before_anything_is_persisted(redis_server_url: str, namespace: str) -> None:
+    proc = _cli("clicks", "events", "-", "--format", "text", "--key", "user", url=redis_server_url, ns=namespace,
+                stdin=subprocess.PIPE)
+    out, err = proc.communicate("alpha\nbeta\n", timeout=120)
+    assert proc.returncode == 2, out + err
+    assert out == "" and err.startswith("ftlayer: error: --key user names a field of a JSON record"), err
+    assert len(err.strip().splitlines()) == 1
+    layer = _layer(redis_server_url, namespace)
+    assert layer.recorded_channels() is None  # nothing registered, nothing dead-lettered
+
+
 def test_worker_split_is_stable_across_a_resume(tmp_path: Path) -> None:
     f = tmp_path / "x.txt"
     f.write_text("".join(f"{i}\n" for i in range(10)))
