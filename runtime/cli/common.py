@@ -19,6 +19,7 @@ import datetime as _dt
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -145,8 +146,14 @@ def positive_int(text: str) -> int:
     return value
 
 
-def source_options(parser: argparse.ArgumentParser) -> None:
-    """Add --topology and --source filters to ``parser``."""
+def source_options(parser: argparse.ArgumentParser, *, one: bool = False) -> None:
+    """Add --topology and --source filters to ``parser``; ``one``: the command acts on one source."""
+    if one:  # one_source(): they pick the source, and may be left out when only one is registered
+        parser.add_argument("--topology", default=None,
+                            help="the source's topology; needed when more than one registered source matches")
+        parser.add_argument("--source", default=None,
+                            help="the source; needed when more than one registered source matches")
+        return
     parser.add_argument("--topology", default=None, help="only this topology (default: all)")
     parser.add_argument("--source", default=None, help="only this source (default: all)")
 
@@ -161,13 +168,30 @@ def load_config(args: argparse.Namespace) -> FTConfig:
     return FTConfig.load(getattr(args, "config", None), env=os.environ, **overrides)
 
 
+def embedded_url_hint(config: FTConfig) -> str:
+    """Where a topology run here without ``redis_url`` noted its embedded server's URL, as a hint
+    for the no-URL error ('' if none): ``<state_dir>/<topology>/redis/url`` (ftlayer.servers.state_dir).
+    Only a hint: the file outlives the server, and the commands never connect to it by themselves."""
+    if config.state_temporary or config.embedded_data_dir:
+        return ""
+    try:
+        found = sorted(Path(config.state_dir).glob("*/redis/url"))[:3]
+        notes = [f"{path} says {path.read_text().strip()}" for path in found]
+    except OSError:
+        return ""
+    if not notes:
+        return ""
+    return (f". A topology run here without redis_url notes its embedded server's URL: {'; '.join(notes)}; "
+            f"while that program runs, pass it with --redis-url")
+
+
 def connect_configured(config: FTConfig, command: str) -> redis.Redis:
     """A client for the configured server; :class:`CLIError` if no URL is configured."""
     if not config.redis_url:
         msg = (
             f"no Redis URL configured: pass --redis-url or set FTLAYER_REDIS_URL (or redis_url in the "
             f"config file). 'ftlayer {command}' does not start an embedded server, because a new "
-            f"one would be empty and show nothing of a running topology"
+            f"one would be empty and show nothing of a running topology{embedded_url_hint(config)}"
         )
         raise CLIError(msg)
     return client_for(config.redis_url, config.connect_timeout_s)

@@ -92,7 +92,7 @@ def add_parser(sub: Any) -> None:
         description="Show one dead letter in full: ids, key hash, channel, replay count, times, the whole "
                     "reason (a traceback for exceptions) and the payload decoded. Read-only.",
     )
-    source_options(ps)
+    source_options(ps, one=True)
     ps.add_argument("entry_id", metavar="ENTRY_ID",
                     help="the dead letter's stream entry id (from 'list'; <id>@<shard> for a source with shards)")
     add_output_option(ps)
@@ -105,7 +105,7 @@ def add_parser(sub: Any) -> None:
                     "confirmation (--yes, or a typed 'yes'); --dry-run shows what would be requeued. "
                     "Requeue after fixing the cause: a poison record comes back after max_replays.",
     )
-    source_options(pr)
+    source_options(pr, one=True)
     _act_options(pr, "requeue")
     pr.add_argument("--force", action="store_true",
                     help="with --all: act even on a namespace without an ftlayer owner record")
@@ -116,7 +116,7 @@ def add_parser(sub: Any) -> None:
                     "or a typed 'yes' at a terminal (otherwise exit 1); --dry-run only prints. Refuses a "
                     "namespace without ftlayer's owner record unless --force.",
     )
-    source_options(pp)
+    source_options(pp, one=True)
     _act_options(pp, "delete")
     pp.add_argument("--force", action="store_true",
                     help="act even on a namespace without an ftlayer owner record")

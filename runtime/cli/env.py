@@ -32,7 +32,8 @@ from runtime.cli.common import CLIError
 class EnvOption:
     """One option whose default comes from an environment variable.
 
-    ``kind`` is ``int``, ``float``, ``str``, ``flag`` (on when the variable is ``1``) or ``list``
+    ``kind`` is ``int``, ``float``, ``str``, ``flag`` (on when the variable is ``1``, ``true``, ``yes``
+    or ``on``; a value that is none of these nor ``0``/``false``/``no``/``off`` is refused) or ``list``
     (the option may be repeated; the variable holds the values comma-separated);
     ``default`` is the default as text (None: no value); ``lo`` is the smallest allowed number.
     """
@@ -218,7 +219,7 @@ OTHER_ENV_VARS: tuple[tuple[str, str], ...] = (
     ("FTLAYER_CHAOS_DUPLICATE_FLUSH", "ftlayer chaos: =1 sends every flush twice (read in the process that "
                                       "flushes; the duplicate-flush scenario sets it)"),
     ("FTLAYER_TEST_REDIS_URL", "tests: use this server instead of an embedded one"),
-    ("FTLAYER_TEST_WORKERS", "scripts/test: pytest-xdist workers (default 3; 0 runs the tests in one process)"),
+    ("FTLAYER_TEST_WORKERS", "scripts/test: pytest-xdist workers (default 4; 0 runs the tests in one process)"),
     ("FTLAYER_VENV", "scripts/*: the virtualenv to create or reuse"),
     ("FTLAYER_KEEP_PYSPARK_ZIP", "Spark's Python processes: =1 keeps pyspark.zip first on their path even "
                                  "when it is the installed pyspark's (runtime/spark/installed_pyspark.py)"),
@@ -322,6 +323,23 @@ def _converter(opt: EnvOption) -> Any:
     return convert
 
 
+def _flag(opt: EnvOption, raw: str | None) -> bool:
+    """A flag's variable: 1/true/yes/on (any case) sets it; unset, empty or 0/false/no/off leave it off.
+
+    Anything else is refused (:class:`CLIError` naming the variable): ``=maybe`` silently meaning off
+    would run, say, a chaos scenario without the check its user asked for.
+    """
+    text = "" if raw is None else raw.strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    msg = (f"environment variable {opt.env}={raw!r} is invalid: expected 1 (or true, yes, on) to set it, "
+           f"0 (or false, no, off, empty) to leave it off (it sets ftlayer {opt.command} {opt.flag}; "
+           "unset it or fix it)")
+    raise CLIError(msg)
+
+
 def resolve_env_defaults(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> argparse.Namespace:
     """Replace every :class:`EnvDefault` left in ``args`` by its variable's value or the default."""
     env = os.environ if env is None else env
@@ -331,7 +349,7 @@ def resolve_env_defaults(args: argparse.Namespace, env: Mapping[str, str] | None
         opt = value.option
         raw = env.get(opt.env)
         if opt.kind == "flag":
-            setattr(args, dest, raw is not None and raw.strip() == "1")
+            setattr(args, dest, _flag(opt, raw))
             continue
         if raw is None or (raw == "" and opt.kind != "str"):
             setattr(args, dest, None if opt.default is None else _convert(opt, opt.default))
@@ -379,8 +397,9 @@ def env_help_epilog() -> str:
         "env < spark.ftlayer.* conf < command line; 'ftlayer config' shows the effective values and",
         "where each came from, docs/configuration.md what each means):",
         textwrap.fill(names, width=96, initial_indent="  ", subsequent_indent="  "),
-        "Each command's --help names the variable behind each of its options (FTLAYER_BENCH_*,",
-        "FTLAYER_CHAOS_*, FTLAYER_INGEST_*, ...). Exit status: 0 done, 1 not (entirely) done, 2 error.",
+        "Each command's --help names the variable behind each of its options that has one",
+        "(FTLAYER_BENCH_*, FTLAYER_CHAOS_*, FTLAYER_INGEST_*, ...; --redis-url, --namespace, --config).",
+        "Exit status: 0 done, 1 not (entirely) done, 2 error.",
     ])
 
 

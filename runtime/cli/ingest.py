@@ -40,11 +40,11 @@ from ftlayer.config import FTConfig, mask_url
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.keyspace.keys import check_name
 from ftlayer.servers.state_dir import state_root
-from runtime.cli.common import CLIError, connection_options, load_config
+from runtime.cli.common import CLIError, connection_options, embedded_url_hint, load_config
 from runtime.cli.env import add_env_options
 from runtime.cli.ingest_mqtt import check_no_mqtt_options, mqtt_source, run_mqtt, topic_key
 from runtime.cli.ingest_webhook import check_no_webhook_options, run_webhook
-from runtime.driver.file_source import LinesSource
+from runtime.driver.file_source import STDIN, LinesSource
 from runtime.driver.ingest import Ingestor
 
 PROGRESS_EVERY_S = 5.0
@@ -83,6 +83,20 @@ def parse_worker(text: str) -> tuple[int, int]:
     return worker
 
 
+def check_files(files: list[str]) -> None:
+    """:class:`CLIError` for a FILE that cannot be read, before Redis is touched: a bad argument is one
+    error line, not an ingest thread's traceback and an ``ERROR`` left in ``ftlayer status``."""
+    for path in files:
+        if path == STDIN:
+            continue
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            msg = f"cannot read {path}: {exc.strerror or exc}"
+            raise CLIError(msg) from None
+
+
 def _key_selector(field: str | None) -> Any:
     if field is None:
         return None
@@ -106,7 +120,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     config = load_config(args)
     if not config.redis_url:
         msg = ("ftlayer ingest needs the Redis that the query also uses: pass --redis-url or set "
-               "FTLAYER_REDIS_URL (start one with `ftlayer redis --data-dir DIR` if you have none)")
+               "FTLAYER_REDIS_URL (start one with `ftlayer redis --data-dir DIR` if you have none)"
+               + embedded_url_hint(config))
         raise CLIError(msg)
     check_name("topology", args.topology)
     check_name("source", args.source)
@@ -120,6 +135,11 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     if not args.webhook:
         check_no_webhook_options(args)
     worker = parse_worker(args.worker)
+    check_files(args.files)
+    if args.files and args.key and args.format == "text":
+        msg = (f"--key {args.key} names a field of a JSON record, but --format text makes each line a string "
+               "(every record would be dead-lettered): drop --key, or read the lines as JSON")
+        raise CLIError(msg)
     channels = args.num_channels or config.num_channels
     layer = FTLayer(config, args.topology, args.source, num_channels=channels).open()
     shards = layer.write_shards(*worker) if worker[1] > 1 else list(range(layer.num_shards))

@@ -15,7 +15,8 @@ starts each file after its saved offset. So a killed process loses nothing: line
 persisted are not read again, except those persisted after the last offset write (at most
 one ingest batch, read again: duplicates, never a gap). A line that cannot be parsed is
 handed to ingest as an :class:`UnparsedLine`, which ingest rejects into the dead letters
-(reason and raw text kept) and acks like any value, so the offset moves past it.
+(reason ``not valid JSON: <file>:<line>: <error>``, raw text kept) and acks like any value,
+so the offset moves past it.
 
 Offsets are for a file that only grows or stays the same. A file that shrank below its
 saved offset (rotated or rewritten) is read from the start, with a warning.
@@ -41,7 +42,7 @@ Format = Literal["json", "text"]
 
 
 class UnparsedLine:
-    """A line that is not valid JSON; ingest rejects it (it cannot be serialized) into the dead letters."""
+    """A line that is not valid JSON; ingest rejects it into the dead letters with ``ingest_rejection`` as reason."""
 
     __slots__ = ("error", "line", "path", "text")
 
@@ -50,6 +51,10 @@ class UnparsedLine:
 
     def __repr__(self) -> str:  # the dead letter keeps the repr as its payload
         return f"UnparsedLine({self.path}:{self.line + 1}: {self.error}: {self.text[:500]!r})"
+
+    @property
+    def ingest_rejection(self) -> str:  # ingest dead-letters it with this reason
+        return f"not valid JSON: {self.path}:{self.line + 1}: {self.error}"
 
     def __getitem__(self, _key: Any) -> Any:  # a key selector on a bad line fails with the reason
         msg = f"{self.path}:{self.line + 1} is not valid JSON: {self.error}"

@@ -234,6 +234,10 @@ class Ingestor:
         except Exception:  # a key selector or value failed: sort the batch out one by one
             payloads, hashes = [], []
             for value in values:
+                unparsed = getattr(value, "ingest_rejection", None)  # a source's stand-in for what it could not parse
+                if isinstance(unparsed, str):
+                    self._reject(value, None, reason=f"ingest: {unparsed}")
+                    continue
                 try:
                     packed = pack_payload(value)
                     h = NO_KEY_HASH if key is None else key_hash(key(value))
@@ -244,9 +248,10 @@ class Ingestor:
                 hashes.append(h)
         return payloads, hashes, self.partitioner.select_channels(hashes)
 
-    def _reject(self, value: Any, exc: BaseException) -> None:
-        what = "cannot be serialized" if isinstance(exc, SerializationError) else "key selector raised"
-        reason = f"ingest: {what}: {type(exc).__name__}: {exc}"
+    def _reject(self, value: Any, exc: BaseException | None, *, reason: str = "") -> None:
+        if exc is not None:
+            what = "cannot be serialized" if isinstance(exc, SerializationError) else "key selector raised"
+            reason = f"ingest: {what}: {type(exc).__name__}: {exc}"
         self.rejected += 1
         log.warning("record rejected by ingest of %s (%s)", self.destination.label, reason)
         self._retrying("dead-lettering a rejected record", lambda: self.destination.reject(value, reason))

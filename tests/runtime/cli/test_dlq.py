@@ -218,3 +218,19 @@ def test_a_sharded_source_lists_and_requeues_by_ids_that_name_their_shard(
     assert code == 0 and str(layer.get_dead_letter(ids[0]).source_record_id) in out  # type: ignore[union-attr]
     code, out, _ = _dlq(capsys, ft_config, "requeue", ids[0], ids[1], "--source", "sharded")
     assert code == 0 and layer.dead_letter_count() == 10 and layer.pending_count() == 2
+
+
+def test_the_one_source_commands_help_says_when_topology_and_source_are_needed(capsys: Any) -> None:
+    """show, requeue and purge act on one source: their help must not promise 'default: all' (list does)."""
+    from runtime.cli.main import main
+
+    def help_of(*argv: str) -> str:
+        with pytest.raises(SystemExit):
+            main(["dlq", *argv, "--help"])
+        return " ".join(capsys.readouterr().out.split())
+
+    for sub in ("show", "requeue", "purge"):
+        text = help_of(sub)
+        assert "default: all" not in text, sub
+        assert "needed when more than one registered source matches" in text, sub
+    assert "only this source (default: all)" in help_of("list")

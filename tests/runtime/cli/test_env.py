@@ -105,3 +105,31 @@ def test_build_parser_reads_no_environment(monkeypatch: pytest.MonkeyPatch) -> N
     for opt in ENV_OPTIONS:
         default = commands[opt.command].get_default(opt.dest)
         assert isinstance(default, EnvDefault) and default.option is opt, opt.env
+
+
+def test_a_flag_variable_takes_the_usual_spellings_and_refuses_any_other_value() -> None:
+    """FTLAYER_CHAOS_STRICT=true is on (not silently off), =maybe is refused naming the variable."""
+    parser = argparse.ArgumentParser()
+    add_env_options(parser, "chaos")
+    for raw, on in [("1", True), ("true", True), ("YES", True), (" on ", True),
+                    ("0", False), ("false", False), ("No", False), ("off", False), ("", False)]:
+        args = resolve_env_defaults(parser.parse_args([]), env={"FTLAYER_CHAOS_STRICT": raw})
+        assert args.strict is on, raw
+    assert resolve_env_defaults(parser.parse_args([]), env={}).strict is False
+    assert resolve_env_defaults(parser.parse_args(["--strict"]), env={"FTLAYER_CHAOS_STRICT": "junk"}).strict
+    with pytest.raises(CLIError, match=r"FTLAYER_CHAOS_STRICT='maybe' is invalid.*ftlayer chaos --strict"):
+        resolve_env_defaults(parser.parse_args([]), env={"FTLAYER_CHAOS_STRICT": "maybe"})
+
+
+def test_a_bad_flag_variable_is_one_error_line_and_exit_2(
+    capsys: Any, monkeypatch: pytest.MonkeyPatch, redis_server_url: str, tmp_path: Path
+) -> None:
+    lines = tmp_path / "in.jsonl"
+    lines.write_text('{"i": 1}\n')
+    monkeypatch.setenv("FTLAYER_INGEST_FROM_START", "maybe")
+    code = main(["ingest", "envflag", "events", str(lines), "--redis-url", redis_server_url,
+                 "--namespace", "envflag", "--offsets-dir", str(tmp_path / "offsets")])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.startswith("ftlayer: error: environment variable FTLAYER_INGEST_FROM_START='maybe' is invalid")
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -80,7 +80,8 @@ def test_file_ingest_persists_every_line_and_dead_letters_the_bad_ones(
     reasons = sorted(d.reason for d in layer.list_dead_letters())
     assert len(reasons) == 2
     assert "KeyError" in reasons[0] or "KeyError" in reasons[1]
-    assert any("not valid JSON" in r or "UnparsedLine" in r for r in reasons), reasons
+    # the reason says what is wrong with the line, and where (not that a stand-in value cannot be packed)
+    assert any(r.startswith(f"ingest: not valid JSON: {f}:501: Expecting property name") for r in reasons), reasons
 
 
 @pytest.mark.slow
@@ -178,6 +179,30 @@ def test_bad_arguments_end_in_one_error_line(args: list[str], redis_server_url: 
     rc, out = _run("clicks", "events", *args, url=redis_server_url, ns=namespace)
     assert rc == 2, out
     assert "Traceback" not in out and "ftlayer: error:" in out
+
+
+def test_a_file_it_cannot_read_is_one_error_line_and_nothing_is_registered(
+        tmp_path: Path, redis_server_url: str, namespace: str) -> None:
+    good = tmp_path / "events.jsonl"
+    _write(good, 0, 10)
+    for bad, why in [(tmp_path / "missing.jsonl", "No such file or directory"), (tmp_path, "Is a directory")]:
+        rc, out = _run("clicks", "events", str(good), str(bad), url=redis_server_url, ns=namespace)
+        assert rc == 2, out
+        assert out.strip() == f"ftlayer: error: cannot read {bad}: {why}", out  # one line, no traceback
+    # refused before Redis was touched: no source registered, so no ingest ERROR left in ftlayer status
+    assert FTLayer(FTConfig(redis_url=redis_server_url, namespace=namespace), "clicks", "events",
+                   num_channels=CHANNELS).recorded_channels() is None
+
+
+def test_key_with_text_lines_is_refused_before_anything_is_persisted(redis_server_url: str, namespace: str) -> None:
+    proc = _cli("clicks", "events", "-", "--format", "text", "--key", "user", url=redis_server_url, ns=namespace,
+                stdin=subprocess.PIPE)
+    out, err = proc.communicate("alpha\nbeta\n", timeout=120)
+    assert proc.returncode == 2, out + err
+    assert out == "" and err.startswith("ftlayer: error: --key user names a field of a JSON record"), err
+    assert len(err.strip().splitlines()) == 1
+    layer = _layer(redis_server_url, namespace)
+    assert layer.recorded_channels() is None  # nothing registered, nothing dead-lettered
 
 
 def test_worker_split_is_stable_across_a_resume(tmp_path: Path) -> None:

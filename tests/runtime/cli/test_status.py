@@ -238,3 +238,30 @@ def test_status_shows_the_sink_breaker_and_the_running_batches(
     code, out, _ = _status(capsys, ft_config.redis_url, ft_config.namespace, "--json")
     (src,) = json.loads(out)["sources"]
     assert src["sink_breaker"] is None and src["running_batches"] == []
+
+
+def test_with_no_url_the_error_points_at_the_embedded_server_a_topology_here_runs(
+    capsys: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's tour runs with no redis_url; `ftlayer status` beside it must say where its server is."""
+    from ftlayer.servers.state_dir import TopologyState
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("FTLAYER_REDIS_URL", "FTLAYER_STATE_DIR", "FTLAYER_EMBEDDED_DATA_DIR", "FTLAYER_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["status"]) == 2
+    bare = capsys.readouterr().err
+    assert "no Redis URL configured" in bare and "redis/url" not in bare  # nothing here: no hint
+    state = TopologyState.open(FTConfig(), "tour")
+    try:
+        server = state.embedded_server(FTConfig())  # what a tour run with the defaults starts
+        FTLayer(FTConfig(redis_url=server.url), "tour", "events", num_channels=2).open()
+        for argv in (["status"], ["ingest", "tour", "events", "-"]):
+            assert main(argv) == 2
+            err = capsys.readouterr().err
+            assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+            assert f".ftlayer/tour/redis/url says {server.url}" in err, err
+        assert main(["status", "--redis-url", server.url, "--interval", "0"]) == 0
+        assert "tour/events" in capsys.readouterr().out
+    finally:
+        state.close()
