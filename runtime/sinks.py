@@ -79,10 +79,15 @@ class CallableSink(ExecutorSink):
 
 
 class JsonLinesSink(ExecutorSink):
-    """Writes ``<directory>/part-<batch>-p<partition>-a<attempt>-<uuid>.jsonl`` atomically."""
+    """Writes ``<directory>/part-<batch>-p<partition>-a<attempt>-<uuid>.jsonl`` atomically.
+
+    A relative ``directory`` is taken relative to the working directory where the sink is built (the
+    driver's), as Spark's own writers qualify a relative path: the executors' working directories
+    differ from it (a ``local-cluster`` or cluster executor runs in a work directory of its own).
+    """
 
     def __init__(self, directory: str | Path, *, with_meta: bool = True) -> None:
-        self.directory = str(directory)
+        self.directory = os.path.abspath(directory)
         self.with_meta = with_meta
 
     def write(self, values: list[Any], ctx: SinkContext) -> None:
