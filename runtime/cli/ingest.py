@@ -78,7 +78,7 @@ def parse_worker(text: str) -> tuple[int, int]:
     except ValueError:
         worker = (-1, 0)
     if not sep or worker[1] < 1 or not 0 <= worker[0] < worker[1]:
-        msg = f"--worker {text!r}: expected I/N with 0 <= I < N, e.g. 0/2"
+        msg = f"--worker (or FTLAYER_INGEST_WORKER) {text!r}: expected I/N with 0 <= I < N, e.g. 0/2"
         raise CLIError(msg)
     return worker
 

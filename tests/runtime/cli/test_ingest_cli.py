@@ -214,3 +214,13 @@ def test_worker_split_is_stable_across_a_resume(tmp_path: Path) -> None:
     first.close()
     rest = LinesSource([str(f)], fmt="text", worker=(1, 3), offsets_dir=tmp_path, chunk=100)
     assert got + list(rest.poll() or []) == ["1", "4", "7"]
+
+
+@pytest.mark.parametrize("text", ["3/2", "1", "a/b", "0/0", "-1/2"])
+def test_a_bad_worker_split_names_the_option_and_its_variable(text: str) -> None:
+    from runtime.cli.common import CLIError
+    from runtime.cli.ingest import parse_worker
+
+    with pytest.raises(CLIError, match=r"--worker \(or FTLAYER_INGEST_WORKER\) .*expected I/N"):
+        parse_worker(text)
+    assert parse_worker("1/2") == (1, 2)
