@@ -26,7 +26,7 @@ from ftlayer.records.id_arrays import child_ids
 from ftlayer.records.keyhash import NO_KEY_HASH
 from ftlayer.records.record import MAX_PAYLOAD_BYTES
 from runtime.spark.row_contract import STAGE_ROW
-from serialization.payload import unpack_many, unpack_payload
+from serialization.payload import unpack_many, unpack_payload, unpack_run
 
 __all__ = ["CARRIER", "ROW_COLUMNS", "Fanout", "Row", "RowBatch", "decode_batch", "encoded_to_arrow"]
 
@@ -113,19 +113,45 @@ def _ints(rb: Any, name: str) -> Any:
     return np.asarray(rb.column(name).to_numpy(zero_copy_only=False), dtype=_DTYPES[name])
 
 
+def _run(column: Any) -> memoryview | None:
+    """The payloads of a ``binary`` or ``large_binary`` column without nulls, back to back as Arrow
+    holds them (its data buffer between the first and the last offset); None for another type."""
+    import pyarrow as pa
+
+    if pa.types.is_binary(column.type):
+        width = np.int32
+    elif pa.types.is_large_binary(column.type):
+        width = np.int64
+    else:
+        return None
+    _, offsets_buf, data_buf = column.buffers()
+    at = np.dtype(width).itemsize * column.offset  # a sliced column starts inside its buffers
+    offsets = np.frombuffer(offsets_buf, dtype=width, count=len(column) + 1, offset=at)
+    return memoryview(data_buf)[int(offsets[0]) : int(offsets[-1])]
+
+
 def _values(rb: Any, handler: FailingHandler, src: Any, sid: Any) -> tuple[list[Any], Any]:
     """The batch's payloads unpacked (CARRIER for a null one) and a keep-mask, or None if every row
     is kept; a payload that cannot be unpacked fails its record (handler.fail), not the task, and
-    has no value in the list."""
+    has no value in the list.
+
+    Without nulls, the payloads are unpacked as one run in one call (``unpack_run`` over the column's
+    data buffer: no ``bytes`` object and no call per payload, about a quarter less per record than
+    one ``unpackb`` each), as the DataFrame path's read does; any error there, and a batch with
+    nulls, takes the payloads one by one. The run relies on each payload being one msgpack value,
+    as ftlayer encodes them: a frame a caller built with a payload of two values next to an empty
+    one (``persist_frames``) would shift the run's boundaries instead of failing its record.
+    """
     import pyarrow.compute as pc
 
     column = rb.column("payload")
-    payloads = column.to_pylist()
     if column.null_count == 0 and len(column) and pc.max(pc.binary_length(column)).as_py() <= MAX_PAYLOAD_BYTES:
         try:
-            return unpack_many(payloads), None
+            run = _run(column)
+            return (unpack_run(run, len(column)) if run is not None else unpack_many(column.to_pylist())), None
         except SerializationError:  # a bad payload: find it below, one by one
             pass
+    payloads = column.to_pylist()
     values: list[Any] = []
     keep = np.ones(len(payloads), dtype=bool)
     for i, p in enumerate(payloads):

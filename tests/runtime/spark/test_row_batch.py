@@ -23,7 +23,7 @@ from ftlayer.records.ids import child_id
 from ftlayer.records.keyhash import NO_KEY_HASH
 from runtime.spark.handlers import CARRIER, FTHandler, NonFTHandler, Row
 from runtime.spark.row_batch import ROW_COLUMNS, RowBatch, decode_batch, encoded_to_arrow
-from serialization.payload import pack_payload
+from serialization.payload import pack_payload, unpack_payload
 
 SCHEMA = pa.schema([("src", pa.int32()), ("sid", pa.int64()), ("cid", pa.int64()), ("origin", pa.int64()),
                     ("key_hash", pa.int64()), ("channel", pa.int32()), ("payload", pa.binary()), ("delta", pa.int64())])
@@ -116,6 +116,37 @@ def test_decode_without_nulls_or_bad_payloads_keeps_every_row() -> None:
     rb = _arrow([(2, -i, i, i, pack_payload(i), i) for i in range(1, 50)])
     batch = decode_batch(rb, FTHandler(1), None)
     assert list(batch.rows()) == [(2, -i, i, i, i, i) for i in range(1, 50)]
+
+
+_PAYLOAD = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(1 << 80), 1 << 80), st.floats(allow_nan=False),
+              st.text(max_size=20), st.binary(max_size=20)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.tuples(inner, inner),
+                            st.dictionaries(st.text(max_size=5), inner, max_size=4)),
+    max_leaves=12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(values=st.lists(_PAYLOAD, min_size=1, max_size=30), kind=st.sampled_from(["binary", "large_binary"]),
+       skip=st.integers(0, 3))
+def test_decode_of_a_run_gives_each_payload_s_own_value(values: list[Any], kind: str, skip: int) -> None:
+    """A batch without nulls is unpacked as one run over the column's buffer: the same values as each
+    payload alone, for either binary type and for a batch that starts inside its buffers (sliced)."""
+    rows = [(0, i + 1, i + 1, i + 1, pack_payload(v), 0) for i, v in enumerate(values)]
+    rb = _arrow(rows)
+    rb = rb.set_column(rb.schema.get_field_index("payload"), "payload", rb.column("payload").cast(getattr(pa, kind)()))
+    rb = rb.slice(min(skip, len(rows) - 1))
+    expected = [unpack_payload(r[4]) for r in rows[min(skip, len(rows) - 1):]]
+    batch = decode_batch(rb, FTHandler(1), None)
+    assert batch.values == expected
+
+
+def test_a_bad_payload_in_a_run_still_fails_only_its_record() -> None:
+    rb = _arrow([(0, i, i, i, pack_payload(i) if i != 3 else b"\x92\x01", 0) for i in range(1, 6)])
+    handler = FTHandler(1)
+    batch = decode_batch(rb, handler, None)
+    assert batch.values == [1, 2, 4, 5]
+    assert list(handler.xors.fails[0]) == [3]
 
 
 def test_ft_off_decode_refuses_a_bad_payload() -> None:
