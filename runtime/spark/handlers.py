@@ -54,6 +54,7 @@ from ftlayer.errors import FailRecord
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.records.id_arrays import child_ids, xor_by_group
 from runtime.spark.current_record import CURRENT
+from runtime.spark.output_encoding import OutputEncoder
 from runtime.spark.row_batch import CARRIER, Row, RowBatch
 from runtime.spark.xor_handler import DUPLICATE_FLUSH_ENV, DUPLICATE_FLUSH_PROPERTY, XorHandler, duplicate_flushes
 
@@ -146,7 +147,7 @@ class FTHandler:
         self.dropped: dict[int, int] = {}  # FT off only: records dropped by FailRecord, per source index
         self.layers: Callable[[], dict[int, FTLayer]] | None = None  # set by the stage: reset_timeout
 
-    def process_batch(self, batch: RowBatch, chain: Chain) -> RowBatch:
+    def process_batch(self, batch: RowBatch, chain: Chain, encoder: OutputEncoder | None = None) -> RowBatch:
         """Run ``chain`` on each input of ``batch``; the outputs with child ids and the deltas they carry.
 
         Per input row, the delta ``carried ^ input id ^ XOR(child ids)`` rides
@@ -156,6 +157,10 @@ class FTHandler:
         (its whole tree; the failure is flushed by the task) and yields
         nothing: its carried delta is dropped, as any later delta of a failed
         record is ignored.
+
+        With ``encoder``, the outputs leave as ``(payload, key_hash)``: encoded for the whole batch
+        at once, or, if any output cannot be encoded, record by record, failing each record one of
+        whose outputs cannot be (as an error in ``chain`` does).
         """
         outputs: list[Any] = []
         counts: list[int] = []
@@ -178,7 +183,35 @@ class FTHandler:
                 extend(out)
         finally:
             current.end()
+        if encoder is not None and outputs:
+            outputs = self._encode(batch, counts, outputs, encoder)
         return self.anchors.anchor(batch, counts, outputs)
+
+    def _encode(self, batch: RowBatch, counts: list[int], outputs: list[Any], encoder: OutputEncoder) -> list[Any]:
+        """``outputs`` encoded (see :meth:`process_batch`); a record with an output that cannot be is
+        failed, its ``counts`` entry set to failed and its outputs left out."""
+        try:
+            return encoder.many(outputs)
+        except Exception:  # some output cannot be encoded: find its record, one by one
+            pass
+        encoded: list[Any] = []
+        at = 0
+        current = CURRENT
+        current.begin(batch, True, self.layers)  # the key selector runs on its record, as in chain
+        try:
+            for i, c in enumerate(counts):
+                if c <= 0:
+                    continue
+                mine, at = outputs[at : at + c], at + c
+                current.index = i
+                try:
+                    encoded.extend([encoder.one(o) for o in mine])
+                except Exception as exc:  # a key selector or an output msgpack cannot carry
+                    self.fail(int(batch.src[i]), int(batch.sid[i]), exc)
+                    counts[i] = _FAILED
+        finally:
+            current.end()
+        return encoded
 
     def receive_batch(self, batch: RowBatch) -> RowBatch:
         """At the sink: apply the carrier rows' deltas now (they hold no record and stand
@@ -252,7 +285,7 @@ class NonFTHandler(FTHandler):
 
     ft_on = False
 
-    def process_batch(self, batch: RowBatch, chain: Chain) -> RowBatch:
+    def process_batch(self, batch: RowBatch, chain: Chain, encoder: OutputEncoder | None = None) -> RowBatch:
         outputs: list[Any] = []
         counts: list[int] = []
         count, extend = counts.append, outputs.extend
@@ -263,20 +296,50 @@ class NonFTHandler(FTHandler):
                 try:
                     out = chain(value)
                 except FailRecord:  # FT off: nothing can replay it; the record is dropped and counted
-                    self.failed += 1
-                    src = int(batch.src[i])
-                    self.dropped[src] = self.dropped.get(src, 0) + 1
+                    self._drop(batch, i)
                     count(0)
                     continue
                 count(len(out))
                 extend(out)
         finally:
             CURRENT.end()
+        if encoder is not None and outputs:
+            outputs = self._encode(batch, counts, outputs, encoder)
         if len(outputs) == len(batch) and (not counts or min(counts) == 1):
             return RowBatch(batch.src, batch.sid, batch.cid, batch.origin, outputs, np.zeros(len(batch), np.int64))
         out_rows = batch.take(np.repeat(np.arange(len(batch)), counts), outputs)
         out_rows.delta = np.zeros(len(outputs), np.int64)
         return out_rows
+
+    def _drop(self, batch: RowBatch, i: int) -> None:
+        self.failed += 1
+        src = int(batch.src[i])
+        self.dropped[src] = self.dropped.get(src, 0) + 1
+
+    def _encode(self, batch: RowBatch, counts: list[int], outputs: list[Any], encoder: OutputEncoder) -> list[Any]:
+        """FT off: a ``FailRecord`` from a key selector drops its record (counted), any other error
+        of an output raises (Spark's rules), as when the encoding ran inside the chain."""
+        try:
+            return encoder.many(outputs)
+        except Exception:  # find the output, one by one: the same error, or a drop
+            pass
+        encoded: list[Any] = []
+        at = 0
+        CURRENT.begin(batch, False, None)
+        CURRENT.index = 0
+        try:
+            for i, c in enumerate(counts):
+                if c <= 0:
+                    continue
+                mine, at = outputs[at : at + c], at + c
+                try:
+                    encoded.extend([encoder.one(o) for o in mine])
+                except FailRecord:
+                    self._drop(batch, i)
+                    counts[i] = 0
+        finally:
+            CURRENT.end()
+        return encoded
 
     def receive_batch(self, batch: RowBatch) -> RowBatch:
         return batch

@@ -39,9 +39,10 @@ from typing import Any
 from ftlayer.acker.flush_tokens import FlushToken
 from ftlayer.config import FTConfig
 from ftlayer.facade.ft_layer import FTLayer
-from ftlayer.records.keyhash import NO_KEY_HASH, key_hash
+from ftlayer.records.keyhash import NO_KEY_HASH
 from runtime.graph import Op
 from runtime.spark.handlers import FTHandler, handler_for
+from runtime.spark.output_encoding import OutputEncoder
 from runtime.spark.row_batch import CARRIER, Fanout, decode_batch, encoded_to_arrow
 from runtime.spark.row_contract import STAGE_ROW
 from runtime.spark.task_tokens import task_token
@@ -70,19 +71,6 @@ def make_chain(ops: Sequence[Op]) -> Callable[[Any], list[Any]]:
         return values
 
     return run
-
-
-def encoding_chain(chain: Callable[[Any], list[Any]], key: Callable[[Any], Any] | None) -> Callable[[Any], list[Any]]:
-    """``chain`` followed by what each output needs to leave the stage: its msgpack payload and,
-    before a keyed edge, its key hash: ``(payload, key_hash)`` per output.
-
-    Running these inside the chain puts them inside the handler's per-record
-    try, so a key selector that raises or an output msgpack cannot carry fails
-    that record (replayed, then dead-lettered), not the task.
-    """
-    if key is None:
-        return lambda value: [(pack_payload(out), NO_KEY_HASH) for out in chain(value)]
-    return lambda value: [(pack_payload(out), key_hash(key(out))) for out in chain(value)]
 
 
 @dataclass(frozen=True)
@@ -130,10 +118,10 @@ class Stage:
         freeze_worker_heap(env.config.freeze_worker_heap)
         handler = handler_for(env.config.ft_on, self.stage_id)
         handler.layers = functools.cache(env.layers)  # ftlayer.reset_timeout() in the operators
-        chain = encoding_chain(make_chain(self.ops), self.key)
+        chain, encoder = make_chain(self.ops), OutputEncoder(self.key)
         n = env.num_channels
         for rb in batches:
-            yield encoded_to_arrow(handler.process_batch(decode_batch(rb, handler, self.fanout), chain), n)
+            yield encoded_to_arrow(handler.process_batch(decode_batch(rb, handler, self.fanout), chain, encoder), n)
         env.report(handler)
         if not handler.xors.empty():  # explicit fails only: deltas went downstream
             handler.flush(env.layers(), env.token(f"st{self.stage_id}"))
