@@ -250,6 +250,8 @@ def test_username_and_password_refused_then_accepted(
     assert rc == 2, out
     assert "ftlayer: error:" in out and "Not authorized" in out and "Traceback" not in out
     assert "wrong" not in out  # the password is never printed
+    # one line: the refusal is the error, not also a log line before it
+    assert len(out.strip().splitlines()) == 1 and out.startswith("ftlayer: error: MQTT "), out
     # the password from the environment, off the command line
     proc = IngestProcess("clicks", "events", "--topic", "sensors/#", "--client-id", "ingest-pw",
                          redis_url=redis_server_url, namespace=namespace,
@@ -277,6 +279,8 @@ def test_username_and_password_refused_then_accepted(
     (["--mqtt", "mqtt://127.0.0.1:1", "--topic", "a", "--qos", "0"], "invalid value '0': expected one of 1, 2"),
     (["--mqtt", "mqtt://127.0.0.1:1", "--topic", "a", "f.jsonl"], "exactly one of them"),
     (["f.jsonl", "--topic", "a"], "--topic is an MQTT option: it needs --mqtt"),
+    (["--mqtt", "mqtt://127.0.0.1:1", "--topic", "a", "--tls-cert", "c.pem"], "give both a client certificate"),
+    (["--mqtt", "mqtts://127.0.0.1:1", "--topic", "a", "--tls-ca", "/no/such/ca.pem"], "TLS files do not load"),
 ])
 def test_bad_mqtt_arguments_end_in_one_error_line(args: list[str], says: str, redis_server_url: str,
                                                   namespace: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -290,3 +294,19 @@ def test_bad_mqtt_arguments_end_in_one_error_line(args: list[str], says: str, re
     assert rc == 2, out
     assert says in out.err and out.err.count("error:") == 1, out.err
     assert "pw@" not in out.out + out.err
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--tls-cert", "c.pem"], "give both a client certificate and its key"),
+    (["--tls-key", "k.pem"], "give both a client certificate and its key"),
+    (["--tls-ca", "/no/such/ca.pem"], "TLS files do not load (CA '/no/such/ca.pem'"),
+])
+def test_bad_tls_options_are_refused_before_redis_is_touched(
+        args: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/sources.md: "a bad URL, filter or option is refused before Redis is touched": with no Redis
+    listening, the error is the option's, not the unreachable server's."""
+    rc = main(["ingest", "clicks", "events", "--mqtt", "mqtts://127.0.0.1:1", "--topic", "a", *args,
+               "--redis-url", "redis://127.0.0.1:1/0"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert says in err and err.count("error:") == 1 and "Redis" not in err, err
