@@ -66,9 +66,11 @@ class BodyError(WebhookError, ValueError):
         self.status = status
 
 
-def sign(secret: bytes, body: bytes) -> str:
-    """The ``X-Hub-Signature-256`` value of ``body``: ``sha256=`` and the hex HMAC-SHA256 keyed with ``secret``."""
-    return SIGNATURE_PREFIX + hmac.new(secret, body, hashlib.sha256).hexdigest()
+def sign(secret: str | bytes, body: bytes) -> str:
+    """The ``X-Hub-Signature-256`` value of ``body``: ``sha256=`` and the hex HMAC-SHA256 keyed with ``secret``
+    (a str is taken as its UTF-8 bytes, as ``WebhookSource(hmac_secret=...)`` and ``--webhook-hmac-secret`` take it)."""
+    key = secret.encode() if isinstance(secret, str) else secret
+    return SIGNATURE_PREFIX + hmac.new(key, body, hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,8 @@ def test_the_signature_is_githubs() -> None:
     """The example of GitHub's webhook docs ("Validating webhook deliveries"): same secret, same body, same value."""
     got = sign(b"It's a Secret to Everybody", b"Hello, World!")
     assert got == "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"
+    # the secret as the receiver is given it (hmac_secret="...", --webhook-hmac-secret): a str, its UTF-8 bytes
+    assert sign("It's a Secret to Everybody", b"Hello, World!") == got
 
 
 def persisted_ids_or_list(layer: FTLayer) -> list[int]:
