@@ -43,7 +43,7 @@ from ftlayer.servers.state_dir import state_root
 from runtime.cli.common import CLIError, connection_options, load_config
 from runtime.cli.env import add_env_options
 from runtime.cli.ingest_mqtt import check_no_mqtt_options, mqtt_source, run_mqtt, topic_key
-from runtime.cli.ingest_webhook import check_no_webhook_options, run_webhook
+from runtime.cli.ingest_webhook import check_no_webhook_options, check_webhook_options, run_webhook
 from runtime.driver.file_source import LinesSource
 from runtime.driver.ingest import Ingestor
 
@@ -119,13 +119,15 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         check_no_mqtt_options(args)
     if not args.webhook:
         check_no_webhook_options(args)
+    # likewise the webhook's address and TLS files
+    webhook = check_webhook_options(args) if args.webhook else None
     worker = parse_worker(args.worker)
     channels = args.num_channels or config.num_channels
     layer = FTLayer(config, args.topology, args.source, num_channels=channels).open()
     shards = layer.write_shards(*worker) if worker[1] > 1 else list(range(layer.num_shards))
     key = _key_selector(args.key)
     if args.webhook:
-        return run_webhook(args, layer, key, run=_run)
+        return run_webhook(args, layer, key, run=_run, checked=webhook)
     if mqtt is not None:
         return run_mqtt(mqtt, layer, key if not args.key_topic else topic_key(mqtt), run=_run)
     offsets = _offsets_dir(args, config)

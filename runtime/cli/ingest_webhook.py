@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import ssl
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -60,15 +61,26 @@ def parse_listen(text: str) -> tuple[str, int]:
     return (host.strip("[]") if sep and host else "127.0.0.1"), number
 
 
-def webhook_source(args: argparse.Namespace, ready_check: Callable[[], object] | None = None) -> Any:
-    """The :class:`~runtime.driver.webhook.WebhookSource` the options describe, listening; CLIError if not."""
-    from runtime.driver.webhook import WebhookSource, tls_context
+def check_webhook_options(args: argparse.Namespace) -> tuple[str, int, ssl.SSLContext | None]:
+    """``(host, port, TLS context or None)`` of the ``--webhook`` options; CLIError (or WebhookError for
+    TLS files that do not load) if they are bad. Called before Redis is touched (see the module notes)."""
+    from runtime.driver.webhook import tls_context
 
     host, port = parse_listen(args.webhook)
     if args.webhook_tls_key and not args.webhook_tls_cert:
         msg = "--webhook-tls-key needs --webhook-tls-cert (the certificate it belongs to)"
         raise CLIError(msg)
     tls = tls_context(args.webhook_tls_cert, args.webhook_tls_key) if args.webhook_tls_cert else None
+    return host, port, tls
+
+
+def webhook_source(args: argparse.Namespace, ready_check: Callable[[], object] | None = None,
+                   checked: tuple[str, int, ssl.SSLContext | None] | None = None) -> Any:
+    """The :class:`~runtime.driver.webhook.WebhookSource` the options describe (``checked``: what
+    :func:`check_webhook_options` returned for them), listening; CLIError if not."""
+    from runtime.driver.webhook import WebhookSource
+
+    host, port, tls = checked if checked is not None else check_webhook_options(args)
     try:
         return WebhookSource(host, port, token=args.webhook_token, hmac_secret=args.webhook_hmac_secret, tls=tls,
                              max_body_bytes=args.max_body_bytes, reply_timeout_s=args.webhook_reply_timeout_s,
@@ -78,9 +90,10 @@ def webhook_source(args: argparse.Namespace, ready_check: Callable[[], object] |
         raise CLIError(msg) from exc
 
 
-def run_webhook(args: argparse.Namespace, layer: FTLayer, key: Any, *, run: Callable[..., int]) -> int:
+def run_webhook(args: argparse.Namespace, layer: FTLayer, key: Any, *, run: Callable[..., int],
+                checked: tuple[str, int, ssl.SSLContext | None] | None = None) -> int:
     """Listen, then ingest until SIGINT/SIGTERM; ``run`` is ``ftlayer ingest``'s loop with progress lines."""
-    hooks = webhook_source(args, ready_check=layer.client.ping)
+    hooks = webhook_source(args, ready_check=layer.client.ping, checked=checked)
     guard = " (Bearer token required)" if args.webhook_token else ""
     guard += " (HMAC signature required)" if args.webhook_hmac_secret else ""
     print(f"ftlayer ingest: {layer.keys.prefix} listening on {hooks.url} (POST one JSON record, POST "

@@ -91,6 +91,21 @@ def test_bad_webhook_options_end_in_one_error_line(
     assert says in out.err and out.err.count("error:") == 1, out.err
 
 
+@pytest.mark.parametrize(("args", "says"), [
+    (["--webhook", "abc"], "--webhook 'abc': expected [HOST:]PORT"),
+    (["--webhook", "0", "--webhook-tls-key", "k.pem"], "--webhook-tls-key needs --webhook-tls-cert"),
+    (["--webhook", "0", "--webhook-tls-cert", "/nonexistent.pem"], "cannot load the TLS certificate"),
+])
+def test_bad_webhook_options_are_refused_before_redis_is_touched(
+        args: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """runtime/cli/ingest_webhook.py: options are checked before Redis is touched; with no Redis listening
+    the error is the option's, not the unreachable server's."""
+    rc = main(["ingest", "clicks", "events", *args, "--redis-url", "redis://127.0.0.1:1/0"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert says in err and err.count("error:") == 1 and "Redis" not in err, err
+
+
 def test_help_names_every_webhook_variable(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["ingest", "--help"])
