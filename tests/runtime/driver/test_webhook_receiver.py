@@ -114,6 +114,8 @@ def test_unknown_path_wrong_method_and_health(ft_config: FTConfig) -> None:
         health = http.call("GET", "/healthz")
         ready = http.call("GET", "/readyz")
         taken = http.post("/in/", {"i": 1})
+        as_given = http.post("/in", {"i": 2})  # the path as given to path=, without the "/" the url adds
+        batch = http.post("/in/batch", [{"i": 3}, {"i": 4}])
         http.close()
     assert (missing.status, "no route /elsewhere" in missing.error) == (404, True)
     assert (wrong.status, wrong.headers.get("allow")) == (405, "POST")
@@ -121,6 +123,8 @@ def test_unknown_path_wrong_method_and_health(ft_config: FTConfig) -> None:
     assert health.status == 200 and health.doc["ok"] is True
     assert (ready.status, ready.doc) == (200, {"ready": True})
     assert taken.status == 200
+    assert (as_given.status, as_given.doc) == (200, {"accepted": 1})
+    assert (batch.status, batch.doc) == (200, {"accepted": 2})
 
 
 def test_readyz_before_ingest_polls_and_while_ending(ft_config: FTConfig) -> None:
