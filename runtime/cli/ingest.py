@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -144,14 +145,23 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     return _run(ingestor, source_label="files", resumed=source.skipped_offsets)
 
 
-def _run(ingestor: Ingestor, *, source_label: str, resumed: dict[str, int]) -> int:
-    """Run ``ingestor`` to its end with a progress line every few seconds; the exit status."""
+def _run(ingestor: Ingestor, *, source_label: str, resumed: dict[str, int],
+         ending: threading.Event | None = None) -> int:
+    """Run ``ingestor`` to its end with a progress line every few seconds; the exit status.
+
+    ``ending`` (a push source: set by SIGINT/SIGTERM, which also ended the source): once it is set,
+    ingest waiting (backpressure, or Redis unreachable) is told to stop, so the process ends instead
+    of waiting for room or for Redis for ever: the batch in hand is persisted if Redis answers (past
+    ``max_pending``), else abandoned after the stop grace (exit 1); what the source still queues is
+    never confirmed upstream (a webhook client gets 503, the broker keeps an MQTT message)."""
     started = time.monotonic()
     ingestor.start()
     try:
         next_line = started + PROGRESS_EVERY_S
         while not ingestor.done:
             time.sleep(0.1)
+            if ending is not None and ending.is_set() and ingestor.paused is not None:
+                ingestor.request_stop()  # idempotent
             if time.monotonic() >= next_line:
                 next_line += PROGRESS_EVERY_S
                 _progress(ingestor, started)

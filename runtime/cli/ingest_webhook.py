@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import signal
 import ssl
+import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -100,13 +101,16 @@ def run_webhook(args: argparse.Namespace, layer: FTLayer, key: Any, *, run: Call
           f"{hooks.url}batch a JSON array, either as application/x-ndjson lines){guard}; Ctrl-C or SIGTERM "
           "ends it", flush=True)
 
+    ending = threading.Event()
+
     def on_signal(signum: int, _frame: FrameType | None) -> None:
+        ending.set()  # ingest waiting (backpressure, Redis down) is then stopped too: ftlayer ingest's _run
         hooks.end()  # take no more; the source ends once what it took is persisted
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
     try:
-        return run(Ingestor(layer, hooks, key=key), source_label="webhook", resumed={})
+        return run(Ingestor(layer, hooks, key=key), ending=ending, source_label="webhook", resumed={})
     finally:
         hooks.close()
         answers = ", ".join(f"{status}: {n}" for status, n in sorted(hooks.answers.items()))

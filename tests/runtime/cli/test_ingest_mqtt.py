@@ -242,6 +242,36 @@ def test_the_key_from_a_payload_field_or_from_the_topic(
 
 
 @pytest.mark.slow
+def test_sigterm_while_ingest_waits_for_room_exits_0_and_the_broker_keeps_the_rest(
+        mosquitto: Broker, redis_server_url: str, namespace: str) -> None:
+    """SIGTERM "stops taking messages, persists and acknowledges what was taken, and exits 0", also while
+    ingest waits for room (max_pending records pending: no query reads the source); what it never
+    acknowledged is the broker's, and the next process with the same client id persists it."""
+    broker = mosquitto()
+    layer = _layer(redis_server_url, namespace)
+    proc = IngestProcess("clicks", "events", "--mqtt", broker.url, "--topic", "sensors/#", "--client-id", "ingest-1",
+                         "--max-inflight", "10", redis_url=redis_server_url, namespace=namespace,
+                         env={"FTLAYER_MAX_PENDING": "5"})
+    proc.wait_for("subscribed to")
+    publisher = Publisher(broker.url, _records(60)).start()
+    try:
+        assert publisher.join(30)
+        proc.wait_for("paused: backpressure", 30)
+        started = time.monotonic()
+        rc, out = proc.stop(timeout_s=30)
+        took = time.monotonic() - started
+        assert rc == 0 and took < 15, (rc, took, out)
+        again = _ingest(broker.url, redis_url=redis_server_url, namespace=namespace)  # no max_pending now
+        _all_persisted(layer, publisher, 30)
+        assert again.stop()[0] == 0
+    finally:
+        publisher.stop()
+    lost, dups = loss_and_duplicates(publisher.confirmed, persisted_ids(layer))
+    print(f"SIGTERM while waiting for room: lost {len(lost)}, duplicates {dups}")
+    assert lost == [], lost
+
+
+@pytest.mark.slow
 def test_username_and_password_refused_then_accepted(
         mosquitto: Broker, redis_server_url: str, namespace: str) -> None:
     broker = mosquitto(users={"ingest": "s3cret"})

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import re
 import ssl
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ftlayer.config import FTConfig
 from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.servers.embedded import EmbeddedServer
 from runtime.cli.main import main
 from runtime.driver.webhook_body import SIGNATURE_HEADER, sign
 from tests.runtime.mqtt_support import CHANNELS, IngestProcess, persisted_ids, self_signed
-from tests.runtime.webhook_support import Http, ndjson
+from tests.runtime.webhook_support import Answer, Http, ndjson
+from tests.waiting import wait_until
 
 
 def _url(proc: IngestProcess) -> str:
@@ -67,6 +72,68 @@ def test_tls_options(redis_server_url: str, namespace: str, tmp_path: Path) -> N
     finally:
         rc, out = proc.stop()
     assert rc == 0, out
+
+
+def _post_in_thread(url: str, value: Any) -> tuple[threading.Thread, list[Answer]]:
+    answers: list[Answer] = []
+
+    def post() -> None:
+        http = Http(url, timeout_s=60)
+        answers.append(http.post("batch", value))
+        http.close()
+
+    thread = threading.Thread(target=post, daemon=True)
+    thread.start()
+    return thread, answers
+
+
+@pytest.mark.slow
+def test_sigterm_while_ingest_waits_for_room_persists_what_it_holds_and_exits_0(
+        redis_server_url: str, namespace: str) -> None:
+    """docs/operations.md: SIGTERM "stops taking requests, persists what was taken, and exits 0", also
+    while ingest waits for room (max_pending records pending: no query reads the source)."""
+    proc = IngestProcess("clicks", "events", "--webhook", "127.0.0.1:0", redis_url=redis_server_url,
+                         namespace=namespace, env={"FTLAYER_MAX_PENDING": "3"})
+    try:
+        url = _url(proc)
+        http = Http(url)
+        assert http.post("batch", [{"i": i} for i in range(5)]).status == 200  # now 5 pending >= 3
+        held, answers = _post_in_thread(url, [{"i": 5}, {"i": 6}])  # taken, then ingest waits for room
+        wait_until(lambda: "backpressure" in str(http.call("GET", "/readyz").doc), 30, "ingest to wait for room")
+        http.close()
+        started = time.monotonic()
+        rc, out = proc.stop(timeout_s=30)
+        took = time.monotonic() - started
+    finally:
+        proc.stop()
+    assert rc == 0 and took < 15, (rc, took, out)
+    held.join(10)
+    assert [(a.status, a.doc) for a in answers] == [(200, {"accepted": 2})]
+    assert sorted(persisted_ids(_layer(redis_server_url, namespace))) == list(range(7))
+
+
+@pytest.mark.slow
+def test_sigterm_while_redis_is_down_ends_with_exit_1_and_a_503(namespace: str, tmp_path: Path) -> None:
+    """docs/operations.md: exit status 1 "if records read were not persisted (stopped while Redis was
+    unreachable)"; the request whose records were not persisted is answered 503 (the client retries)."""
+    server = EmbeddedServer(data_dir=tmp_path / "redis").start()
+    proc = IngestProcess("clicks", "events", "--webhook", "127.0.0.1:0", redis_url=server.url, namespace=namespace)
+    try:
+        url = _url(proc)
+        wait_until(lambda: Http(url).call("GET", "/readyz").status == 200, 30, "the receiver to be ready")
+        server.stop()
+        held, answers = _post_in_thread(url, [{"i": 1}])
+        wait_until(lambda: Http(url).call("GET", "/healthz").doc["paused"], 30, "ingest to pause for the outage")
+        started = time.monotonic()
+        rc, out = proc.stop(timeout_s=40)
+        took = time.monotonic() - started
+    finally:
+        proc.stop()
+        server.stop()
+    assert rc == 1 and took < 25, (rc, took, out)
+    assert "were not persisted" in out, out
+    held.join(10)
+    assert [a.status for a in answers] == [503]
 
 
 @pytest.mark.parametrize(("args", "env", "says"), [
