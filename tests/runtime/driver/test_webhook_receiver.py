@@ -315,6 +315,28 @@ def test_hmac_signature_over_the_raw_body_refused_then_accepted(ft_config: FTCon
     assert sorted(persisted_ids(layer)) == [0, 1, 2, 10, 11, 12]
 
 
+def test_a_github_delivery_posts_here_as_it_is_in_either_content_type(ft_config: FTConfig) -> None:
+    """docs/sources.md: "a GitHub webhook posts here as it is (its event is one record)": GitHub sends the
+    event as a JSON body (content type application/json) or, its default, as a form field
+    ``payload=<url-encoded JSON>`` (application/x-www-form-urlencoded); either signed over the raw body."""
+    from urllib.parse import urlencode
+
+    layer = _layer(ft_config, "github")
+    secret = "It's a Secret to Everybody"
+    events = [{"i": 1, "action": "opened", "text": "a & b = c?"}, {"i": 2, "action": "closed"}]
+    bodies = [(json.dumps(events[0]).encode(), "application/json"),
+              (urlencode({"payload": json.dumps(events[1])}).encode(), "application/x-www-form-urlencoded")]
+    with receiving(layer, hmac_secret=secret) as (hooks, _ing):
+        http = Http(hooks.url)
+        answers = [http.call("POST", "", body, {"Content-Type": kind, "X-GitHub-Event": "issues",
+                                                 SIGNATURE_HEADER: sign(secret, body)}) for body, kind in bodies]
+        http.close()
+    assert [(a.status, a.doc) for a in answers] == [(200, {"accepted": 1}), (200, {"accepted": 1})]
+    from tests.runtime.mqtt_support import persisted
+
+    assert sorted((v for v, _h in persisted(layer)), key=lambda v: v["i"]) == events
+
+
 @pytest.mark.slow
 def test_tls(ft_config: FTConfig, tmp_path: Path) -> None:
     cert, key = self_signed(tmp_path)
