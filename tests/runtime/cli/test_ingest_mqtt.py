@@ -271,6 +271,24 @@ def test_sigterm_while_ingest_waits_for_room_exits_0_and_the_broker_keeps_the_re
     assert lost == [], lost
 
 
+def test_a_subscription_refused_on_a_reconnect_ends_in_an_error_line_not_a_traceback(
+        mosquitto: Broker, redis_server_url: str, namespace: str) -> None:
+    """README: errors are one line (exit 2), never a traceback. The broker restarts granting QoS 0 only
+    (``max_qos 0``): the re-subscription is refused, ingest stops with the reason, exit 2."""
+    broker = mosquitto()
+    proc = _ingest(broker.url, redis_url=redis_server_url, namespace=namespace)
+    proc.wait_for("subscribed to")
+    broker.kill9()
+    plain = broker._config
+    broker._config = lambda: plain() + "max_qos 0\n"  # type: ignore[method-assign]
+    broker.restart()
+    rc, out = proc.run(60)
+    assert rc == 2, out
+    assert "Traceback" not in out, out
+    assert out.splitlines()[-1].startswith("ftlayer: error: ingest stopped: MqttConnectError: "), out
+    assert "only QoS 0" in out.splitlines()[-1], out
+
+
 @pytest.mark.slow
 def test_username_and_password_refused_then_accepted(
         mosquitto: Broker, redis_server_url: str, namespace: str) -> None:
