@@ -68,6 +68,11 @@ def check_webhook_options(args: argparse.Namespace) -> tuple[str, int, ssl.SSLCo
     from runtime.driver.webhook import tls_context
 
     host, port = parse_listen(args.webhook)
+    for dest in ("webhook_token", "webhook_hmac_secret"):
+        if getattr(args, dest) == "":  # an empty variable (a secret never filled in) must not open the door
+            opt = _option(dest)
+            msg = f"{opt.flag} is empty: give the credential, or unset {opt.env} for none"
+            raise CLIError(msg)
     if args.webhook_tls_key and not args.webhook_tls_cert:
         msg = "--webhook-tls-key needs --webhook-tls-cert (the certificate it belongs to)"
         raise CLIError(msg)

@@ -158,6 +158,25 @@ def test_bad_webhook_options_end_in_one_error_line(
     assert says in out.err and out.err.count("error:") == 1, out.err
 
 
+@pytest.mark.parametrize(("args", "env", "says"), [
+    ([], {"FTLAYER_INGEST_WEBHOOK_TOKEN": ""}, "--webhook-token is empty: give the credential, or unset "
+                                               "FTLAYER_INGEST_WEBHOOK_TOKEN for none"),
+    (["--webhook-hmac-secret", ""], {}, "--webhook-hmac-secret is empty: give the credential, or unset "
+                                        "FTLAYER_INGEST_WEBHOOK_HMAC_SECRET for none"),
+])
+def test_an_empty_credential_is_refused_not_read_as_none(
+        args: list[str], env: dict[str, str], says: str, redis_server_url: str, namespace: str) -> None:
+    """An empty variable (a secret never filled in) must not start a receiver that takes every request:
+    one error line, exit 2 (in a child process: a receiver that starts would run until its timeout)."""
+    proc = IngestProcess("clicks", "events", "--webhook", "127.0.0.1:0", *args, redis_url=redis_server_url,
+                         namespace=namespace, env=env)
+    try:
+        rc, out = proc.run(30)
+    finally:
+        proc.stop()
+    assert rc == 2 and out.strip().splitlines() == [f"ftlayer: error: {says}"], out
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (["--webhook", "abc"], "--webhook 'abc': expected [HOST:]PORT"),
     (["--webhook", "0", "--webhook-tls-key", "k.pem"], "--webhook-tls-key needs --webhook-tls-cert"),
