@@ -122,6 +122,10 @@ class Publisher:
         """Publish the records beyond ``hold_at`` too."""
         self._released.set()
 
+    def hold_at(self, hold_at: int) -> None:
+        """Move the hold (before :meth:`release`): publish the records up to ``hold_at``, then hold again."""
+        self._hold_at = hold_at
+
     @property
     def done(self) -> bool:
         """Every record was published and acknowledged."""

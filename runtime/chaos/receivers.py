@@ -8,18 +8,21 @@ the producer's confirmed ones: what the broker acknowledged to the publisher (PU
 batches the webhook answered 2xx. Every one must reach the sink (lost 0); duplicates (a message
 or a batch persisted whose confirmation died with the process) are counted, not failed.
 
-- ``mqtt-ingest-kill``: a QoS 1 publisher runs; once a third is persisted, Redis is frozen for 0.3 s
-  (so ingest holds messages it received and could not persist) and the ingest process is SIGKILLed,
-  then started again with the same ``--client-id``: the broker resends what was never acknowledged.
+- ``mqtt-ingest-kill``: a QoS 1 publisher publishes a third and holds; once that third is persisted,
+  Redis is frozen, the publisher sends the next third (ingest receives it and cannot persist it:
+  messages in hand at the kill, whatever the number of records) and, 0.3 s after the broker
+  acknowledged it, the ingest process is SIGKILLed, then started again with the same
+  ``--client-id``: the broker resends what was never acknowledged.
 - ``mqtt-broker-kill``: Redis frozen while ingest holds unpersisted messages, Mosquitto SIGKILLed
   and restarted on its data directory; ingest persists what it holds once Redis answers, withholds
   the acknowledgements owed on the dead connection, and reconnects. The publisher pauses 0.5 s
   before the kill: Mosquitto acknowledges a message before its own save, a loss of the broker's
   that no subscriber can prevent (docs/sources.md).
 - ``webhook-keepalive``: ``connections`` clients post batches of ``batch`` records (JSON arrays and
-  NDJSON) on keep-alive connections; Redis is frozen for 0.3 s, so every connection has a request
-  in flight, and the ingest process is SIGKILLed, then started again on the same port. The clients
-  retry every connection error and 503 until their batches are confirmed.
+  NDJSON; smaller batches for a small ``records``) on keep-alive connections; once the first third
+  is confirmed, Redis is frozen and the clients take the next third, so every connection has a
+  request in flight; 0.3 s later the ingest process is SIGKILLed, then started again on the same
+  port. The clients retry every connection error and 503 until their batches are confirmed.
 """
 
 from __future__ import annotations
@@ -132,12 +135,15 @@ def mqtt_ingest_kill(ctx: ScenarioContext, records: int, qos: int = 1) -> Report
     with _stage(ctx) as (server, consumer), EmbeddedMosquitto(ctx.workdir / "mosquitto") as broker:
         layer = ctx.layer(ctx.config.replace(num_channels=2))
         first = _mqtt_ingest(ctx, broker.url, qos)
+        third, two_thirds = records // 3, 2 * records // 3
         publisher = Publisher(broker.url, [default_value(i) for i in range(records)], qos=qos,
-                              hold_at=2 * records // 3, client_id="ftlayer-chaos-publisher").start()
+                              hold_at=third, client_id="ftlayer-chaos-publisher").start()
         try:
-            _wait(lambda: layer.stats()["persisted"] >= records // 3, 120, "a third of the records persisted")
-            with _frozen(server):
-                time.sleep(0.3)  # ingest receives and cannot persist: messages in hand at the kill
+            _wait(lambda: layer.stats()["persisted"] >= third, 120, "a third of the records persisted")
+            with _frozen(server):  # the next third goes out now: ingest receives it and cannot persist it
+                publisher.hold_at(two_thirds)
+                _wait(lambda: len(publisher.confirmed) >= two_thirds, 120, "two thirds published")
+                time.sleep(0.3)  # the broker hands them on: messages in hand at the kill, at any --records
                 in_flight = _unacked(broker, qos)
                 first.kill9()
             at_kill = len(publisher.confirmed)
@@ -199,14 +205,18 @@ def webhook_keepalive(ctx: ScenarioContext, records: int, connections: int = 4, 
     """SIGKILL ``ftlayer ingest --webhook`` under keep-alive batched clients; restart it on the same port."""
     from runtime.chaos.webhook_client import BatchClient
 
+    # smaller batches for a small --records: each third still takes several requests per connection
+    batch = max(1, min(batch, records // (16 * connections)))
+    third, two_thirds = records // 3, 2 * records // 3
     with _stage(ctx) as (server, consumer):
         port = free_port()
         first = _webhook_ingest(ctx, port)
         client = BatchClient(f"http://127.0.0.1:{port}/", [default_value(i) for i in range(records)],
-                             connections=connections, batch=batch, hold_at=2 * records // 3).start()
+                             connections=connections, batch=batch, hold_at=third).start()
         try:
-            _wait(lambda: len(client.confirmed) >= records // 3, 120, "a third of the records confirmed")
-            with _frozen(server):
+            _wait(lambda: len(client.confirmed) >= third, 120, "a third of the records confirmed")
+            with _frozen(server):  # the next third goes out now: ingest takes it and cannot persist it
+                client.hold_at(two_thirds)
                 _wait(lambda: client.in_flight == connections, 10, "a request in flight on every connection")
                 time.sleep(0.3)  # ingest took the requests and cannot persist them
                 in_flight = client.in_flight

@@ -191,6 +191,11 @@ class BatchClient:
     def release(self) -> None:
         self._released.set()
 
+    def hold_at(self, hold_at: int) -> None:
+        """Move the hold (before :meth:`release`): take the records up to ``hold_at``, then hold again."""
+        with self._lock:
+            self._hold_at = hold_at
+
     def _take(self) -> tuple[int, list[Any]] | None:
         while not self._stop.is_set():
             with self._lock:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ from ftlayer.servers.state_dir import state_root
 from runtime.cli.common import CLIError, connection_options, embedded_url_hint, load_config
 from runtime.cli.env import add_env_options
 from runtime.cli.ingest_mqtt import check_no_mqtt_options, mqtt_source, run_mqtt, topic_key
-from runtime.cli.ingest_webhook import check_no_webhook_options, run_webhook
+from runtime.cli.ingest_webhook import check_no_webhook_options, check_webhook_options, run_webhook
 from runtime.driver.file_source import STDIN, LinesSource
 from runtime.driver.ingest import Ingestor
 
@@ -134,6 +135,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         check_no_mqtt_options(args)
     if not args.webhook:
         check_no_webhook_options(args)
+    # likewise the webhook's address and TLS files
+    webhook = check_webhook_options(args) if args.webhook else None
     worker = parse_worker(args.worker)
     check_files(args.files)
     if args.files and args.key and args.format == "text":
@@ -145,7 +148,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     shards = layer.write_shards(*worker) if worker[1] > 1 else list(range(layer.num_shards))
     key = _key_selector(args.key)
     if args.webhook:
-        return run_webhook(args, layer, key, run=_run)
+        return run_webhook(args, layer, key, run=_run, checked=webhook)
     if mqtt is not None:
         return run_mqtt(mqtt, layer, key if not args.key_topic else topic_key(mqtt), run=_run)
     offsets = _offsets_dir(args, config)
@@ -162,14 +165,23 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     return _run(ingestor, source_label="files", resumed=source.skipped_offsets)
 
 
-def _run(ingestor: Ingestor, *, source_label: str, resumed: dict[str, int]) -> int:
-    """Run ``ingestor`` to its end with a progress line every few seconds; the exit status."""
+def _run(ingestor: Ingestor, *, source_label: str, resumed: dict[str, int],
+         ending: threading.Event | None = None) -> int:
+    """Run ``ingestor`` to its end with a progress line every few seconds; the exit status.
+
+    ``ending`` (a push source: set by SIGINT/SIGTERM, which also ended the source): once it is set,
+    ingest waiting (backpressure, or Redis unreachable) is told to stop, so the process ends instead
+    of waiting for room or for Redis for ever: the batch in hand is persisted if Redis answers (past
+    ``max_pending``), else abandoned after the stop grace (exit 1); what the source still queues is
+    never confirmed upstream (a webhook client gets 503, the broker keeps an MQTT message)."""
     started = time.monotonic()
     ingestor.start()
     try:
         next_line = started + PROGRESS_EVERY_S
         while not ingestor.done:
             time.sleep(0.1)
+            if ending is not None and ending.is_set() and ingestor.paused is not None:
+                ingestor.request_stop()  # idempotent
             if time.monotonic() >= next_line:
                 next_line += PROGRESS_EVERY_S
                 _progress(ingestor, started)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -98,13 +99,16 @@ def run_mqtt(source: MqttSource, layer: FTLayer, key: Any, *, run: Callable[...,
           f"{source.client_id!r} at QoS {source.qos} (session present: {source.session_present}); Ctrl-C or "
           "SIGTERM ends it", flush=True)
 
+    ending = threading.Event()
+
     def on_signal(signum: int, _frame: FrameType | None) -> None:
+        ending.set()  # ingest waiting (backpressure, Redis down) is then stopped too: ftlayer ingest's _run
         source.end()  # take no more; the source ends once what it took is persisted and acknowledged
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
     try:
-        return run(Ingestor(layer, source, key=key), source_label="mqtt", resumed={})
+        return run(Ingestor(layer, source, key=key), ending=ending, source_label="mqtt", resumed={})
     finally:
         st = source.stats()
         print(f"ftlayer ingest: mqtt: received {st['received']}, acknowledged {st['acked']}, left to the broker "

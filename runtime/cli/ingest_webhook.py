@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import signal
+import ssl
+import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -60,15 +62,31 @@ def parse_listen(text: str) -> tuple[str, int]:
     return (host.strip("[]") if sep and host else "127.0.0.1"), number
 
 
-def webhook_source(args: argparse.Namespace, ready_check: Callable[[], object] | None = None) -> Any:
-    """The :class:`~runtime.driver.webhook.WebhookSource` the options describe, listening; CLIError if not."""
-    from runtime.driver.webhook import WebhookSource, tls_context
+def check_webhook_options(args: argparse.Namespace) -> tuple[str, int, ssl.SSLContext | None]:
+    """``(host, port, TLS context or None)`` of the ``--webhook`` options; CLIError (or WebhookError for
+    TLS files that do not load) if they are bad. Called before Redis is touched (see the module notes)."""
+    from runtime.driver.webhook import tls_context
 
     host, port = parse_listen(args.webhook)
+    for dest in ("webhook_token", "webhook_hmac_secret"):
+        if getattr(args, dest) == "":  # an empty variable (a secret never filled in) must not open the door
+            opt = _option(dest)
+            msg = f"{opt.flag} is empty: give the credential, or unset {opt.env} for none"
+            raise CLIError(msg)
     if args.webhook_tls_key and not args.webhook_tls_cert:
         msg = "--webhook-tls-key needs --webhook-tls-cert (the certificate it belongs to)"
         raise CLIError(msg)
     tls = tls_context(args.webhook_tls_cert, args.webhook_tls_key) if args.webhook_tls_cert else None
+    return host, port, tls
+
+
+def webhook_source(args: argparse.Namespace, ready_check: Callable[[], object] | None = None,
+                   checked: tuple[str, int, ssl.SSLContext | None] | None = None) -> Any:
+    """The :class:`~runtime.driver.webhook.WebhookSource` the options describe (``checked``: what
+    :func:`check_webhook_options` returned for them), listening; CLIError if not."""
+    from runtime.driver.webhook import WebhookSource
+
+    host, port, tls = checked if checked is not None else check_webhook_options(args)
     try:
         return WebhookSource(host, port, token=args.webhook_token, hmac_secret=args.webhook_hmac_secret, tls=tls,
                              max_body_bytes=args.max_body_bytes, reply_timeout_s=args.webhook_reply_timeout_s,
@@ -78,22 +96,26 @@ def webhook_source(args: argparse.Namespace, ready_check: Callable[[], object] |
         raise CLIError(msg) from exc
 
 
-def run_webhook(args: argparse.Namespace, layer: FTLayer, key: Any, *, run: Callable[..., int]) -> int:
+def run_webhook(args: argparse.Namespace, layer: FTLayer, key: Any, *, run: Callable[..., int],
+                checked: tuple[str, int, ssl.SSLContext | None] | None = None) -> int:
     """Listen, then ingest until SIGINT/SIGTERM; ``run`` is ``ftlayer ingest``'s loop with progress lines."""
-    hooks = webhook_source(args, ready_check=layer.client.ping)
+    hooks = webhook_source(args, ready_check=layer.client.ping, checked=checked)
     guard = " (Bearer token required)" if args.webhook_token else ""
     guard += " (HMAC signature required)" if args.webhook_hmac_secret else ""
     print(f"ftlayer ingest: {layer.keys.prefix} listening on {hooks.url} (POST one JSON record, POST "
           f"{hooks.url}batch a JSON array, either as application/x-ndjson lines){guard}; Ctrl-C or SIGTERM "
           "ends it", flush=True)
 
+    ending = threading.Event()
+
     def on_signal(signum: int, _frame: FrameType | None) -> None:
+        ending.set()  # ingest waiting (backpressure, Redis down) is then stopped too: ftlayer ingest's _run
         hooks.end()  # take no more; the source ends once what it took is persisted
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
     try:
-        return run(Ingestor(layer, hooks, key=key), source_label="webhook", resumed={})
+        return run(Ingestor(layer, hooks, key=key), ending=ending, source_label="webhook", resumed={})
     finally:
         hooks.close()
         answers = ", ".join(f"{status}: {n}" for status, n in sorted(hooks.answers.items()))

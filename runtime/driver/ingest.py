@@ -82,6 +82,7 @@ in :mod:`runtime.driver.source_adapters`.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -381,7 +382,13 @@ class Ingestor:
                 pass  # stop() during an outage: _finish abandons the batch held (module contract)
             else:  # a broken user source (or hook) stops ingest, not the query
                 self.error = exc
-                log.exception("user source of %s failed; ingest stopped", self.destination.label)
+                if isinstance(exc, FTLayerError):  # ftlayer's own source saying why (an MQTT subscription
+                    # refused on a reconnect): the message is the whole story, a traceback only noise
+                    # before the CLI's error line
+                    log.log(logging.ERROR, "source of %s stopped ingest: %s: %s", self.destination.label,
+                            type(exc).__name__, exc)
+                else:
+                    log.exception("user source of %s failed; ingest stopped", self.destination.label)
         finally:
             self._finish(batch)
 

@@ -57,6 +57,7 @@ Contract (paho-mqtt underneath; :mod:`runtime.driver.mqtt_client` says why that 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections import deque
@@ -71,6 +72,7 @@ from runtime.driver.mqtt_client import (
     MqttAckError,
     MqttConfigError,
     MqttConnectError,
+    check_tls,
     check_topic_filter,
     make_client,
 )
@@ -161,6 +163,7 @@ class MqttSource:
         if not 1 <= max_inflight <= 65535:
             msg = f"MQTT max_inflight {max_inflight}: expected 1..65535 (MQTT 5 Receive Maximum)"
             raise MqttConfigError(msg)
+        check_tls(tls_ca, tls_cert, tls_key)
         self.client_id = client_id
         self.qos = qos
         self.shared_group = shared_group
@@ -216,7 +219,9 @@ class MqttSource:
         if reason.is_failure:
             with self._lock:
                 self._failure = f"the broker refused the connection: {reason}"
-            log.warning("MQTT %s refused client %s: %s", self.address.masked, self.client_id, reason)
+                opening = self.connects == 0  # open() raises it: the caller's one error, not a log line too
+            log.log(logging.DEBUG if opening else logging.WARNING, "MQTT %s refused client %s: %s",
+                    self.address.masked, self.client_id, reason)
             return
         with self._lock:
             self._connection += 1
@@ -252,7 +257,7 @@ class MqttSource:
                 self._lock.notify_all()
         if problem is None:
             self._subscribed.set()
-        else:
+        elif self._subscribed.is_set():  # a re-subscription after a reconnect (during open() it raises it)
             log.error("MQTT %s: %s", self.address.masked, problem)
 
     def _on_message(self, _client: Any, _userdata: Any, message: Any) -> None:

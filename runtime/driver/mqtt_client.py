@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PROTOCOLS", "BrokerAddress", "MqttAckError", "MqttConfigError", "MqttConnectError", "MqttError",
-    "make_client", "paho",
+    "check_tls", "make_client", "paho",
 ]
 
 # URL schemes: plain TCP and TLS, with the IANA ports
@@ -127,6 +127,24 @@ def check_topic_filter(topic: str) -> None:
         msg = (f"MQTT topic filter {topic!r} is not valid: '+' must stand alone in its level and '#' alone in the "
                "last one (e.g. sensors/+/temp, sensors/#)")
         raise MqttConfigError(msg)
+
+
+def check_tls(tls_ca: str | None, tls_cert: str | None, tls_key: str | None) -> None:
+    """Refuse TLS files that cannot be used (a client certificate without its key or the other way
+    round, a file that does not load), with the reason: checked when the source is made, before
+    anything connects, as paho would only find out in ``open()``."""
+    if (tls_cert is None) != (tls_key is None):
+        msg = "MQTT TLS: give both a client certificate and its key, or neither"
+        raise MqttConfigError(msg)
+    if tls_ca is None and tls_cert is None:
+        return
+    try:
+        context = ssl.create_default_context(cafile=tls_ca)
+        if tls_cert is not None:
+            context.load_cert_chain(tls_cert, tls_key)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        msg = f"MQTT TLS files do not load (CA {tls_ca!r}, certificate {tls_cert!r}, key {tls_key!r}): {exc}"
+        raise MqttConfigError(msg) from exc
 
 
 def _holding_client_class(mqtt: ModuleType) -> type[Client]:

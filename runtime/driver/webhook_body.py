@@ -18,7 +18,9 @@ Bodies (:func:`parse_records`), by ``Content-Type`` (parameters such as ``charse
 
 - ``application/json``, any ``application/<x>+json``, ``text/plain``, no Content-Type, or
   ``application/x-www-form-urlencoded`` (what ``curl -d`` and ``urllib`` send when told nothing;
-  the receiver before this one ignored the type, so such clients keep working): JSON. On the records
+  the receiver before this one ignored the type, so such clients keep working): JSON (a form body
+  ``payload=<url-encoded JSON>``, GitHub's "application/x-www-form-urlencoded" delivery, is read as
+  that JSON). On the records
   route it is one record (an array is one record too); on the batch route it must be an array,
   one record per element.
 - ``application/x-ndjson`` (also ``application/ndjson``, ``application/jsonl``,
@@ -40,6 +42,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs
 
 from ftlayer.errors import FTLayerError
 
@@ -66,9 +69,11 @@ class BodyError(WebhookError, ValueError):
         self.status = status
 
 
-def sign(secret: bytes, body: bytes) -> str:
-    """The ``X-Hub-Signature-256`` value of ``body``: ``sha256=`` and the hex HMAC-SHA256 keyed with ``secret``."""
-    return SIGNATURE_PREFIX + hmac.new(secret, body, hashlib.sha256).hexdigest()
+def sign(secret: str | bytes, body: bytes) -> str:
+    """The ``X-Hub-Signature-256`` value of ``body``: ``sha256=`` and the hex HMAC-SHA256 keyed with ``secret``
+    (a str is taken as its UTF-8 bytes, as ``WebhookSource(hmac_secret=...)`` and ``--webhook-hmac-secret`` take it)."""
+    key = secret.encode() if isinstance(secret, str) else secret
+    return SIGNATURE_PREFIX + hmac.new(key, body, hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,21 @@ def body_kind(content_type: str | None) -> str:
     raise BodyError(msg, 415)
 
 
+def _form_payload(body: bytes, content_type: str | None) -> bytes | None:
+    """The ``payload`` field of a form body ``payload=<url-encoded JSON>`` (how GitHub posts a webhook
+    whose content type is set to ``application/x-www-form-urlencoded``, its default); None for any
+    other body (a JSON body never starts with ``payload=``)."""
+    mime = (content_type or "").split(";", 1)[0].strip().lower()
+    if mime != "application/x-www-form-urlencoded" or not body.startswith(b"payload="):
+        return None
+    try:
+        fields = parse_qs(body.decode("ascii"), keep_blank_values=True, strict_parsing=True)
+    except ValueError:  # UnicodeDecodeError too
+        return None
+    values = fields.get("payload", [])
+    return values[0].encode() if list(fields) == ["payload"] and len(values) == 1 else None
+
+
 def _decode(data: bytes | str, where: str) -> Any:
     try:
         return json.loads(data)
@@ -140,7 +160,7 @@ def parse_records(body: bytes, content_type: str | None, *, batch: bool) -> list
                 raise BodyError(msg)
             values.append(value)
         return values
-    value = _decode(body, "the body")
+    value = _decode(_form_payload(body, content_type) or body, "the body")
     if not batch:
         values = [value]
     elif isinstance(value, list):

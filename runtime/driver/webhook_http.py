@@ -104,6 +104,8 @@ class HttpServer:
         self.loop = asyncio.new_event_loop()
         app = web.Application(client_max_size=max_body_bytes, middlewares=[_json_errors])
         app.router.add_post(path, self._records)
+        if path != "/":  # path="/in": POST /in takes records too, as does /in/
+            app.router.add_post(path.rstrip("/"), self._records)
         app.router.add_post(path + "batch", self._batch)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)

@@ -26,11 +26,13 @@ def _assert_ok(report: Any, records: int) -> None:
     assert report.records_in == report.delivered == records
 
 
-@pytest.mark.parametrize(("scenario", "records"), [("mqtt-ingest-kill", 2000), ("mqtt-broker-kill", 1500)])
+@pytest.mark.parametrize(("scenario", "records"), [("mqtt-ingest-kill", 2000), ("mqtt-broker-kill", 1500),
+                                                   ("mqtt-ingest-kill", 300)])  # --records 300: still mid-stream
 def test_mqtt_receiver_chaos(scenario: str, records: int, mosquitto_binary: Path, spark: Any, ft_config: FTConfig,
                              tmp_path: Path) -> None:
     _assert_ok(run_scenario(scenario, spark, ft_config, records, workdir=tmp_path), records)
 
 
-def test_webhook_keepalive_chaos(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
-    _assert_ok(run_scenario("webhook-keepalive", spark, ft_config, 3000, workdir=tmp_path), 3000)
+@pytest.mark.parametrize("records", [3000, 300])  # --records 300: still requests in flight at the kill
+def test_webhook_keepalive_chaos(records: int, spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
+    _assert_ok(run_scenario("webhook-keepalive", spark, ft_config, records, workdir=tmp_path), records)

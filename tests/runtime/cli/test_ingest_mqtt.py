@@ -242,6 +242,54 @@ def test_the_key_from_a_payload_field_or_from_the_topic(
 
 
 @pytest.mark.slow
+def test_sigterm_while_ingest_waits_for_room_exits_0_and_the_broker_keeps_the_rest(
+        mosquitto: Broker, redis_server_url: str, namespace: str) -> None:
+    """SIGTERM "stops taking messages, persists and acknowledges what was taken, and exits 0", also while
+    ingest waits for room (max_pending records pending: no query reads the source); what it never
+    acknowledged is the broker's, and the next process with the same client id persists it."""
+    broker = mosquitto()
+    layer = _layer(redis_server_url, namespace)
+    proc = IngestProcess("clicks", "events", "--mqtt", broker.url, "--topic", "sensors/#", "--client-id", "ingest-1",
+                         "--max-inflight", "10", redis_url=redis_server_url, namespace=namespace,
+                         env={"FTLAYER_MAX_PENDING": "5"})
+    proc.wait_for("subscribed to")
+    publisher = Publisher(broker.url, _records(60)).start()
+    try:
+        assert publisher.join(30)
+        proc.wait_for("paused: backpressure", 30)
+        started = time.monotonic()
+        rc, out = proc.stop(timeout_s=30)
+        took = time.monotonic() - started
+        assert rc == 0 and took < 15, (rc, took, out)
+        again = _ingest(broker.url, redis_url=redis_server_url, namespace=namespace)  # no max_pending now
+        _all_persisted(layer, publisher, 30)
+        assert again.stop()[0] == 0
+    finally:
+        publisher.stop()
+    lost, dups = loss_and_duplicates(publisher.confirmed, persisted_ids(layer))
+    print(f"SIGTERM while waiting for room: lost {len(lost)}, duplicates {dups}")
+    assert lost == [], lost
+
+
+def test_a_subscription_refused_on_a_reconnect_ends_in_an_error_line_not_a_traceback(
+        mosquitto: Broker, redis_server_url: str, namespace: str) -> None:
+    """README: errors are one line (exit 2), never a traceback. The broker restarts granting QoS 0 only
+    (``max_qos 0``): the re-subscription is refused, ingest stops with the reason, exit 2."""
+    broker = mosquitto()
+    proc = _ingest(broker.url, redis_url=redis_server_url, namespace=namespace)
+    proc.wait_for("subscribed to")
+    broker.kill9()
+    plain = broker._config
+    broker._config = lambda: plain() + "max_qos 0\n"  # type: ignore[method-assign]
+    broker.restart()
+    rc, out = proc.run(60)
+    assert rc == 2, out
+    assert "Traceback" not in out, out
+    assert out.splitlines()[-1].startswith("ftlayer: error: ingest stopped: MqttConnectError: "), out
+    assert "only QoS 0" in out.splitlines()[-1], out
+
+
+@pytest.mark.slow
 def test_username_and_password_refused_then_accepted(
         mosquitto: Broker, redis_server_url: str, namespace: str) -> None:
     broker = mosquitto(users={"ingest": "s3cret"})
@@ -250,6 +298,8 @@ def test_username_and_password_refused_then_accepted(
     assert rc == 2, out
     assert "ftlayer: error:" in out and "Not authorized" in out and "Traceback" not in out
     assert "wrong" not in out  # the password is never printed
+    # one line: the refusal is the error, not also a log line before it
+    assert len(out.strip().splitlines()) == 1 and out.startswith("ftlayer: error: MQTT "), out
     # the password from the environment, off the command line
     proc = IngestProcess("clicks", "events", "--topic", "sensors/#", "--client-id", "ingest-pw",
                          redis_url=redis_server_url, namespace=namespace,
@@ -277,6 +327,8 @@ def test_username_and_password_refused_then_accepted(
     (["--mqtt", "mqtt://127.0.0.1:1", "--topic", "a", "--qos", "0"], "invalid value '0': expected one of 1, 2"),
     (["--mqtt", "mqtt://127.0.0.1:1", "--topic", "a", "f.jsonl"], "exactly one of them"),
     (["f.jsonl", "--topic", "a"], "--topic is an MQTT option: it needs --mqtt"),
+    (["--mqtt", "mqtt://127.0.0.1:1", "--topic", "a", "--tls-cert", "c.pem"], "give both a client certificate"),
+    (["--mqtt", "mqtts://127.0.0.1:1", "--topic", "a", "--tls-ca", "/no/such/ca.pem"], "TLS files do not load"),
 ])
 def test_bad_mqtt_arguments_end_in_one_error_line(args: list[str], says: str, redis_server_url: str,
                                                   namespace: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -290,3 +342,19 @@ def test_bad_mqtt_arguments_end_in_one_error_line(args: list[str], says: str, re
     assert rc == 2, out
     assert says in out.err and out.err.count("error:") == 1, out.err
     assert "pw@" not in out.out + out.err
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--tls-cert", "c.pem"], "give both a client certificate and its key"),
+    (["--tls-key", "k.pem"], "give both a client certificate and its key"),
+    (["--tls-ca", "/no/such/ca.pem"], "TLS files do not load (CA '/no/such/ca.pem'"),
+])
+def test_bad_tls_options_are_refused_before_redis_is_touched(
+        args: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/sources.md: "a bad URL, filter or option is refused before Redis is touched": with no Redis
+    listening, the error is the option's, not the unreachable server's."""
+    rc = main(["ingest", "clicks", "events", "--mqtt", "mqtts://127.0.0.1:1", "--topic", "a", *args,
+               "--redis-url", "redis://127.0.0.1:1/0"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert says in err and err.count("error:") == 1 and "Redis" not in err, err

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import re
 import ssl
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ftlayer.config import FTConfig
 from ftlayer.facade.ft_layer import FTLayer
+from ftlayer.servers.embedded import EmbeddedServer
 from runtime.cli.main import main
 from runtime.driver.webhook_body import SIGNATURE_HEADER, sign
 from tests.runtime.mqtt_support import CHANNELS, IngestProcess, persisted_ids, self_signed
-from tests.runtime.webhook_support import Http, ndjson
+from tests.runtime.webhook_support import Answer, Http, ndjson
+from tests.waiting import wait_until
 
 
 def _url(proc: IngestProcess) -> str:
@@ -69,6 +74,68 @@ def test_tls_options(redis_server_url: str, namespace: str, tmp_path: Path) -> N
     assert rc == 0, out
 
 
+def _post_in_thread(url: str, value: Any) -> tuple[threading.Thread, list[Answer]]:
+    answers: list[Answer] = []
+
+    def post() -> None:
+        http = Http(url, timeout_s=60)
+        answers.append(http.post("batch", value))
+        http.close()
+
+    thread = threading.Thread(target=post, daemon=True)
+    thread.start()
+    return thread, answers
+
+
+@pytest.mark.slow
+def test_sigterm_while_ingest_waits_for_room_persists_what_it_holds_and_exits_0(
+        redis_server_url: str, namespace: str) -> None:
+    """docs/operations.md: SIGTERM "stops taking requests, persists what was taken, and exits 0", also
+    while ingest waits for room (max_pending records pending: no query reads the source)."""
+    proc = IngestProcess("clicks", "events", "--webhook", "127.0.0.1:0", redis_url=redis_server_url,
+                         namespace=namespace, env={"FTLAYER_MAX_PENDING": "3"})
+    try:
+        url = _url(proc)
+        http = Http(url)
+        assert http.post("batch", [{"i": i} for i in range(5)]).status == 200  # now 5 pending >= 3
+        held, answers = _post_in_thread(url, [{"i": 5}, {"i": 6}])  # taken, then ingest waits for room
+        wait_until(lambda: "backpressure" in str(http.call("GET", "/readyz").doc), 30, "ingest to wait for room")
+        http.close()
+        started = time.monotonic()
+        rc, out = proc.stop(timeout_s=30)
+        took = time.monotonic() - started
+    finally:
+        proc.stop()
+    assert rc == 0 and took < 15, (rc, took, out)
+    held.join(10)
+    assert [(a.status, a.doc) for a in answers] == [(200, {"accepted": 2})]
+    assert sorted(persisted_ids(_layer(redis_server_url, namespace))) == list(range(7))
+
+
+@pytest.mark.slow
+def test_sigterm_while_redis_is_down_ends_with_exit_1_and_a_503(namespace: str, tmp_path: Path) -> None:
+    """docs/operations.md: exit status 1 "if records read were not persisted (stopped while Redis was
+    unreachable)"; the request whose records were not persisted is answered 503 (the client retries)."""
+    server = EmbeddedServer(data_dir=tmp_path / "redis").start()
+    proc = IngestProcess("clicks", "events", "--webhook", "127.0.0.1:0", redis_url=server.url, namespace=namespace)
+    try:
+        url = _url(proc)
+        wait_until(lambda: Http(url).call("GET", "/readyz").status == 200, 30, "the receiver to be ready")
+        server.stop()
+        held, answers = _post_in_thread(url, [{"i": 1}])
+        wait_until(lambda: Http(url).call("GET", "/healthz").doc["paused"], 30, "ingest to pause for the outage")
+        started = time.monotonic()
+        rc, out = proc.stop(timeout_s=40)
+        took = time.monotonic() - started
+    finally:
+        proc.stop()
+        server.stop()
+    assert rc == 1 and took < 25, (rc, took, out)
+    assert "were not persisted" in out, out
+    held.join(10)
+    assert [a.status for a in answers] == [503]
+
+
 @pytest.mark.parametrize(("args", "env", "says"), [
     (["f.jsonl", "--webhook-token", "x"], {}, "--webhook-token is a webhook option: it needs --webhook"),
     (["f.jsonl"], {"FTLAYER_INGEST_WEBHOOK_HMAC_SECRET": "x"}, "or unset FTLAYER_INGEST_WEBHOOK_HMAC_SECRET"),
@@ -89,6 +156,40 @@ def test_bad_webhook_options_end_in_one_error_line(
     out = capsys.readouterr()
     assert rc == 2, out
     assert says in out.err and out.err.count("error:") == 1, out.err
+
+
+@pytest.mark.parametrize(("args", "env", "says"), [
+    ([], {"FTLAYER_INGEST_WEBHOOK_TOKEN": ""}, "--webhook-token is empty: give the credential, or unset "
+                                               "FTLAYER_INGEST_WEBHOOK_TOKEN for none"),
+    (["--webhook-hmac-secret", ""], {}, "--webhook-hmac-secret is empty: give the credential, or unset "
+                                        "FTLAYER_INGEST_WEBHOOK_HMAC_SECRET for none"),
+])
+def test_an_empty_credential_is_refused_not_read_as_none(
+        args: list[str], env: dict[str, str], says: str, redis_server_url: str, namespace: str) -> None:
+    """An empty variable (a secret never filled in) must not start a receiver that takes every request:
+    one error line, exit 2 (in a child process: a receiver that starts would run until its timeout)."""
+    proc = IngestProcess("clicks", "events", "--webhook", "127.0.0.1:0", *args, redis_url=redis_server_url,
+                         namespace=namespace, env=env)
+    try:
+        rc, out = proc.run(30)
+    finally:
+        proc.stop()
+    assert rc == 2 and out.strip().splitlines() == [f"ftlayer: error: {says}"], out
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--webhook", "abc"], "--webhook 'abc': expected [HOST:]PORT"),
+    (["--webhook", "0", "--webhook-tls-key", "k.pem"], "--webhook-tls-key needs --webhook-tls-cert"),
+    (["--webhook", "0", "--webhook-tls-cert", "/nonexistent.pem"], "cannot load the TLS certificate"),
+])
+def test_bad_webhook_options_are_refused_before_redis_is_touched(
+        args: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """runtime/cli/ingest_webhook.py: options are checked before Redis is touched; with no Redis listening
+    the error is the option's, not the unreachable server's."""
+    rc = main(["ingest", "clicks", "events", *args, "--redis-url", "redis://127.0.0.1:1/0"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert says in err and err.count("error:") == 1 and "Redis" not in err, err
 
 
 def test_help_names_every_webhook_variable(capsys: pytest.CaptureFixture[str]) -> None:

@@ -69,6 +69,8 @@ def test_the_signature_is_githubs() -> None:
     """The example of GitHub's webhook docs ("Validating webhook deliveries"): same secret, same body, same value."""
     got = sign(b"It's a Secret to Everybody", b"Hello, World!")
     assert got == "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"
+    # the secret as the receiver is given it (hmac_secret="...", --webhook-hmac-secret): a str, its UTF-8 bytes
+    assert sign("It's a Secret to Everybody", b"Hello, World!") == got
 
 
 def persisted_ids_or_list(layer: FTLayer) -> list[int]:
@@ -112,6 +114,8 @@ def test_unknown_path_wrong_method_and_health(ft_config: FTConfig) -> None:
         health = http.call("GET", "/healthz")
         ready = http.call("GET", "/readyz")
         taken = http.post("/in/", {"i": 1})
+        as_given = http.post("/in", {"i": 2})  # the path as given to path=, without the "/" the url adds
+        batch = http.post("/in/batch", [{"i": 3}, {"i": 4}])
         http.close()
     assert (missing.status, "no route /elsewhere" in missing.error) == (404, True)
     assert (wrong.status, wrong.headers.get("allow")) == (405, "POST")
@@ -119,6 +123,8 @@ def test_unknown_path_wrong_method_and_health(ft_config: FTConfig) -> None:
     assert health.status == 200 and health.doc["ok"] is True
     assert (ready.status, ready.doc) == (200, {"ready": True})
     assert taken.status == 200
+    assert (as_given.status, as_given.doc) == (200, {"accepted": 1})
+    assert (batch.status, batch.doc) == (200, {"accepted": 2})
 
 
 def test_readyz_before_ingest_polls_and_while_ending(ft_config: FTConfig) -> None:
@@ -307,6 +313,28 @@ def test_hmac_signature_over_the_raw_body_refused_then_accepted(ft_config: FTCon
         "signed": 200, "signed, upper hex": 200}
     assert "does not match the body" in answers["signed other body"].error
     assert sorted(persisted_ids(layer)) == [0, 1, 2, 10, 11, 12]
+
+
+def test_a_github_delivery_posts_here_as_it_is_in_either_content_type(ft_config: FTConfig) -> None:
+    """docs/sources.md: "a GitHub webhook posts here as it is (its event is one record)": GitHub sends the
+    event as a JSON body (content type application/json) or, its default, as a form field
+    ``payload=<url-encoded JSON>`` (application/x-www-form-urlencoded); either signed over the raw body."""
+    from urllib.parse import urlencode
+
+    layer = _layer(ft_config, "github")
+    secret = "It's a Secret to Everybody"
+    events = [{"i": 1, "action": "opened", "text": "a & b = c?"}, {"i": 2, "action": "closed"}]
+    bodies = [(json.dumps(events[0]).encode(), "application/json"),
+              (urlencode({"payload": json.dumps(events[1])}).encode(), "application/x-www-form-urlencoded")]
+    with receiving(layer, hmac_secret=secret) as (hooks, _ing):
+        http = Http(hooks.url)
+        answers = [http.call("POST", "", body, {"Content-Type": kind, "X-GitHub-Event": "issues",
+                                                 SIGNATURE_HEADER: sign(secret, body)}) for body, kind in bodies]
+        http.close()
+    assert [(a.status, a.doc) for a in answers] == [(200, {"accepted": 1}), (200, {"accepted": 1})]
+    from tests.runtime.mqtt_support import persisted
+
+    assert sorted((v for v, _h in persisted(layer)), key=lambda v: v["i"]) == events
 
 
 @pytest.mark.slow
