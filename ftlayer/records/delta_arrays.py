@@ -46,6 +46,21 @@ class DeltaArrays:
         keep = combined != 0
         return cls(sids[starts][keep], combined[keep])
 
+    def having(self, ids: Any) -> Any:
+        """A boolean mask over :attr:`sids`: which of them are among ``ids`` (any order, repeats
+        allowed). ``np.isin``'s result, found by binary search in the sorted ids (no sort of both
+        arrays together: a task's sink calls this for every write it completes)."""
+        import numpy as np
+
+        mask = np.zeros(self.sids.size, dtype=bool)
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and self.sids.size:
+            at = np.searchsorted(self.sids, ids)
+            inside = at < self.sids.size
+            at, ids = at[inside], ids[inside]
+            mask[at[self.sids[at] == ids]] = True
+        return mask
+
     def take(self, mask: Any) -> DeltaArrays:
         """The deltas where ``mask`` (a boolean array over the ids) is true."""
         return DeltaArrays(self.sids[mask], self.values[mask])

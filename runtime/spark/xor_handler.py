@@ -105,15 +105,15 @@ class XorHandler:
         completed = 0
         for s in np.unique(src).tolist():
             merged = self.combined(s)
-            send = np.isin(merged.sids, sid[src == s])
+            send = merged.having(sid[src == s])
             failed = self.fails.get(s)
             if failed:
-                send &= ~np.isin(merged.sids, np.fromiter(failed, dtype=np.int64, count=len(failed)))
+                send &= ~merged.having(np.fromiter(failed, dtype=np.int64, count=len(failed)))
             if not send.any():
                 continue
             acked = layers[s].complete(merged.take(send)).acked
             if acked:
-                self._parts[s] = [merged.take(~np.isin(merged.sids, np.asarray(acked, dtype=np.int64)))]
+                self._parts[s] = [merged.take(~merged.having(acked))]
                 completed += len(acked)
         return completed
 
