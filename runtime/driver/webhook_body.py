@@ -139,9 +139,17 @@ def _form_payload(body: bytes, content_type: str | None) -> bytes | None:
 
 
 def _decode(data: bytes | str, where: str) -> Any:
+    """One JSON value of a body or line. Bytes must be UTF-8 (a leading byte order mark is skipped):
+    ``json.loads`` would also take UTF-16 and UTF-32, guessing from the first bytes, which the
+    receiver's contract (UTF-8 JSON, RFC 8259 section 8.1) does not."""
     try:
+        if isinstance(data, bytes):
+            data = data.decode("utf-8-sig")
         return json.loads(data)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+    except UnicodeDecodeError as exc:
+        msg = f"{where} is not UTF-8 JSON: {exc}"
+        raise BodyError(msg) from exc
+    except ValueError as exc:  # JSONDecodeError
         msg = f"{where} is not JSON: {exc}"
         raise BodyError(msg) from exc
 

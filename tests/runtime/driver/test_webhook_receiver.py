@@ -87,7 +87,10 @@ def persisted_ids_or_list(layer: FTLayer) -> list[int]:
     ("batch", '[{"i": 1}, null]', "application/json", 400, "element 1"),
     ("batch", '{"i": 1}\n{"i": 2\n{"i": 3}\n', "application/x-ndjson", 400, "line 2"),
     ("", '{"i": 1}\nnull\n', "application/x-ndjson", 400, "line 2: null is not a record"),
-    ("", b'\xff\xfe', "application/json", 400, "not JSON"),
+    ("", b'\xff\xfe', "application/json", 400, "not UTF-8 JSON"),
+    ("", '{"i": 1}'.encode("utf-16"), "application/json", 400, "not UTF-8 JSON"),
+    ("batch", '[{"i": 1}]'.encode("utf-32"), "application/json", 400, "not UTF-8 JSON"),
+    ("", b'{"i": 1}\n\xff{"i": 2}\n', "application/x-ndjson", 400, "line 2 is not UTF-8 JSON"),
     ("", '{"i": 1}', "application/xml", 415, "application/xml"),
 ])
 def test_bad_bodies_are_refused_with_a_clear_4xx_and_nothing_is_taken(
