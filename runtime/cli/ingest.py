@@ -71,6 +71,27 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=_cmd_ingest, trailing_positionals="files")
 
 
+# the options that only mean something with FILE arguments, and the value each has when not given
+FILE_ONLY: dict[str, Any] = {"worker": "0/1", "offsets_dir": None, "from_start": False}
+
+
+def check_no_file_options(args: argparse.Namespace) -> None:
+    """Refuse a FILE-only option (given, or set by its variable) with --webhook or --mqtt, where it would
+    be ignored; and ``--format`` with --webhook (whose bodies are JSON or NDJSON by their Content-Type)."""
+    from runtime.cli.env import ENV_OPTIONS
+
+    def refuse(dest: str, why: str) -> None:
+        opt = next(o for o in ENV_OPTIONS if o.command == "ingest" and o.dest == dest)
+        msg = f"{opt.flag} {why} (unset {opt.env} if it comes from there)"
+        raise CLIError(msg)
+
+    for dest, unset in FILE_ONLY.items():
+        if getattr(args, dest) != unset:
+            refuse(dest, "is for FILE arguments: it does nothing with --webhook or --mqtt")
+    if args.webhook and args.format != "json":
+        refuse("format", "is for FILE arguments and --mqtt: a webhook body is JSON or NDJSON by its Content-Type")
+
+
 def parse_worker(text: str) -> tuple[int, int]:
     """``I/N`` as ``(I, N)`` with ``0 <= I < N``; CLIError otherwise."""
     i, sep, n = text.partition("/")
@@ -137,6 +158,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         check_no_webhook_options(args)
     # likewise the webhook's address and TLS files
     webhook = check_webhook_options(args) if args.webhook else None
+    if not args.files:
+        check_no_file_options(args)
     worker = parse_worker(args.worker)
     check_files(args.files)
     if args.files and args.key and args.format == "text":

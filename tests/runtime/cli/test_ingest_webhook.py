@@ -192,6 +192,21 @@ def test_bad_webhook_options_are_refused_before_redis_is_touched(
     assert says in err and err.count("error:") == 1 and "Redis" not in err, err
 
 
+@pytest.mark.parametrize(("args", "says"), [
+    (["--webhook", "0", "--worker", "1/2"], "--worker is for FILE arguments"),
+    (["--webhook", "0", "--from-start"], "--from-start is for FILE arguments"),
+    (["--webhook", "0", "--offsets-dir", "/tmp/x"], "--offsets-dir is for FILE arguments"),
+    (["--webhook", "0", "--format", "text"], "--format is for FILE arguments and --mqtt"),
+    (["--mqtt", "mqtt://127.0.0.1:1", "--topic", "a", "--worker", "0/2"], "--worker is for FILE arguments"),
+])
+def test_file_options_with_a_receiver_are_refused_not_ignored(
+        args: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["ingest", "clicks", "events", *args, "--redis-url", "redis://127.0.0.1:1/0"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert says in err and err.count("error:") == 1 and "Redis" not in err, err
+
+
 def test_help_names_every_webhook_variable(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["ingest", "--help"])
