@@ -38,6 +38,7 @@ __all__ = [
     "SOURCE_SCHEMA_DDL",
     "arrow_schema",
     "frames_to_record_batch",
+    "payload_run",
     "payload_views",
     "spans_to_record_batch",
     "split_bad_frames",
@@ -217,3 +218,22 @@ def payload_views(blob: bytes, starts: Any, sizes: Any) -> Any:
         views[long_, 4:8] = np.lib.stride_tricks.sliding_window_view(buf, 4)[starts[long_]]
         words[long_, 3] = starts[long_]
     return views
+
+
+def payload_run(column: Any) -> memoryview | None:
+    """The payloads of a ``binary`` or ``large_binary`` column without nulls, back to back as Arrow
+    holds them (its data buffer between the first and the last offset; a sliced column starts inside
+    it), for ``unpack_run``; None for another type."""
+    import numpy as np
+    import pyarrow as pa
+
+    if pa.types.is_binary(column.type):
+        width = np.int32
+    elif pa.types.is_large_binary(column.type):
+        width = np.int64
+    else:
+        return None
+    _, offsets_buf, data_buf = column.buffers()
+    at = np.dtype(width).itemsize * column.offset  # a sliced column starts inside its buffers
+    offsets = np.frombuffer(offsets_buf, dtype=width, count=len(column) + 1, offset=at)
+    return memoryview(data_buf)[int(offsets[0]) : int(offsets[-1])]

@@ -188,8 +188,8 @@ class FTHandler:
         return self.anchors.anchor(batch, counts, outputs)
 
     def _encode(self, batch: RowBatch, counts: list[int], outputs: list[Any], encoder: OutputEncoder) -> list[Any]:
-        """``outputs`` encoded (see :meth:`process_batch`); a record with an output that cannot be is
-        failed, its ``counts`` entry set to failed and its outputs left out."""
+        """``outputs`` encoded (see :meth:`process_batch`); for a record with an output that cannot be,
+        :meth:`_unencodable` says what becomes of it, and its outputs are left out."""
         try:
             return encoder.many(outputs)
         except Exception:  # some output cannot be encoded: find its record, one by one
@@ -197,7 +197,7 @@ class FTHandler:
         encoded: list[Any] = []
         at = 0
         current = CURRENT
-        current.begin(batch, True, self.layers)  # the key selector runs on its record, as in chain
+        current.begin(batch, self.ft_on, self.layers)  # the key selector runs on its record, as in chain
         try:
             for i, c in enumerate(counts):
                 if c <= 0:
@@ -207,11 +207,16 @@ class FTHandler:
                 try:
                     encoded.extend([encoder.one(o) for o in mine])
                 except Exception as exc:  # a key selector or an output msgpack cannot carry
-                    self.fail(int(batch.src[i]), int(batch.sid[i]), exc)
-                    counts[i] = _FAILED
+                    counts[i] = self._unencodable(batch, i, exc)
         finally:
             current.end()
         return encoded
+
+    def _unencodable(self, batch: RowBatch, i: int, exc: Exception) -> int:
+        """Input ``i`` has an output that cannot be encoded: fail its record, as an error in the chain
+        does; its new output count."""
+        self.fail(int(batch.src[i]), int(batch.sid[i]), exc)
+        return _FAILED
 
     def receive_batch(self, batch: RowBatch) -> RowBatch:
         """At the sink: apply the carrier rows' deltas now (they hold no record and stand
@@ -316,30 +321,13 @@ class NonFTHandler(FTHandler):
         src = int(batch.src[i])
         self.dropped[src] = self.dropped.get(src, 0) + 1
 
-    def _encode(self, batch: RowBatch, counts: list[int], outputs: list[Any], encoder: OutputEncoder) -> list[Any]:
-        """FT off: a ``FailRecord`` from a key selector drops its record (counted), any other error
-        of an output raises (Spark's rules), as when the encoding ran inside the chain."""
-        try:
-            return encoder.many(outputs)
-        except Exception:  # find the output, one by one: the same error, or a drop
-            pass
-        encoded: list[Any] = []
-        at = 0
-        CURRENT.begin(batch, False, None)
-        CURRENT.index = 0
-        try:
-            for i, c in enumerate(counts):
-                if c <= 0:
-                    continue
-                mine, at = outputs[at : at + c], at + c
-                try:
-                    encoded.extend([encoder.one(o) for o in mine])
-                except FailRecord:
-                    self._drop(batch, i)
-                    counts[i] = 0
-        finally:
-            CURRENT.end()
-        return encoded
+    def _unencodable(self, batch: RowBatch, i: int, exc: Exception) -> int:
+        """FT off: a ``FailRecord`` from a key selector drops its record (counted); any other error of an
+        output raises (Spark's rules), as when the encoding ran inside the chain."""
+        if not isinstance(exc, FailRecord):
+            raise exc
+        self._drop(batch, i)
+        return 0
 
     def receive_batch(self, batch: RowBatch) -> RowBatch:
         return batch

@@ -51,6 +51,7 @@ from pyspark.sql.types import (
 
 from ftlayer.errors import SerializationError
 from ftlayer.records.lineage import LINEAGE_CHARS, lineage_hex
+from runtime.spark.arrow_codec import payload_run
 from serialization.payload import unpack_payload, unpack_run
 from serialization.payload_columns_fast import unpack_run_columns
 
@@ -191,14 +192,12 @@ def decode_rows(raw: Any, schema: StructType, source: str) -> tuple[Any, list[in
 def _bulk_columns(raw: Any, fields: StructType, types: list[Any], convs: list[Callable[[Any], Any] | None]
                   ) -> list[Any] | None:
     """The page's user columns by the bulk path (module docstring), or None if any record needs the row path."""
-    import numpy as np
     import pyarrow as pa
 
     n = raw.num_rows
-    col = raw.column("payload")
-    _, offsets_buf, data_buf = col.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=n + 1, offset=4 * col.offset)
-    data = memoryview(data_buf)[int(offsets[0]) : int(offsets[-1])]
+    data = payload_run(raw.column("payload"))
+    if data is None:
+        return None
     names = [f.name for f in fields.fields]
     gathered = unpack_run_columns(data, n, names)  # msgspec, where it gives msgpack's values exactly
     if gathered is None:

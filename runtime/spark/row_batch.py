@@ -25,6 +25,7 @@ from ftlayer.errors import SerializationError
 from ftlayer.records.id_arrays import child_ids
 from ftlayer.records.keyhash import NO_KEY_HASH
 from ftlayer.records.record import MAX_PAYLOAD_BYTES
+from runtime.spark.arrow_codec import payload_run
 from runtime.spark.row_contract import STAGE_ROW
 from serialization.payload import unpack_many, unpack_payload, unpack_run
 
@@ -113,23 +114,6 @@ def _ints(rb: Any, name: str) -> Any:
     return np.asarray(rb.column(name).to_numpy(zero_copy_only=False), dtype=_DTYPES[name])
 
 
-def _run(column: Any) -> memoryview | None:
-    """The payloads of a ``binary`` or ``large_binary`` column without nulls, back to back as Arrow
-    holds them (its data buffer between the first and the last offset); None for another type."""
-    import pyarrow as pa
-
-    if pa.types.is_binary(column.type):
-        width = np.int32
-    elif pa.types.is_large_binary(column.type):
-        width = np.int64
-    else:
-        return None
-    _, offsets_buf, data_buf = column.buffers()
-    at = np.dtype(width).itemsize * column.offset  # a sliced column starts inside its buffers
-    offsets = np.frombuffer(offsets_buf, dtype=width, count=len(column) + 1, offset=at)
-    return memoryview(data_buf)[int(offsets[0]) : int(offsets[-1])]
-
-
 def _values(rb: Any, handler: FailingHandler, src: Any, sid: Any) -> tuple[list[Any], Any]:
     """The batch's payloads unpacked (CARRIER for a null one) and a keep-mask, or None if every row
     is kept; a payload that cannot be unpacked fails its record (handler.fail), not the task, and
@@ -147,7 +131,7 @@ def _values(rb: Any, handler: FailingHandler, src: Any, sid: Any) -> tuple[list[
     column = rb.column("payload")
     if column.null_count == 0 and len(column) and pc.max(pc.binary_length(column)).as_py() <= MAX_PAYLOAD_BYTES:
         try:
-            run = _run(column)
+            run = payload_run(column)
             return (unpack_run(run, len(column)) if run is not None else unpack_many(column.to_pylist())), None
         except SerializationError:  # a bad payload: find it below, one by one
             pass
