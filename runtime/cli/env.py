@@ -212,6 +212,11 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
            "webhook and mqtt: alternating rounds of the raw server or broker and ftlayer's receiver", lo=1),
 )
 
+
+def ingest_option(dest: str) -> EnvOption:
+    """The ``ftlayer ingest`` option (flag and variable) behind ``args.<dest>``."""
+    return next(o for o in ENV_OPTIONS if o.command == "ingest" and o.dest == dest)
+
 # Variables read elsewhere than an option default: (name, what reads it).
 OTHER_ENV_VARS: tuple[tuple[str, str], ...] = (
     (CONFIG_FILE_ENV, "the ftlayer TOML config file (default ./ftlayer.toml if it exists)"),

@@ -42,7 +42,7 @@ from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.keyspace.keys import check_name
 from ftlayer.servers.state_dir import state_root
 from runtime.cli.common import CLIError, connection_options, embedded_url_hint, load_config
-from runtime.cli.env import add_env_options
+from runtime.cli.env import add_env_options, ingest_option
 from runtime.cli.ingest_mqtt import check_no_mqtt_options, mqtt_source, run_mqtt, topic_key
 from runtime.cli.ingest_webhook import check_no_webhook_options, check_webhook_options, run_webhook
 from runtime.driver.file_source import STDIN, LinesSource
@@ -78,10 +78,8 @@ FILE_ONLY: dict[str, Any] = {"worker": "0/1", "offsets_dir": None, "from_start":
 def check_no_file_options(args: argparse.Namespace) -> None:
     """Refuse a FILE-only option (given, or set by its variable) with --webhook or --mqtt, where it would
     be ignored; and ``--format`` with --webhook (whose bodies are JSON or NDJSON by their Content-Type)."""
-    from runtime.cli.env import ENV_OPTIONS
-
     def refuse(dest: str, why: str) -> None:
-        opt = next(o for o in ENV_OPTIONS if o.command == "ingest" and o.dest == dest)
+        opt = ingest_option(dest)
         msg = f"{opt.flag} {why} (unset {opt.env} if it comes from there)"
         raise CLIError(msg)
 

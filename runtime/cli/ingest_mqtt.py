@@ -29,7 +29,7 @@ from typing import Any
 from ftlayer.config import FTConfig
 from ftlayer.facade.ft_layer import FTLayer
 from runtime.cli.common import CLIError
-from runtime.cli.env import ENV_OPTIONS, EnvOption
+from runtime.cli.env import ingest_option
 from runtime.driver.ingest import Ingestor
 from runtime.driver.mqtt import MqttSource
 
@@ -40,15 +40,12 @@ MQTT_ONLY: dict[str, Any] = {"topic": None, "qos": "1", "client_id": None, "shar
 DEFAULT_TOPIC_FIELD = "topic"
 
 
-def _option(dest: str) -> EnvOption:
-    return next(o for o in ENV_OPTIONS if o.command == "ingest" and o.dest == dest)
-
 
 def check_no_mqtt_options(args: argparse.Namespace) -> None:
     """Refuse an MQTT-only option (given, or set by its variable) without ``--mqtt``."""
     for dest, unset in MQTT_ONLY.items():
         if getattr(args, dest) != unset:
-            opt = _option(dest)
+            opt = ingest_option(dest)
             msg = f"{opt.flag} is an MQTT option: it needs --mqtt URL (or unset {opt.env} if it comes from there)"
             raise CLIError(msg)
 

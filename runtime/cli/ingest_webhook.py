@@ -27,7 +27,7 @@ from typing import Any
 
 from ftlayer.facade.ft_layer import FTLayer
 from runtime.cli.common import CLIError
-from runtime.cli.env import ENV_OPTIONS, EnvOption
+from runtime.cli.env import ingest_option
 from runtime.driver.ingest import Ingestor
 
 # the options that only mean something with --webhook, and the value each has when not given
@@ -35,15 +35,12 @@ WEBHOOK_ONLY: dict[str, Any] = {"webhook_token": None, "webhook_hmac_secret": No
                                 "webhook_tls_key": None, "max_body_bytes": 1 << 20, "webhook_reply_timeout_s": 30.0}
 
 
-def _option(dest: str) -> EnvOption:
-    return next(o for o in ENV_OPTIONS if o.command == "ingest" and o.dest == dest)
-
 
 def check_no_webhook_options(args: argparse.Namespace) -> None:
     """Refuse a webhook-only option (given, or set by its variable) without ``--webhook``."""
     for dest, unset in WEBHOOK_ONLY.items():
         if getattr(args, dest) != unset:
-            opt = _option(dest)
+            opt = ingest_option(dest)
             msg = (f"{opt.flag} is a webhook option: it needs --webhook [HOST:]PORT (or unset {opt.env} if it "
                    "comes from there)")
             raise CLIError(msg)
@@ -70,7 +67,7 @@ def check_webhook_options(args: argparse.Namespace) -> tuple[str, int, ssl.SSLCo
     host, port = parse_listen(args.webhook)
     for dest in ("webhook_token", "webhook_hmac_secret"):
         if getattr(args, dest) == "":  # an empty variable (a secret never filled in) must not open the door
-            opt = _option(dest)
+            opt = ingest_option(dest)
             msg = f"{opt.flag} is empty: give the credential, or unset {opt.env} for none"
             raise CLIError(msg)
     if args.webhook_tls_key and not args.webhook_tls_cert:
