@@ -1,17 +1,19 @@
 """The receiver benchmarks (``scripts/bench webhook mqtt``): records/s through ftlayer's receivers next to the
 raw rate of the same server or broker without ftlayer, measured side by side in one run (alternating rounds).
 
-- **webhook**: the load process (:mod:`runtime.bench.load`, aiohttp's client) posts JSON-array bodies of
-  ``batch`` records on ``connections`` keep-alive connections. *raw*: the same aiohttp server code
-  (:class:`~runtime.driver.webhook_http.HttpServer`: routing, body parsing, the JSON answer) whose
-  intake confirms every request at once: no ingest, no Redis. *ftlayer*: a
-  :class:`~runtime.driver.webhook.WebhookSource` with an :class:`~runtime.driver.ingest.Ingestor`
-  persisting into Redis; a request is answered 200 once its records are persisted. Both servers run
-  in this process; the figure is records / time from ``go`` to the last 200. *ingest alone*: the
-  same records handed to an Ingestor by a plain poll source, no HTTP, persisted in batches of
-  ``batch`` x ``connections`` records (the most the load ever has in flight, so the largest batch
-  the receiver can persist at once): the ceiling ingest's own work (packing, key hash, chunk
-  encoding, the persist call) puts on the receiver under this load.
+- **webhook**: the load process (:mod:`runtime.bench.load`: a minimal HTTP/1.1 client of its own, so
+  that the load leaves the CPU to the servers) posts JSON-array bodies of ``batch`` records on
+  ``connections`` keep-alive connections. *raw*: the same aiohttp server code
+  (:class:`~runtime.driver.webhook_http.HttpServer`: routing, body parsing, the JSON answer) in a
+  thread of this process, whose intake confirms every request at once: no ingest, no Redis.
+  *ftlayer*: a :class:`~runtime.driver.webhook.WebhookSource` as users get it (its HTTP front in a
+  process of its own, :mod:`runtime.driver.webhook_link`) with an
+  :class:`~runtime.driver.ingest.Ingestor` persisting into Redis; a request is answered 200 once
+  its records are persisted. The figure is records / time from ``go`` to the last 200. *ingest
+  alone*: the same records handed to an Ingestor by a plain poll source, no HTTP, persisted in
+  batches of ``batch`` x ``connections`` records (the most the load ever has in flight, so the
+  largest batch the receiver can persist at once): the ceiling ingest's own work (packing, key
+  hash, chunk encoding, the persist call) puts on the receiver under this load.
 - **mqtt**: two load processes publish ``records`` JSON messages at QoS 1 to one Mosquitto
   (persistence on, saved every 10,000 changes, no per-message log). *raw*: a paho-mqtt subscriber at
   QoS 1 (receive maximum 1000, acknowledging on receipt) counts them. *ftlayer*: an
@@ -19,10 +21,11 @@ raw rate of the same server or broker without ftlayer, measured side by side in 
   message after persist. The figure is records / time from ``go`` to the last record received (raw)
   or persisted (ftlayer).
 
-The webhook figures also say where the CPU goes (``cpu_us_per_request``: CPU microseconds per request of
-the server's HTTP thread in each variant, of ftlayer's ingest thread, and of the Redis server while the
-round ran), because the receiver's throughput is bound by its own process: its two threads share one GIL,
-so their CPU per request (not Redis, not the client) is what the ratio mostly reflects.
+The webhook figures also say where the CPU goes (``cpu_us_per_request``: CPU microseconds per request
+of the raw server's HTTP thread; of ftlayer's front process, link thread and ingest thread; of the
+Redis server while the round ran; and of each round's load client). The receiver's rate is bound by
+its ingest process: the link and ingest threads share one GIL, so their CPU per request against the
+raw server's HTTP thread is what the ratio mostly reflects.
 
 Each ``*_vs_raw_ratio`` is ftlayer's rate over the raw rate of the same round; summaries are the
 median, min and max over rounds. Nothing reads the persisted records (no Spark): it measures the
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -112,17 +116,27 @@ class _EchoIntake:
         return {}
 
 
-HTTP_THREAD = "ftlayer-webhook"  # runtime.driver.webhook_http.HttpServer's event loop
+HTTP_THREAD = "ftlayer-webhook"  # runtime.driver.webhook_http.HttpServer's event loop (the raw server's)
 INGEST_THREAD = "ftlayer-ingest"  # runtime.driver.ingest.Ingestor.start
+LINK_THREAD = "ftlayer-webhook-link"  # runtime.driver.webhook_link.FrontLink's reader
 
 
-def _thread_cpu_s(name: str) -> float:
-    """CPU seconds used so far by this process's live threads named ``name`` (their POSIX CPU clocks)."""
-    total = 0.0
-    for thread in threading.enumerate():
-        if thread.name == name and thread.ident is not None:
-            total += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
-    return total
+def _thread_cpu_s(name: str) -> float | None:
+    """CPU seconds used so far by this process's live threads named ``name`` (their POSIX CPU clocks);
+    None when there is no such thread."""
+    clocks = [time.clock_gettime(time.pthread_getcpuclockid(thread.ident)) for thread in threading.enumerate()
+              if thread.name == name and thread.ident is not None]
+    return sum(clocks) if clocks else None
+
+
+def _process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` (from /proc; 0 where there is none)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _server_cpu_s(client: Any) -> float:
@@ -132,25 +146,33 @@ def _server_cpu_s(client: Any) -> float:
 
 
 def _webhook_round(variant: str, url: str, records: int, batch: int, connections: int, *,
-                   cpu: dict[str, list[float]] | None = None, redis_client: Any = None) -> float:
+                   cpu: dict[str, list[float]] | None = None, redis_client: Any = None,
+                   front_pid: int | None = None) -> float:
     """records/s of one round against a server listening on ``url``; with ``cpu``, appends the CPU
-    microseconds per request of the HTTP thread (``<variant>_http_thread``), the ingest thread and the
-    Redis server (when they exist) over the round."""
-    threads = {f"{variant}_http_thread": HTTP_THREAD, f"{variant}_ingest_thread": INGEST_THREAD}
-    before = {key: _thread_cpu_s(name) for key, name in threads.items()}
+    microseconds per request of each part that exists (the HTTP thread or the front process, the
+    ingest and link threads, the Redis server, the load client) over the round."""
+    threads = {f"{variant}_http_thread": HTTP_THREAD, f"{variant}_ingest_thread": INGEST_THREAD,
+               f"{variant}_link_thread": LINK_THREAD}
+    before = {key: _thread_cpu_s(name) for key, name in threads.items()}  # None: no such part in this variant
+    front_before = _process_cpu_s(front_pid) if front_pid is not None else 0.0
     server_before = _server_cpu_s(redis_client) if redis_client is not None else 0.0
     proc = _load("http", url, "--records", str(records), "--batch", str(batch), "--connections", str(connections))
     _go([proc])
     result = _result(proc)
     if cpu is not None:
         requests = -(-records // batch)
+        used: dict[str, float] = {}
         for key, name in threads.items():
-            used = _thread_cpu_s(name) - before[key]
-            if used > 0:
-                cpu.setdefault(key, []).append(used / requests * 1e6)
+            start, end = before[key], _thread_cpu_s(name)
+            if start is not None and end is not None:
+                used[key] = end - start
+        if front_pid is not None:  # /proc's clock ticks: 10 ms steps, so a tiny round may read 0
+            used[f"{variant}_front_process"] = _process_cpu_s(front_pid) - front_before
         if redis_client is not None:
-            used = _server_cpu_s(redis_client) - server_before
-            cpu.setdefault("redis_server", []).append(used / requests * 1e6)
+            used["redis_server"] = _server_cpu_s(redis_client) - server_before
+        used[f"{variant}_load_client"] = float(result["cpu_s"])
+        for key, seconds in used.items():
+            cpu.setdefault(key, []).append(seconds / requests * 1e6)
     if set(result["statuses"]) != {"200"}:  # JSON keys are strings
         msg = f"webhook bench ({variant}): answers other than 200: {result['statuses']}"
         raise RuntimeError(msg)
@@ -188,7 +210,8 @@ def _ftlayer_webhook(url: str, records: int, batch: int, connections: int,
     try:
         while hooks.readiness() is not None:
             time.sleep(0.01)
-        rate = _webhook_round("ftlayer", hooks.url, records, batch, connections, cpu=cpu, redis_client=layer.client)
+        rate = _webhook_round("ftlayer", hooks.url, records, batch, connections, cpu=cpu, redis_client=layer.client,
+                              front_pid=hooks.front_pid)
         if layer.stats()["persisted"] < records:
             msg = f"webhook bench: {layer.stats()['persisted']} of {records} records persisted after every 200"
             raise RuntimeError(msg)

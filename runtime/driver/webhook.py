@@ -9,7 +9,9 @@
     hooks.end()                                        # stop taking records; the source ends when drained
 
 The server is aiohttp (HTTP/1.1 keep-alive, optional TLS; :mod:`runtime.driver.webhook_http` says
-why) on an event loop in a thread of its own; ingest pulls from it like any poll source.
+why), by default in a process of its own (the *front*, :mod:`runtime.driver.webhook_link` says
+why and how) and with ``front="thread"`` on an event loop in a thread of this process; ingest
+pulls from the source like any poll source, and every decision about records is taken here.
 
 Protocol (the full table: docs/sources.md):
 
@@ -45,6 +47,7 @@ the receiver matches confirmations to requests by counting (a FIFO of waiting re
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import ssl
 import threading
@@ -52,10 +55,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftlayer.logs import logger_for
-from runtime.driver.webhook_body import WebhookAuth, WebhookError
+from runtime.driver.webhook_body import BodyError, WebhookAuth, WebhookError, parse_records
+
+if TYPE_CHECKING:
+    from runtime.driver.webhook_link import FrontLink
 
 log = logger_for(__name__)
 
@@ -64,15 +70,22 @@ IDLE_POLL_S = 0.05  # poll(): how long it waits for a request while nothing is q
 # ack(): how long ingest waits for the server's loop to have answered the requests it confirmed before
 # it goes on (to the next batch's packing and encoding, which hold the GIL the loop needs to answer)
 HANDOFF_S = 0.002
+TLS_FILES = "ftlayer_tls_files"  # tls_context(): the (cert, key) paths a context was loaded from
+FRONTS = ("auto", "process", "thread")
 
 
 @dataclass(eq=False)
 class _Ticket:
-    """One request's records: handed to ingest, then confirmed by ``ack`` (or abandoned)."""
+    """One request's records: handed to ingest, then confirmed by ``ack`` (or abandoned). Answered on
+    ``loop`` through ``future`` (the HTTP server in a thread of this process), or over ``link`` by
+    ``rid`` (the HTTP front in its own process, :mod:`runtime.driver.webhook_link`)."""
 
     values: list[Any]
-    future: asyncio.Future[bool | None]  # None: the answer timed out (webhook_http)
-    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[bool | None] | None = None  # None: the answer timed out (webhook_http)
+    loop: asyncio.AbstractEventLoop | None = None
+    link: FrontLink | None = None
+    rid: int = 0
+    withdrawn: bool = False  # its answer (503) went out already: never counted again
     remaining: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -83,18 +96,25 @@ def _settle(tickets: list[_Ticket], ok: bool, answered: threading.Event | None =
     """Resolve the tickets' futures (on their loop's thread); then, a turn of the loop later (once the
     handlers woken here have written their answers), set ``answered``."""
     for ticket in tickets:
-        if not ticket.future.done():
+        if ticket.future is not None and not ticket.future.done():
             ticket.future.set_result(ok)
-    if answered is not None:
+    if answered is not None and tickets[0].loop is not None:
         tickets[0].loop.call_soon(answered.set)  # after the handlers' wake-ups, scheduled just now
 
 
 def _settle_soon(tickets: list[_Ticket], ok: bool, answered_within: float = 0.0) -> None:
-    """:func:`_settle` from any thread: one wake-up of each loop involved. With ``answered_within``,
-    wait (at most that long) until each loop has run the answers (see :data:`HANDOFF_S`)."""
+    """:func:`_settle` from any thread: one wake-up of each loop involved, one frame to each front
+    process. With ``answered_within``, wait (at most that long) until each loop of this process has
+    run the answers (see :data:`HANDOFF_S`; a front process answers on its own CPU, unwaited)."""
     by_loop: dict[asyncio.AbstractEventLoop, list[_Ticket]] = {}
+    by_link: dict[FrontLink, list[_Ticket]] = {}
     for ticket in tickets:
-        by_loop.setdefault(ticket.loop, []).append(ticket)
+        if ticket.link is not None:
+            by_link.setdefault(ticket.link, []).append(ticket)
+        elif ticket.loop is not None:
+            by_loop.setdefault(ticket.loop, []).append(ticket)
+    for link, group in by_link.items():
+        link.settle(group, ok)
     events: list[threading.Event] = []
     for loop, group in by_loop.items():
         answered = threading.Event() if answered_within > 0 else None
@@ -112,13 +132,15 @@ def _settle_soon(tickets: list[_Ticket], ok: bool, answered_within: float = 0.0)
 
 def tls_context(cert: str, key: str | None = None) -> ssl.SSLContext:
     """A server TLS context from a PEM certificate (chain) and its private key (``key`` None: in ``cert``);
-    :class:`WebhookError` naming the files if they cannot be loaded."""
+    :class:`WebhookError` naming the files if they cannot be loaded. The context remembers its files
+    (:data:`TLS_FILES`), so the HTTP front process can load them too."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
         context.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as exc:
         msg = f"cannot load the TLS certificate {cert}" + (f" and key {key}" if key else "") + f": {exc}"
         raise WebhookError(msg) from exc
+    setattr(context, TLS_FILES, (os.path.abspath(cert), os.path.abspath(key) if key else None))
     return context
 
 
@@ -130,7 +152,12 @@ class WebhookSource:
     topology can take the same object. ``token`` / ``hmac_secret``: the credentials every POST must
     carry (see :mod:`runtime.driver.webhook_body`); ``tls``: a server :class:`ssl.SSLContext`
     (:func:`tls_context`); ``ready_check``: a callable that raises when the records could not be
-    persisted now (``GET /readyz``; the CLI pings Redis).
+    persisted now (``GET /readyz``; the CLI pings Redis; it runs in this process). ``front``: where the
+    HTTP side runs, "process" (a front process, :mod:`runtime.driver.webhook_link`), "thread" (an event
+    loop in a thread here) or "auto" ("process" unless ``tls`` is a context :func:`tls_context` did not
+    build, which cannot be handed to another process). The counters (``confirmed``, ``refused``,
+    ``answers``) count what this process decided as it decides it, and what the front decided
+    (4xx, its reply timeouts) as the front reports it, a moment after the client's answer.
     """
 
     def __init__(
@@ -149,7 +176,16 @@ class WebhookSource:
         tls: ssl.SSLContext | None = None,
         ready_check: Callable[[], object] | None = None,
         backlog: int = 1024,
+        front: str = "auto",
     ) -> None:
+        if front not in FRONTS:
+            msg = f"WebhookSource(front={front!r}): front must be one of {', '.join(FRONTS)}"
+            raise WebhookError(msg)
+        if front == "process" and tls is not None and getattr(tls, TLS_FILES, None) is None:
+            msg = ("WebhookSource(front='process') cannot pass this TLS context to the HTTP process: build it with "
+                   "tls_context(cert, key), or use front='thread'")
+            raise WebhookError(msg)
+        self.front = front
         self.host = host
         self.port = port
         self.path = ("/" + path.strip("/") + "/").replace("//", "/")
@@ -174,7 +210,8 @@ class WebhookSource:
         self._ending = False
         self._last_poll: float | None = None  # monotonic time of ingest's last poll
         self._wake_due = False  # a wake of ingest is scheduled on the server's loop (see offer)
-        self._server: Any = None  # runtime.driver.webhook_http.HttpServer while listening
+        self._server: Any = None  # webhook_http.HttpServer or webhook_link.FrontLink while listening
+        self._front_lost: str | None = None  # why the HTTP process ended on its own
         self._listen()
 
     # --- the server -------------------------------------------------------------------
@@ -184,6 +221,20 @@ class WebhookSource:
         scheme = "https" if self.tls is not None else "http"
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{scheme}://{host}:{self.port}{self.path}"
+
+    @property
+    def front_process(self) -> bool:
+        """True when the HTTP side runs in a process of its own (``front``: "process", or "auto"
+        unless ``tls`` is a context :func:`tls_context` did not build); see
+        :mod:`runtime.driver.webhook_link`."""
+        if self.front == "auto":
+            return self.tls is None or getattr(self.tls, TLS_FILES, None) is not None
+        return self.front == "process"
+
+    @property
+    def front_pid(self) -> int | None:
+        """The pid of the HTTP front process while it serves (None: the HTTP side runs in a thread here)."""
+        return getattr(self._server, "pid", None)
 
     def _listen(self) -> None:
         if self._server is not None:
@@ -202,34 +253,55 @@ class WebhookSource:
             sock.listen(self.backlog)
             sock.setblocking(False)
             self.port = int(sock.getsockname()[1])
-            self._server = HttpServer(self, sock, path=self.path, auth=self.auth, max_body_bytes=self.max_body_bytes,
-                                      ssl_context=self.tls, ready_check=self.ready_check)
+            self._front_lost = None
+            if self.front_process:
+                from runtime.driver.webhook_link import FrontLink
+
+                link = FrontLink(self, sock, self._front_config(), ready_check=self.ready_check)
+                sock.close()  # the front process serves it; ours would only queue connections nobody takes
+                self._server = link
+                link.start()
+            else:
+                self._server = HttpServer(self, sock, path=self.path, auth=self.auth,
+                                          max_body_bytes=self.max_body_bytes, ssl_context=self.tls,
+                                          ready_check=self.ready_check)
         except BaseException:
             sock.close()
             raise
+
+    def _front_config(self) -> dict[str, Any]:
+        return {"path": self.path, "max_body_bytes": self.max_body_bytes, "token": self.auth.token,
+                "hmac_secret": self.auth.hmac_secret, "reply_timeout_s": self.reply_timeout_s,
+                "retry_after_s": self.retry_after_s,
+                "tls": None if self.tls is None else list(getattr(self.tls, TLS_FILES))}
 
     # --- what the HTTP side calls (runtime.driver.webhook_http.Intake) -----------------------------
     def offer(self, values: list[Any], loop: asyncio.AbstractEventLoop) -> _Ticket | str:
         """Queue a request's records, or say why not (503)."""
         with self._lock:
-            if self._ending or self._server is None:
-                return "the source is ending"
-            if self._paused is not None:
-                return f"ingest paused: {self._paused}"
-            if self._queued + len(values) > self.max_queued and self._queued > 0:
-                return f"{self._queued} records queued (max_queued {self.max_queued})"
-            ticket = _Ticket(values, loop.create_future(), loop)
-            self._queue.append(ticket)
-            self._queued += len(values)
-            if not self._wake_due:  # ingest is woken once per turn of the loop, not per request
-                self._wake_due = True
-                loop.call_soon(self._wake)
+            ticket = self._admit(_Ticket(values, loop.create_future(), loop))
+            if not isinstance(ticket, str) and not self._wake_due:
+                self._wake_due = True  # ingest is woken once per turn of the loop, not per request
+                loop.call_soon(self.wake)
             return ticket
 
-    def _wake(self) -> None:
-        """On the server's loop, after the requests read in one turn were offered: let ingest take
-        them all at once (one hand-over and one persist for a burst of requests, instead of a
-        thread switch per request while the loop still reads the others)."""
+    def _admit(self, ticket: _Ticket) -> _Ticket | str:
+        """Queue ``ticket`` (under the lock), or say why not."""
+        if self._ending or self._server is None:
+            return "the source is ending"
+        if self._paused is not None:
+            return f"ingest paused: {self._paused}"
+        values = ticket.values
+        if self._queued + len(values) > self.max_queued and self._queued > 0:
+            return f"{self._queued} records queued (max_queued {self.max_queued})"
+        self._queue.append(ticket)
+        self._queued += len(values)
+        return ticket
+
+    def wake(self) -> None:
+        """After the requests read in one turn of the server's loop (or one read of the front's link)
+        were offered: let ingest take them all at once (one hand-over and one persist for a burst of
+        requests, instead of a thread switch per request while the others are still being read)."""
         with self._lock:
             self._wake_due = False
             self._lock.notify_all()
@@ -241,6 +313,52 @@ class WebhookSource:
             if ticket in self._queue:
                 self._queue.remove(ticket)
                 self._queued -= len(ticket.values)
+
+    # --- what the front process sends (runtime.driver.webhook_link.LinkedSource) ----------------------
+    def take_body(self, link: FrontLink, rid: int, body: bytes, content_type: str | None, batch: bool) -> None:
+        """A records request from the front as its body (its records would not fit msgpack): parsed here."""
+        try:
+            values = parse_records(body, content_type, batch=batch)
+        except BodyError as exc:  # the front parsed it already; only a change of mind would get here
+            self.answered(exc.status, 0)
+            link.answer(rid, exc.status, str(exc), 0)
+            return
+        self.take(link, rid, values)
+
+    def take(self, link: FrontLink, rid: int, values: list[Any]) -> None:
+        """A records request from the front, taken as :meth:`offer` takes one; a refusal (503) or an empty
+        request (200) is answered at once. The answers decided here are counted here (``answers``,
+        ``confirmed``, ``refused``), before the front writes them."""
+        if not values:
+            self.answered(200, 0)
+            link.answer(rid, 200, None, 0)
+            return
+        with self._lock:
+            ticket = self._admit(_Ticket(values, link=link, rid=rid))
+        if isinstance(ticket, str):
+            self.answered(503, len(values))
+            link.answer(rid, 503, ticket, len(values))
+
+    def withdraw_request(self, link: FrontLink, rid: int) -> None:
+        """The front answered 503 (not confirmed in time), and counted it: as :meth:`withdraw`; a ticket
+        already polled is persisted anyway, uncounted."""
+        with self._lock:
+            for ticket in self._queue:
+                if ticket.rid == rid and ticket.link is link:
+                    self._queue.remove(ticket)
+                    self._queued -= len(ticket.values)
+                    return
+            for ticket in self._inflight:
+                if ticket.rid == rid and ticket.link is link:
+                    ticket.withdrawn = True
+                    return
+
+    def front_lost(self, why: str) -> None:
+        """The front process ended without being told to: see :mod:`runtime.driver.webhook_link`."""
+        log.error("webhook on port %d: %s; no request is taken any more", self.port, why)
+        with self._lock:
+            self._front_lost = why
+            self._lock.notify_all()
 
     def answered(self, status: int, records: int) -> None:
         with self._lock:
@@ -290,6 +408,8 @@ class WebhookSource:
             if not self._queue:
                 if self._ending:
                     return None
+                if self._front_lost is not None and not self._inflight:
+                    raise WebhookError(self._front_lost)
                 if self._inflight:
                     return []
                 self._lock.wait(IDLE_POLL_S)
@@ -316,6 +436,9 @@ class WebhookSource:
                 if ticket.remaining == 0:
                     done.append(self._inflight.popleft())
         if done:
+            for ticket in done:
+                if ticket.link is not None and not ticket.withdrawn:  # counted before the front answers
+                    self.answered(200, len(ticket.values))
             _settle_soon(done, True, HANDOFF_S)
 
     def ingest_paused(self, reason: str | None) -> None:
@@ -337,6 +460,9 @@ class WebhookSource:
             self._inflight.clear()
             self._queue.clear()
             self._queued = 0
+        for ticket in waiting:
+            if ticket.link is not None and not ticket.withdrawn:
+                self.answered(503, len(ticket.values))
         _settle_soon(waiting, False)  # answered 503 before the connections close
         if server is not None:
             server.stop()

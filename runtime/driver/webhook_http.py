@@ -27,25 +27,25 @@ import json
 import socket
 import ssl
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from aiohttp import web
 
 from ftlayer.logs import logger_for
+from runtime.driver.ready_probe import ReadyProbe
 from runtime.driver.webhook_body import BodyError, WebhookAuth, body_kind, parse_records
 
 log = logger_for(__name__)
 
 KEEPALIVE_S = 75.0  # idle keep-alive connections are closed after this (longer than most load balancers' 60 s)
-READY_TIMEOUT_S = 2.0  # a ready_check that takes longer counts as failed
 SETTLE_TURNS = 5  # stop(): turns of the loop for a connection accepted already to reach aiohttp
 
 
 class Ticket(Protocol):
     values: list[Any]
-    future: asyncio.Future[bool | None]
+    @property
+    def future(self) -> asyncio.Future[bool | None] | None: ...  # never None for a ticket offer() returned
 
 
 class Intake(Protocol):
@@ -61,7 +61,7 @@ class Intake(Protocol):
     def health(self) -> dict[str, Any]: ...
 
 
-def _time_out(future: asyncio.Future[bool | None]) -> None:
+def _time_out(future: asyncio.Future[Any]) -> None:
     """``reply_timeout_s`` passed: resolve the ticket's future with None (not confirmed in time), so
     its handler answers 503; a confirmation coming later finds the future done and is dropped."""
     if not future.done():
@@ -93,15 +93,15 @@ class HttpServer:
 
     def __init__(self, intake: Intake, sock: socket.socket, *, path: str, auth: WebhookAuth,
                  max_body_bytes: int, ssl_context: ssl.SSLContext | None,
-                 ready_check: Callable[[], object] | None = None) -> None:
+                 ready_check: Callable[[], object] | None = None,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.intake = intake
         self.path = path
         self.auth = auth
         self.max_body_bytes = max_body_bytes
-        self.ready_check = ready_check
-        self._probe_since: float | None = None  # a ready_check in flight since (monotonic)
+        self._probe_runs = ReadyProbe(ready_check)
         self._sock = sock
-        self.loop = asyncio.new_event_loop()
+        self.loop = loop or asyncio.new_event_loop()
         app = web.Application(client_max_size=max_body_bytes, middlewares=[_json_errors])
         app.router.add_post(path, self._records)
         if path != "/":  # path="/in": POST /in takes records too, as does /in/
@@ -151,6 +151,9 @@ class HttpServer:
 
     def _refuse(self, status: int, why: str, records: int = 0) -> web.Response:
         self.intake.answered(status, records)
+        return self._refusal(status, why)
+
+    def _refusal(self, status: int, why: str) -> web.Response:
         headers = {"WWW-Authenticate": 'Bearer realm="ftlayer"'} if status == 401 and self.auth.token else None
         return _json(status, {"error": why}, headers)
 
@@ -165,8 +168,14 @@ class HttpServer:
         return await self._confirm(values)
 
     async def _values(self, request: web.Request, *, batch: bool) -> list[Any]:
-        """The request's records; BodyError (401, 413, 415, 400) for a request refused. The cheap
-        checks (token, Content-Type, Content-Length) come before the body is read."""
+        """The request's records; BodyError (401, 413, 415, 400) for a request refused."""
+        body, content_type = await self._body(request)
+        return parse_records(body, content_type, batch=batch)
+
+    async def _body(self, request: web.Request) -> tuple[bytes, str | None]:
+        """The request's body and Content-Type once its credentials, type and size passed; BodyError
+        (401, 413, 415) for a request refused. The cheap checks (token, Content-Type,
+        Content-Length) come before the body is read."""
         why = self.auth.check_token(request.headers)
         if why is not None:
             raise BodyError(why, 401)
@@ -184,7 +193,7 @@ class HttpServer:
         why = self.auth.check_signature(request.headers, body)
         if why is not None:
             raise BodyError(why, 401)
-        return parse_records(body, content_type, batch=batch)
+        return body, content_type
 
     async def _confirm(self, values: list[Any]) -> web.Response:
         """Hand the records to ingest and answer once they are persisted (200) or not (503)."""
@@ -193,6 +202,7 @@ class HttpServer:
         if isinstance(ticket, str):
             return self._busy(ticket, len(values))
         future = ticket.future
+        assert future is not None  # offer() binds every ticket it returns to this loop
         timer = self.loop.call_later(intake.reply_timeout_s, _time_out, future)
         try:
             ok = await future
@@ -208,6 +218,9 @@ class HttpServer:
 
     def _busy(self, why: str, records: int) -> web.Response:
         self.intake.answered(503, records)
+        return self._busy_answer(why)
+
+    def _busy_answer(self, why: str) -> web.Response:
         return _json(503, {"error": why}, {"Retry-After": str(self.intake.retry_after_s)})
 
     async def _healthz(self, _request: web.Request) -> web.Response:
@@ -220,27 +233,7 @@ class HttpServer:
         return _json(200, {"ready": True})
 
     async def _probe(self) -> str | None:
-        """Run ``ready_check`` (Redis PING) off the loop, one at a time; why it failed, or None."""
-        if self.ready_check is None:
+        """Run ``ready_check`` (Redis PING) off the loop (:class:`~runtime.driver.ready_probe.ReadyProbe`)."""
+        if not self._probe_runs.configured:
             return None
-        if self._probe_since is not None:  # a check still hangs (Redis frozen?): not ready meanwhile
-            return f"the ready check has not answered for {time.monotonic() - self._probe_since:.1f} s"
-        self._probe_since = time.monotonic()
-        check = self.ready_check
-        future = self.loop.run_in_executor(None, check)
-        try:
-            await asyncio.wait_for(asyncio.shield(future), READY_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            future.add_done_callback(self._probe_done)
-            return f"the ready check did not answer within {READY_TIMEOUT_S:g} s"
-        except Exception as exc:
-            self._probe_since = None
-            return f"the ready check failed: {type(exc).__name__}: {exc}"
-        self._probe_since = None
-        return None
-
-    def _probe_done(self, future: asyncio.Future[object]) -> None:
-        """A check that outlived its timeout finally returned: the next probe may run."""
-        self._probe_since = None
-        if not future.cancelled():
-            future.exception()  # retrieved, so asyncio does not log it as never retrieved
+        return await self.loop.run_in_executor(None, self._probe_runs.check)

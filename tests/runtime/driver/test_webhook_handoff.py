@@ -1,4 +1,6 @@
-"""The webhook source's two hand-overs with its HTTP server, on a real server and real HTTP connections.
+"""The webhook source's two hand-overs with its HTTP server, on a real server and real HTTP connections
+(the server in a thread of this process, ``front="thread"``; the front process has its own tests in
+``test_webhook_front.py``).
 
 No ingest runs here: the test thread plays ingest (``poll`` then ``ack``), so what the server has
 answered can be read at the exact moment ``ack`` returns.
@@ -40,7 +42,7 @@ def test_ack_returns_once_the_confirmed_requests_are_answered(monkeypatch: pytes
     # the bound raised for this test: on a loaded machine the loop may take longer than 2 ms to run the
     # answers, and what is checked here is that ack waits for them (the bound has its own test below)
     monkeypatch.setattr(webhook, "HANDOFF_S", 10.0)
-    hooks = WebhookSource(reply_timeout_s=30.0)
+    hooks = WebhookSource(front="thread", reply_timeout_s=30.0)
     try:
         for round_ in range(5):
             answers: list[Answer] = []
@@ -61,7 +63,7 @@ def test_ack_returns_once_the_confirmed_requests_are_answered(monkeypatch: pytes
 
 
 def test_ack_waits_at_most_the_handoff_bound_for_a_busy_loop() -> None:
-    hooks = WebhookSource(reply_timeout_s=30.0)
+    hooks = WebhookSource(front="thread", reply_timeout_s=30.0)
     try:
         answers: list[Answer] = []
         poster = _post_in_background(hooks.url, [{"i": 1}], answers)
@@ -81,8 +83,9 @@ def test_ack_waits_at_most_the_handoff_bound_for_a_busy_loop() -> None:
         hooks.close()
 
 
-def test_a_request_not_confirmed_in_time_is_503_and_its_records_are_taken_back() -> None:
-    hooks = WebhookSource(reply_timeout_s=0.3, retry_after_s=2)
+@pytest.mark.parametrize("front", ["thread", "process"])
+def test_a_request_not_confirmed_in_time_is_503_and_its_records_are_taken_back(front: str) -> None:
+    hooks = WebhookSource(front=front, reply_timeout_s=0.3, retry_after_s=2)
     try:
         http = Http(hooks.url, timeout_s=10.0)
         started = time.monotonic()
@@ -91,8 +94,28 @@ def test_a_request_not_confirmed_in_time_is_503_and_its_records_are_taken_back()
         http.close()
         assert (answer.status, answer.error, answer.headers["retry-after"]) == (503, "not confirmed in time", "2")
         assert 0.25 <= took < 5.0
-        assert hooks.health()["queued"] == 0  # taken back: nothing left for ingest to persist
+        # taken back: nothing left for ingest to persist (the front process's withdrawal and its count
+        # of answers come over the link, a moment after the answer)
+        wait_until(lambda: hooks.health()["queued"] == 0 and hooks.answers == {503: 1}, 10, "the withdrawal")
         assert hooks.poll() == []
         assert hooks.answers == {503: 1}
+    finally:
+        hooks.close()
+
+
+@pytest.mark.parametrize("front", ["thread", "process"])
+def test_a_request_answered_503_after_it_was_polled_is_never_counted_confirmed(front: str) -> None:
+    hooks = WebhookSource(front=front, reply_timeout_s=0.3, retry_after_s=2)
+    try:
+        answers: list[Answer] = []
+        poster = _post_in_background(hooks.url, [{"i": 1}, {"i": 2}], answers)
+        wait_until(lambda: hooks.health()["queued"] == 2, 10, "the request to be queued")
+        values = hooks.poll()  # polled: persisted anyway, but its answer gives up first
+        poster.join(10)
+        assert [a.status for a in answers] == [503]
+        wait_until(lambda: hooks.answers == {503: 1}, 10, "the 503 to be counted")
+        assert values is not None
+        hooks.ack(list(values))
+        assert (hooks.answers, hooks.confirmed) == ({503: 1}, 0)  # what the client got, not what persisted
     finally:
         hooks.close()

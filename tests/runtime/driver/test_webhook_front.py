@@ -1,0 +1,199 @@
+"""The webhook receiver's HTTP front in a process of its own (runtime.driver.webhook_link), for real:
+a real front process, real HTTP connections, ingest into a real Redis, and real signals.
+
+What is checked: the HTTP side is another process and every decision about records stays in this
+one (health, readiness and the counters are this process's); a value msgpack cannot carry reaches
+ingest unchanged; a killed front stops ingest with the reason; a killed ingest process takes its
+front (and the port) with it; SIGTERM and SIGINT leave the front to its ingest process; the
+``front`` option and TLS contexts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ftlayer.config import FTConfig
+from ftlayer.facade.ft_layer import FTLayer
+from runtime.driver.webhook import WebhookSource, tls_context
+from runtime.driver.webhook_body import WebhookError
+from tests.runtime.mqtt_support import persisted_ids, self_signed
+from tests.runtime.webhook_support import Answer, Http, receiving
+from tests.waiting import wait_until
+
+
+def _layer(config: FTConfig, source: str) -> FTLayer:
+    return FTLayer(config, "front", source, num_channels=2).open()
+
+
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+def _gone(pid: int) -> bool:
+    """The process ended (reaped, or a zombie nobody reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_the_http_side_is_its_own_process_and_this_one_decides(ft_config: FTConfig) -> None:
+    layer = _layer(ft_config, "own")
+    with receiving(layer) as (hooks, _ing):
+        pid = hooks.front_pid
+        assert pid is not None and pid != os.getpid()
+        assert "runtime.driver.webhook_front" in _cmdline(pid)
+        http = Http(hooks.url)
+        answers = [http.post("batch", [{"i": i} for i in range(10)]), http.post("", {"i": 10}),
+                   http.post("batch", {"i": 11})]  # not an array: 400 from the front
+        health = http.call("GET", "/healthz")
+        http.close()
+        assert [a.status for a in answers] == [200, 200, 400]
+        assert answers[2].error.startswith("a batch body must be a JSON array")
+        # counted here, before the front wrote the 200s; the front's own 400 comes over the link
+        assert hooks.confirmed == 11
+        wait_until(lambda: hooks.answers == {200: 2, 400: 1}, 10, "the front's count of its 400")
+        assert health.status == 200 and health.doc["confirmed"] == 11  # this process's counters
+    assert sorted(persisted_ids(layer)) == list(range(11))
+
+
+def test_a_value_msgpack_cannot_carry_reaches_ingest_unchanged() -> None:
+    values: list[Any] = [{"big": 2**70, "i": 0}, {"s": "\ud800", "i": 1}, {"deep": 1, "i": 2}]
+    hooks = WebhookSource()
+    try:
+        out: list[Answer] = []
+
+        def post() -> None:
+            http = Http(hooks.url, timeout_s=30)
+            out.append(http.post("batch", values))
+            http.close()
+
+        poster = threading.Thread(target=post, daemon=True)
+        poster.start()
+        wait_until(lambda: hooks.health()["queued"] == 3, 10, "the request to be queued")
+        polled = hooks.poll()
+        assert polled == values  # the integer beyond 64 bits and the lone surrogate survived the link
+        assert polled is not None
+        hooks.ack(list(polled))
+        poster.join(10)
+        assert [(a.status, a.doc) for a in out] == [(200, {"accepted": 3})]
+    finally:
+        hooks.close()
+
+
+def test_a_killed_front_stops_ingest_with_the_reason(ft_config: FTConfig) -> None:
+    layer = _layer(ft_config, "killed")
+    with receiving(layer) as (hooks, ing):
+        http = Http(hooks.url)
+        assert http.post("batch", [{"i": i} for i in range(5)]).status == 200
+        http.close()
+        pid = hooks.front_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: ing.done, 30, "ingest to stop")
+        assert isinstance(ing.error, WebhookError)
+        assert f"(pid {pid}) exited with code -9" in str(ing.error)
+    assert sorted(persisted_ids(layer)) == list(range(5))
+
+
+OWNER = textwrap.dedent("""
+    import sys, time
+    from runtime.driver.webhook import WebhookSource
+    hooks = WebhookSource()
+    print(hooks.port, hooks.front_pid, flush=True)
+    time.sleep(600)
+""")
+
+
+def test_a_killed_ingest_process_takes_its_front_and_port_with_it() -> None:
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parents[3])
+    try:
+        assert owner.stdout is not None
+        port, pid = map(int, owner.stdout.readline().split())
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            pass  # served
+        owner.kill()
+        owner.wait(10)
+        wait_until(lambda: _gone(pid), 10, "the front process to end with its ingest process")
+
+        def refused() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            except ConnectionRefusedError:
+                return True
+            return False
+
+        wait_until(refused, 10, "the port to close")
+    finally:
+        owner.kill()
+        owner.wait(10)
+
+
+def test_sigterm_and_sigint_leave_the_front_to_its_ingest_process(ft_config: FTConfig) -> None:
+    layer = _layer(ft_config, "signals")
+    with receiving(layer) as (hooks, _ing):
+        pid = hooks.front_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)  # what systemd or a terminal sends the whole process group
+        os.kill(pid, signal.SIGINT)
+        http = Http(hooks.url)
+        assert http.post("batch", [{"i": 0}, {"i": 1}]).status == 200
+        http.close()
+        assert not _gone(pid)
+    assert sorted(persisted_ids(layer)) == [0, 1]
+
+
+def test_readyz_runs_the_ready_check_in_the_ingest_process(ft_config: FTConfig) -> None:
+    ran_in: list[int] = []
+
+    def check() -> None:
+        ran_in.append(os.getpid())
+        msg = "redis is gone"
+        raise RuntimeError(msg)
+
+    layer = _layer(ft_config, "ready")
+    with receiving(layer, ready_check=check) as (hooks, _ing):
+        http = Http(hooks.url)
+        ready = http.call("GET", "/readyz")
+        http.close()
+        assert (ready.status, ready.doc) == (503, {"ready": False, "why": "the ready check failed: RuntimeError: "
+                                                                          "redis is gone"})
+        assert hooks.front_pid is not None and ran_in and set(ran_in) == {os.getpid()}
+
+
+def test_the_front_option(tmp_path: Path) -> None:
+    with pytest.raises(WebhookError, match="front must be one of auto, process, thread"):
+        WebhookSource(front="fork")
+    cert, key = self_signed(tmp_path)
+    own = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)  # a context tls_context() did not build
+    own.load_cert_chain(str(cert), str(key))
+    with pytest.raises(WebhookError, match=r"build it with tls_context\(cert, key\), or use front='thread'"):
+        WebhookSource(tls=own, front="process")
+    for tls, in_process in ((own, False), (tls_context(str(cert), str(key)), True)):
+        hooks = WebhookSource(tls=tls)  # auto: a front process unless the context cannot be passed on
+        try:
+            assert (hooks.front_pid is not None) == in_process
+            assert hooks.front_process == in_process
+            with socket.create_connection(("127.0.0.1", hooks.port), timeout=10) as raw:
+                client = ssl.create_default_context(cafile=str(cert))
+                with client.wrap_socket(raw, server_hostname="127.0.0.1") as tls_sock:
+                    assert tls_sock.version() is not None  # the TLS handshake went through
+        finally:
+            hooks.close()
+    hooks = WebhookSource(front="thread")
+    try:
+        assert hooks.front_pid is None
+    finally:
+        hooks.close()
