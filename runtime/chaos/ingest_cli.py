@@ -31,11 +31,12 @@ class IngestProcess:
     """``ftlayer ingest *args`` in a child process (see the module notes)."""
 
     def __init__(self, *args: str, redis_url: str, namespace: str, env: dict[str, str] | None = None,
-                 channels: int = CHANNELS) -> None:
+                 channels: int = CHANNELS, new_session: bool = False) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "runtime.cli.main", "ingest", *args, "--redis-url", redis_url,
              "--namespace", namespace, "--num-channels", str(channels)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
+            start_new_session=new_session,  # a process group of its own, for stop(group=True)
         )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -74,10 +75,14 @@ class IngestProcess:
         self.proc.wait(30)
         self._reader.join(5)
 
-    def stop(self, timeout_s: float = 60.0) -> tuple[int, str]:
-        """SIGTERM, then wait for the exit; (exit status, output)."""
+    def stop(self, timeout_s: float = 60.0, *, group: bool = False) -> tuple[int, str]:
+        """SIGTERM (``group``: to its whole process group, as systemd or ``docker stop`` may; needs
+        ``new_session``), then wait for the exit; (exit status, output)."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            if group:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            else:
+                self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:

@@ -113,6 +113,29 @@ def test_sigterm_while_ingest_waits_for_room_persists_what_it_holds_and_exits_0(
 
 
 @pytest.mark.slow
+def test_sigterm_to_the_whole_process_group_still_answers_what_was_taken(redis_server_url: str, namespace: str) -> None:
+    """docs/operations.md: the HTTP front ignores the SIGTERM that systemd's default KillMode (or a
+    terminal, or ``docker stop`` of a shell) sends every process of the group, so the request held when
+    it comes still gets its 200 from the front once ingest persisted it."""
+    proc = IngestProcess("clicks", "events", "--webhook", "127.0.0.1:0", redis_url=redis_server_url,
+                         namespace=namespace, env={"FTLAYER_MAX_PENDING": "3"}, new_session=True)
+    try:
+        url = _url(proc)
+        http = Http(url)
+        assert http.post("batch", [{"i": i} for i in range(5)]).status == 200  # now 5 pending >= 3
+        held, answers = _post_in_thread(url, [{"i": 5}, {"i": 6}])  # taken, then ingest waits for room
+        wait_until(lambda: "backpressure" in str(http.call("GET", "/readyz").doc), 30, "ingest to wait for room")
+        http.close()
+        rc, out = proc.stop(timeout_s=30, group=True)
+    finally:
+        proc.stop()
+    assert rc == 0, out
+    held.join(10)
+    assert [(a.status, a.doc) for a in answers] == [(200, {"accepted": 2})]
+    assert sorted(persisted_ids(_layer(redis_server_url, namespace))) == list(range(7))
+
+
+@pytest.mark.slow
 def test_sigterm_while_redis_is_down_ends_with_exit_1_and_a_503(namespace: str, tmp_path: Path) -> None:
     """docs/operations.md: exit status 1 "if records read were not persisted (stopped while Redis was
     unreachable)"; the request whose records were not persisted is answered 503 (the client retries)."""
