@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import ssl
 import threading
 import time
@@ -273,6 +274,56 @@ def test_size_limit_by_content_length_and_by_chunked_body(ft_config: FTConfig) -
     assert (chunked.status, "more than 1000 bytes" in chunked_doc["error"]) == (413, True), chunked_doc
     assert fits.status == 200
     assert sorted(persisted_ids(layer)) == [0, 1, 2]
+
+
+def _expecting(port: int, headers: dict[str, str], body: bytes | None) -> tuple[bytes, bytes]:
+    """An ``Expect: 100-continue`` request on a raw socket: the server's first answer, read before the body
+    went out (``body`` None: the body is never sent), then the answer that came after the body."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    head = "".join(f"{k}: {v}\r\n" for k, v in {"Host": "127.0.0.1", "Expect": "100-continue", **headers}.items())
+    sock.sendall(f"POST /batch HTTP/1.1\r\n{head}\r\n".encode())
+
+    def answer() -> bytes:  # one answer: its head, and its JSON body if it has one (a 100 has none)
+        got = b""
+        while b"\r\n\r\n" not in got or (not got.startswith(b"HTTP/1.1 100") and not got.endswith(b"}")):
+            data = sock.recv(65536)
+            if not data:
+                break
+            got += data
+        return got
+
+    try:
+        first = answer()
+        if body is None:
+            return first, b""
+        sock.sendall(body)
+        return first, answer()
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("front", ["process", "thread"])
+def test_expect_100_continue_is_refused_before_the_upload(ft_config: FTConfig, front: str,
+                                                          capfd: pytest.CaptureFixture[str]) -> None:
+    """A request over the size limit, or without its token, with ``Expect: 100-continue`` gets its 413 or 401
+    instead of the ``100 Continue`` (aiohttp's own handler says Continue to anything, so the client uploaded
+    the whole body to be told it is too large); an acceptable one gets its Continue and its 200."""
+    layer = _layer(ft_config, "expect")
+    with receiving(layer, max_body_bytes=1000, token="s3cret", front=front) as (hooks, _ing):
+        auth = {"Authorization": "Bearer s3cret", "Content-Type": "application/json"}
+        too_big, _ = _expecting(hooks.port, {**auth, "Content-Length": "100000000"}, None)
+        no_token, _ = _expecting(hooks.port, {"Content-Type": "application/json", "Content-Length": "20"}, None)
+        body = json.dumps(_recs(0, 3)).encode()
+        cont, taken = _expecting(hooks.port, {**auth, "Content-Length": str(len(body))}, body)
+        wait_until(lambda: hooks.answers == {413: 1, 401: 1, 200: 1}, 10, "the three answers to be counted")
+    assert too_big.startswith(b"HTTP/1.1 413 ") and b"at most 1000 are taken" in too_big, too_big
+    assert b"Connection: close" in too_big  # the body the client held back is never read
+    assert no_token.startswith(b"HTTP/1.1 401 "), no_token
+    assert cont.startswith(b"HTTP/1.1 100 Continue"), cont
+    assert taken.startswith(b"HTTP/1.1 200 ") and taken.endswith(b'{"accepted": 3}'), taken
+    assert sorted(persisted_ids(layer)) == [0, 1, 2]
+    # a refused connection's handler, still lingering over the body never sent, is cleaned up at stop
+    assert "Task was destroyed but it is pending" not in capfd.readouterr().err
 
 
 def test_bearer_token_refused_then_accepted(ft_config: FTConfig) -> None:
