@@ -72,6 +72,10 @@ IDLE_POLL_S = 0.05  # poll(): how long it waits for a request while nothing is q
 HANDOFF_S = 0.002
 TLS_FILES = "ftlayer_tls_files"  # tls_context(): the (cert, key) paths a context was loaded from
 FRONTS = ("auto", "process", "thread")
+# a front process that ends on its own is started again on the same port, at most this many times within
+# the window (a front that keeps dying is a fault for the operator: ingest then stops with the reason)
+FRONT_RESTARTS = 3
+FRONT_RESTART_WINDOW_S = 60.0
 
 
 @dataclass(eq=False)
@@ -211,7 +215,9 @@ class WebhookSource:
         self._last_poll: float | None = None  # monotonic time of ingest's last poll
         self._wake_due = False  # a wake of ingest is scheduled on the server's loop (see offer)
         self._server: Any = None  # webhook_http.HttpServer or webhook_link.FrontLink while listening
-        self._front_lost: str | None = None  # why the HTTP process ended on its own
+        self._front_lost: str | None = None  # why the HTTP process ended on its own, not started again
+        self._front_deaths: list[float] = []  # monotonic times a front ended on its own (front_lost)
+        self._closed = False
         self._listen()
 
     # --- the server -------------------------------------------------------------------
@@ -353,12 +359,42 @@ class WebhookSource:
                     ticket.withdrawn = True
                     return
 
-    def front_lost(self, why: str) -> None:
-        """The front process ended without being told to: see :mod:`runtime.driver.webhook_link`."""
-        log.error("webhook on port %d: %s; no request is taken any more", self.port, why)
+    def front_lost(self, link: FrontLink, why: str) -> None:
+        """The front process ended without being told to (killed, crashed): its clients saw their
+        connections reset and retry. The records of its requests not yet polled are taken back (a
+        retry then makes no duplicate); polled ones are persisted anyway. A new front is started on
+        the same port, at most :data:`FRONT_RESTARTS` times within :data:`FRONT_RESTART_WINDOW_S`;
+        past that, :meth:`poll` raises :class:`WebhookError` with the reason once the records held
+        are handed over, which stops ingest (see :mod:`runtime.driver.webhook_link`)."""
         with self._lock:
-            self._front_lost = why
-            self._lock.notify_all()
+            if self._server is not link:  # closed meanwhile (or a front started since)
+                return
+            dropped = [t for t in self._queue if t.link is link]
+            for ticket in dropped:
+                self._queue.remove(ticket)
+                self._queued -= len(ticket.values)
+            now = time.monotonic()
+            self._front_deaths = [t for t in self._front_deaths if now - t < FRONT_RESTART_WINDOW_S] + [now]
+            if len(self._front_deaths) > FRONT_RESTARTS:
+                self._front_lost = (f"{why}; it ended {len(self._front_deaths)} times within "
+                                    f"{FRONT_RESTART_WINDOW_S:g} s, so it is not started again")
+                self._lock.notify_all()
+                log.error("webhook on port %d: %s", self.port, self._front_lost)
+                return
+            self._server = None
+        log.error("webhook on port %d: %s; starting a new one on the same port", self.port, why)
+        try:
+            self._listen()
+        except Exception as exc:
+            with self._lock:
+                self._front_lost = f"{why}; starting a new one failed: {type(exc).__name__}: {exc}"
+                self._lock.notify_all()
+            log.exception("webhook on port %d: %s", self.port, self._front_lost)
+            return
+        with self._lock:  # close() came while the new front started: it must not outlive the source
+            orphan, self._server = (self._server, None) if self._closed else (None, self._server)
+        if orphan is not None:
+            orphan.stop()
 
     def answered(self, status: int, records: int) -> None:
         with self._lock:
@@ -392,6 +428,8 @@ class WebhookSource:
 
     # --- the source protocol (runtime.driver.ingest) ---------------------------------------------
     def open(self) -> None:
+        with self._lock:
+            self._closed = False
         self._listen()
 
     waits_when_idle = True  # poll() waits by itself: ingest polls again at once (runtime.driver.ingest)
@@ -455,6 +493,7 @@ class WebhookSource:
     def close(self) -> None:
         """Stop listening; requests still waiting get 503 (the client retries them)."""
         with self._lock:
+            self._closed = True
             server, self._server = self._server, None
             waiting = list(self._inflight) + list(self._queue)
             self._inflight.clear()

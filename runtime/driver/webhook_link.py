@@ -24,10 +24,11 @@ Frames (msgpack arrays, back to back on the stream; ``rid`` numbers a request or
 Contract: every guarantee of :mod:`runtime.driver.webhook` holds as in one process, because every
 decision about a request's records is still the source's (admission, what persisted): the front
 checks requests as the one-process receiver does (the same functions) and carries answers. A
-front that dies (killed) closes its connections, so their clients retry; the source then fails
-its poll with :class:`WebhookError` once the records it holds are handed over, so ingest stops
-with the reason instead of waiting on a port nobody serves. An ingest process that dies (even
-SIGKILL) closes the link, and the front exits at once, closing the port.
+front that dies (killed) closes its connections, so their clients retry, and the source starts a
+new one on the same port (a few times a minute at most; past that it fails its poll with
+:class:`WebhookError` once the records it holds are handed over, so ingest stops with the reason
+instead of waiting on a port nobody serves). An ingest process that dies (even SIGKILL) closes
+the link, and the front exits at once, closing the port.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class LinkedSource(Protocol):
     def answered(self, status: int, records: int) -> None: ...
     def readiness(self) -> str | None: ...
     def health(self) -> dict[str, Any]: ...
-    def front_lost(self, why: str) -> None: ...
+    def front_lost(self, link: FrontLink, why: str) -> None: ...
 
 
 def _front_env() -> dict[str, str]:
@@ -183,7 +184,7 @@ class FrontLink:
             log.exception("webhook: the link to the HTTP process failed")
         if not self._stopping:
             code = self._proc.wait()
-            self.source.front_lost(f"the webhook's HTTP process (pid {self._proc.pid}) exited with code {code}")
+            self.source.front_lost(self, f"the webhook's HTTP process (pid {self._proc.pid}) exited with code {code}")
 
     def _dispatch(self, frames: Any) -> None:
         """Apply the frames of one read; ingest is woken once for all the requests among them."""

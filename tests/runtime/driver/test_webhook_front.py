@@ -3,7 +3,8 @@ a real front process, real HTTP connections, ingest into a real Redis, and real 
 
 What is checked: the HTTP side is another process and every decision about records stays in this
 one (health, readiness and the counters are this process's); a value msgpack cannot carry reaches
-ingest unchanged; a killed front stops ingest with the reason; a killed ingest process takes its
+ingest unchanged; a killed front is started again on its port (its records not yet polled taken
+back), and one that keeps dying stops ingest with the reason; a killed ingest process takes its
 front (and the port) with it; SIGTERM and SIGINT leave the front to its ingest process; the
 ``front`` option and TLS contexts.
 """
@@ -25,6 +26,7 @@ import pytest
 
 from ftlayer.config import FTConfig
 from ftlayer.facade.ft_layer import FTLayer
+from runtime.driver import webhook
 from runtime.driver.webhook import WebhookSource, tls_context
 from runtime.driver.webhook_body import WebhookError
 from tests.runtime.mqtt_support import persisted_ids, self_signed
@@ -92,18 +94,42 @@ def test_a_value_msgpack_cannot_carry_reaches_ingest_unchanged() -> None:
         hooks.close()
 
 
-def test_a_killed_front_stops_ingest_with_the_reason(ft_config: FTConfig) -> None:
-    layer = _layer(ft_config, "killed")
+def test_a_killed_front_is_started_again_on_the_same_port(ft_config: FTConfig) -> None:
+    layer = _layer(ft_config, "restarted")
     with receiving(layer) as (hooks, ing):
         http = Http(hooks.url)
         assert http.post("batch", [{"i": i} for i in range(5)]).status == 200
         http.close()
-        pid = hooks.front_pid
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
+        first = hooks.front_pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: hooks.front_pid not in (None, first), 30, "a new front process")
+        http = Http(hooks.url)  # the same URL: the same port
+        assert http.post("batch", [{"i": i} for i in range(5, 8)]).status == 200
+        http.close()
+        assert ing.error is None and not ing.done
+    assert sorted(persisted_ids(layer)) == list(range(8))
+
+
+def test_a_front_that_keeps_dying_stops_ingest_with_the_reason(ft_config: FTConfig,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(webhook, "FRONT_RESTARTS", 1)
+    layer = _layer(ft_config, "dying")
+    with receiving(layer) as (hooks, ing):
+        http = Http(hooks.url)
+        assert http.post("batch", [{"i": i} for i in range(5)]).status == 200
+        http.close()
+        first = hooks.front_pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: hooks.front_pid not in (None, first), 30, "a new front process")
+        second = hooks.front_pid
+        assert second is not None
+        os.kill(second, signal.SIGKILL)  # the second end within the minute: not started again
         wait_until(lambda: ing.done, 30, "ingest to stop")
         assert isinstance(ing.error, WebhookError)
-        assert f"(pid {pid}) exited with code -9" in str(ing.error)
+        assert f"(pid {second}) exited with code -9; it ended 2 times within 60 s" in str(ing.error)
+        assert _gone(second) and hooks.front_pid in (None, second)  # not replaced
     assert sorted(persisted_ids(layer)) == list(range(5))
 
 
@@ -195,5 +221,34 @@ def test_the_front_option(tmp_path: Path) -> None:
     hooks = WebhookSource(front="thread")
     try:
         assert hooks.front_pid is None
+    finally:
+        hooks.close()
+
+
+def test_the_records_of_a_dead_front_not_yet_polled_are_taken_back() -> None:
+    """Their clients saw the connection reset and send them again: persisting them too would be a duplicate."""
+    hooks = WebhookSource()
+    try:
+        out: list[BaseException | Answer] = []
+
+        def post() -> None:
+            http = Http(hooks.url, timeout_s=30)
+            try:
+                out.append(http.post("batch", [{"i": 1}, {"i": 2}]))
+            except OSError as exc:  # the reset
+                out.append(exc)
+            finally:
+                http.close()
+
+        poster = threading.Thread(target=post, daemon=True)
+        poster.start()
+        wait_until(lambda: hooks.health()["queued"] == 2, 10, "the request to be queued")
+        first = hooks.front_pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        poster.join(10)
+        assert len(out) == 1 and isinstance(out[0], OSError)  # no answer: the client retries
+        wait_until(lambda: hooks.front_pid not in (None, first), 30, "a new front process")
+        assert hooks.health()["queued"] == 0 and hooks.poll() == []
     finally:
         hooks.close()
