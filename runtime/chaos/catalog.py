@@ -24,7 +24,7 @@ class ScenarioInfo:
 
 # scenarios that start (and kill) a Redis server of their own
 OWN_SERVER = frozenset({"kill-redis", "long-outage", "kill-primary", "mqtt-ingest-kill", "mqtt-broker-kill",
-                        "webhook-keepalive"})
+                        "webhook-keepalive", "webhook-front-kill"})
 # scenarios whose output is not the chaos rows (the aggregate writes counts)
 NO_TARGET = frozenset({"aggregate"})
 
@@ -52,6 +52,8 @@ CATALOG: dict[str, ScenarioInfo] = {
                                            "unpersisted messages, restarted on its data"),
     "webhook-keepalive": ScenarioInfo(3000, "`ftlayer ingest --webhook` SIGKILLed with batched requests in flight "
                                             "on keep-alive connections, restarted on the same port"),
+    "webhook-front-kill": ScenarioInfo(3000, "the HTTP front process of `ftlayer ingest --webhook` SIGKILLed with "
+                                             "batched requests in flight; ingest starts a new one on the same port"),
     "drop-connections": ScenarioInfo(3000, "CLIENT KILL every 200 ms"),
     "duplicate-flushes": ScenarioInfo(2000, "every flush sent twice"),
     "delayed-acks": ScenarioInfo(2000, "acks delayed past the timeout"),

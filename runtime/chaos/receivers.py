@@ -23,6 +23,9 @@ or a batch persisted whose confirmation died with the process) are counted, not 
   is confirmed, Redis is frozen and the clients take the next third, so every connection has a
   request in flight; 0.3 s later the ingest process is SIGKILLed, then started again on the same
   port. The clients retry every connection error and 503 until their batches are confirmed.
+- ``webhook-front-kill``: the same, but what is SIGKILLed is the receiver's HTTP front process
+  (:mod:`runtime.driver.webhook_link`); the ingest process lives on, persists what it took once
+  Redis answers, and starts a new front on the same port, which the clients' retries reach.
 """
 
 from __future__ import annotations
@@ -201,8 +204,35 @@ def _webhook_ingest(ctx: ScenarioContext, port: int) -> IngestProcess:
     return proc
 
 
+def _front_pid(ingest_pid: int) -> int | None:
+    """The pid of the HTTP front process (runtime.driver.webhook_front) of ``ftlayer ingest --webhook``."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as cmdline:
+                command = cmdline.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == ingest_pid and b"runtime.driver.webhook_front" in command:
+            return int(name)
+    return None
+
+
 def webhook_keepalive(ctx: ScenarioContext, records: int, connections: int = 4, batch: int = 25) -> Report:
     """SIGKILL ``ftlayer ingest --webhook`` under keep-alive batched clients; restart it on the same port."""
+    return _webhook_kill(ctx, records, connections, batch, kill="ingest")
+
+
+def webhook_front_kill(ctx: ScenarioContext, records: int, connections: int = 4, batch: int = 25) -> Report:
+    """SIGKILL the HTTP front process of ``ftlayer ingest --webhook`` under keep-alive batched clients; the
+    ingest process starts a new one on the same port."""
+    return _webhook_kill(ctx, records, connections, batch, kill="front")
+
+
+def _webhook_kill(ctx: ScenarioContext, records: int, connections: int, batch: int, *, kill: str) -> Report:
     from runtime.chaos.webhook_client import BatchClient
 
     # smaller batches for a small --records: each third still takes several requests per connection
@@ -211,6 +241,7 @@ def webhook_keepalive(ctx: ScenarioContext, records: int, connections: int = 4, 
     with _stage(ctx) as (server, consumer):
         port = free_port()
         first = _webhook_ingest(ctx, port)
+        front = _front_pid(first.proc.pid)
         client = BatchClient(f"http://127.0.0.1:{port}/", [default_value(i) for i in range(records)],
                              connections=connections, batch=batch, hold_at=third).start()
         try:
@@ -220,16 +251,22 @@ def webhook_keepalive(ctx: ScenarioContext, records: int, connections: int = 4, 
                 _wait(lambda: client.in_flight == connections, 10, "a request in flight on every connection")
                 time.sleep(0.3)  # ingest took the requests and cannot persist them
                 in_flight = client.in_flight
-                first.kill9()
+                if kill == "ingest":
+                    first.kill9()
+                elif front is not None:
+                    os.kill(front, signal.SIGKILL)
             at_kill = len(client.confirmed)
             requests_at_kill, connects_at_kill = client.requests, client.connects
-            ctx.say(f"ingest SIGKILLed with {in_flight} requests in flight, {at_kill}/{records} confirmed")
-            ctx.notes.append(f"ingest killed with {in_flight} requests in flight, {at_kill} of {records} confirmed")
-            second = _webhook_ingest(ctx, port)
+            what = "ingest" if kill == "ingest" else f"the HTTP front (pid {front})"
+            ctx.say(f"{what} SIGKILLed with {in_flight} requests in flight, {at_kill}/{records} confirmed")
+            ctx.notes.append(f"{what} killed with {in_flight} requests in flight, {at_kill} of {records} confirmed")
+            second = _webhook_ingest(ctx, port) if kill == "ingest" else first
             joined = client.join(300)
         finally:
             client.stop()
         consumer.drain(client.confirmed)
+        new_front = _front_pid(second.proc.pid)
+        survived = second.proc.poll() is None
         rc, out = second.stop()
         ctx.notes.append(f"clients: {client.requests} requests on {client.connects} connections, answers "
                          f"{dict(sorted(client.answers.items(), key=str))}, {client.retries} retries")
@@ -239,5 +276,13 @@ def webhook_keepalive(ctx: ScenarioContext, records: int, connections: int = 4, 
     report.expect(f"the clients finished without a 4xx ({client.errors[:3]})", joined)
     report.expect(f"keep-alive: {requests_at_kill} requests on {connects_at_kill} connections before the kill",
                   connects_at_kill == connections and requests_at_kill >= 5 * connections)
-    report.expect(f"the restarted ingest process exited 0 (exit {rc}; {out.strip().splitlines()[-1:]})", rc == 0)
+    if kill == "front":
+        report.expect(f"the ingest process lived on with a new front (pid {front} -> {new_front})",
+                      survived and front is not None and new_front not in (None, front))
+        counted = re.search(r"requests answered 200: (\d+)", out)
+        report.expect(f"it counted the 200s the clients got, not those lost with the front "
+                      f"({counted.group(1) if counted else None} of {client.answers.get(200)})",
+                      counted is not None and int(counted.group(1)) == client.answers.get(200))
+    report.expect(f"the {'restarted ' if kill == 'ingest' else ''}ingest process exited 0 "
+                  f"(exit {rc}; {out.strip().splitlines()[-1:]})", rc == 0)
     return report

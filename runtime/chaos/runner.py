@@ -80,6 +80,7 @@ _RUN: dict[str, Callable[..., Report]] = {
     "mqtt-ingest-kill": chaos_receivers.mqtt_ingest_kill,
     "mqtt-broker-kill": chaos_receivers.mqtt_broker_kill,
     "webhook-keepalive": chaos_receivers.webhook_keepalive,
+    "webhook-front-kill": chaos_receivers.webhook_front_kill,
     "drop-connections": chaos_scenarios.drop_connections,
     "duplicate-flushes": chaos_scenarios.duplicate_flushes,
     "delayed-acks": chaos_scenarios.delayed_acks,

@@ -373,6 +373,9 @@ class WebhookSource:
             for ticket in dropped:
                 self._queue.remove(ticket)
                 self._queued -= len(ticket.values)
+            for ticket in self._inflight:  # persisted anyway, but nobody is told: never counted as answered
+                if ticket.link is link:
+                    ticket.withdrawn = True
             now = time.monotonic()
             self._front_deaths = [t for t in self._front_deaths if now - t < FRONT_RESTART_WINDOW_S] + [now]
             if len(self._front_deaths) > FRONT_RESTARTS:
