@@ -17,6 +17,10 @@ The same pipeline in DataFrame operations for every variant, on N small click re
 - ``plain``: no ftlayer: the ``rate-micro-batch`` source (50,000 rows per batch) with the same
   columns computed by SQL expressions, the same operations and the same ``fn``; timed until N
   rows were processed.
+- ``python-source`` (a reference): no ftlayer either, but the rows come from a trivial PySpark
+  Python streaming source (:mod:`runtime.bench.python_source`: 50,000 rows per batch computed by
+  Arrow kernels in the read task), as ftlayer's rows do. ``python_source_vs_plain_ratio`` is what
+  any Python source costs in PySpark; ``ft_on_vs_python_source_ratio`` is ftlayer's own part.
 
 Variants alternate inside one process (one SparkSession), each repeated after one discarded
 full-size warm-up round of each (see :func:`bench_e2e_dataframe`); records per second from
@@ -128,6 +132,29 @@ def run_plain(spark: Any, records: int) -> Run:
     return Run("plain", done, elapsed)
 
 
+def run_python_source(spark: Any, records: int) -> Run:
+    """No ftlayer, but a Python data source (:mod:`runtime.bench.python_source`): the same columns,
+    operations and write as ``plain``, read through PySpark's Python source machinery."""
+    from runtime.bench.python_source import NAME, register
+
+    register(spark)
+    counter = _Counter()
+    src = spark.readStream.format(NAME).option("records", str(records)).load()
+    kept = sum(1 for i in range(records) if i % 10 != 3)
+    start = time.perf_counter()
+    query = _ops(src).writeStream.foreachBatch(counter).trigger(processingTime="100 milliseconds").start()
+    try:
+        while counter.rows < kept:
+            failure = query.exception()
+            if failure is not None:
+                raise failure
+            time.sleep(0.01)
+        elapsed = time.perf_counter() - start
+    finally:
+        stop_query(query, BENCH_STOP_GRACE_S)
+    return Run("python-source", records, elapsed)
+
+
 def bench_e2e_dataframe(spark: Any, config: FTConfig, records: int, repeats: int, *,
                         on_round: Any = None) -> dict[str, Any]:
     """Alternate ft-on, ft-off and plain ``repeats`` times (order rotated each round), after one
@@ -141,22 +168,28 @@ def bench_e2e_dataframe(spark: Any, config: FTConfig, records: int, repeats: int
         "ft-on": lambda: run_dataframe(spark, config, records, ft_on=True),
         "ft-off": lambda: run_dataframe(spark, config, records, ft_on=False),
         "plain": lambda: run_plain(spark, records),
+        "python-source": lambda: run_python_source(spark, records),
     }
     warm = records
     run_dataframe(spark, config, warm, ft_on=True)
     run_dataframe(spark, config, warm, ft_on=False)
     run_plain(spark, warm)
+    run_python_source(spark, warm)
     rates: dict[str, list[float]] = {name: [] for name in variants}
     on_off: list[float] = []
     on_plain: list[float] = []
+    on_python: list[float] = []
+    python_plain: list[float] = []
     names = list(variants)
     for r in range(repeats):
-        order = names[r % 3:] + names[: r % 3]
+        order = names[r % len(names):] + names[: r % len(names)]
         got = {name: variants[name]().rate for name in order}
         for name, rate in got.items():
             rates[name].append(rate)
         on_off.append(got["ft-on"] / got["ft-off"])
         on_plain.append(got["ft-on"] / got["plain"])
+        on_python.append(got["ft-on"] / got["python-source"])
+        python_plain.append(got["python-source"] / got["plain"])
         if on_round is not None:
             on_round(r, got)
     return {
@@ -165,4 +198,7 @@ def bench_e2e_dataframe(spark: Any, config: FTConfig, records: int, repeats: int
         "records_per_s": {name: summary(v) for name, v in rates.items()},
         "ft_on_vs_off_ratio": summary(on_off),
         "ft_on_vs_plain_ratio": summary(on_plain),
+        # the reference (runtime.bench.python_source): what any Python source costs, and ftlayer's own part
+        "python_source_vs_plain_ratio": summary(python_plain),
+        "ft_on_vs_python_source_ratio": summary(on_python),
     }
