@@ -17,6 +17,11 @@ last record was processed (query start-up included in every variant alike).
 - ``plain-frozen``: the same hand-written job with the worker-heap freeze that
   ftlayer's tasks apply (:mod:`runtime.spark.worker_heap`), for reference: how
   much of the gap to plain PySpark that one trick closes, and what is left.
+- ``python-frozen``: ``plain-frozen`` with its rows from a trivial PySpark Python
+  data source (:mod:`runtime.bench.python_source`) instead of ``rate-micro-batch``,
+  as ftlayer's rows come: what any Python source costs in PySpark
+  (``python_frozen_vs_plain_frozen_ratio``), and ftlayer's own part
+  (``ft_on_vs_python_frozen_ratio``).
 """
 
 from __future__ import annotations
@@ -98,10 +103,14 @@ def run_ftlayer(spark: Any, config: FTConfig, records: int, payload_bytes: int, 
     return Run("ft-on" if ft_on else "ft-off", records, elapsed)
 
 
-def run_plain(spark: Any, records: int, payload_bytes: int, *, frozen: bool = False) -> Run:
+def run_plain(spark: Any, records: int, payload_bytes: int, *, frozen: bool = False,
+              python_source: bool = False) -> Run:
     """Hand-written Structured Streaming, no ftlayer: same maps, repartition by user, noop sink
-    (``frozen``: with ftlayer's worker-heap freeze, see the module docstring)."""
+    (``frozen``: with ftlayer's worker-heap freeze, see the module docstring; ``python_source``: its
+    rows from a trivial PySpark Python data source, :mod:`runtime.bench.python_source`, instead of
+    ``rate-micro-batch``)."""
     import pyarrow as pa
+    from pyspark.sql import functions as F
 
     prepare = freeze_worker_heap if frozen else as_shipped
 
@@ -125,8 +134,16 @@ def run_plain(spark: Any, records: int, payload_bytes: int, *, frozen: bool = Fa
             yield pa.RecordBatch.from_arrays([pa.array([len(out)], pa.int64())], names=["count"])
 
     per_batch = 50_000
+    if python_source:
+        from runtime.bench.python_source import NAME, ROWS_PER_BATCH, register
+
+        assert per_batch == ROWS_PER_BATCH
+        register(spark)
+        rows = spark.readStream.format(NAME).option("records", str(records)).load().select(F.col("i").alias("value"))
+    else:
+        rows = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", per_batch).load()
     df = (
-        spark.readStream.format("rate-micro-batch").option("rowsPerBatch", per_batch).load()
+        rows
         .mapInArrow(op1, "i long, user string, page string, n long, pad string")
         .repartition(2, "user")
         .mapInArrow(op2, "count long")
@@ -145,7 +162,8 @@ def run_plain(spark: Any, records: int, payload_bytes: int, *, frozen: bool = Fa
         elapsed = time.perf_counter() - start
     finally:
         quiet = stop_query(query, BENCH_STOP_GRACE_S)
-    return Run("plain-frozen" if frozen else "plain", done, elapsed, interrupted=not quiet)
+    name = ("python" if python_source else "plain") + ("-frozen" if frozen else "")
+    return Run(name, done, elapsed, interrupted=not quiet)
 
 
 def alternate(variants: dict[str, Callable[[], Run]], repeats: int, *, prime: Callable[[], Any],
@@ -171,11 +189,12 @@ def alternate(variants: dict[str, Callable[[], Run]], repeats: int, *, prime: Ca
 
 def bench_e2e(spark: Any, config: FTConfig, records: int, payload_bytes: int, repeats: int, *,
               on_round: Any = None, warm_up: bool = True) -> dict[str, Any]:
-    """Alternate ft-on, ft-off, plain and plain-frozen ``repeats`` times (order rotated each round).
+    """Alternate ft-on, ft-off, plain, plain-frozen and python-frozen ``repeats`` times (order rotated
+    each round).
 
-    Returns records/s per variant (median, min, max) and the per-round ratios
-    ft-on / ft-off, ft-on / plain and ft-on / plain-frozen. A warm-up round of each variant runs
-    first and is not counted (the first query in a session pays JVM and
+    Returns records/s per variant (median, min, max) and the per-round ratios ft-on / ft-off,
+    ft-on / plain, ft-on / plain-frozen, python-frozen / plain-frozen and ft-on / python-frozen.
+    A warm-up round of each variant runs first and is not counted (the first query in a session pays JVM and
     Python-worker start-up); ``warm_up=False`` skips it (tests of the bench itself).
 
     Every timed run starts on warm Python workers. A plain run's source always has its next
@@ -192,6 +211,7 @@ def bench_e2e(spark: Any, config: FTConfig, records: int, payload_bytes: int, re
         "ft-off": lambda: run_ftlayer(spark, config, records, payload_bytes, ft_on=False),
         "plain": lambda: run_plain(spark, records, payload_bytes),
         "plain-frozen": lambda: run_plain(spark, records, payload_bytes, frozen=True),
+        "python-frozen": lambda: run_plain(spark, records, payload_bytes, frozen=True, python_source=True),
     }
     interrupted = False  # the last run's stop killed tasks (and so their Python workers)
     if warm_up:  # not counted: JVM, Python workers, first-query costs
@@ -199,7 +219,8 @@ def bench_e2e(spark: Any, config: FTConfig, records: int, payload_bytes: int, re
         run_ftlayer(spark, config, warm, payload_bytes, ft_on=True)
         run_ftlayer(spark, config, warm, payload_bytes, ft_on=False)
         run_plain(spark, warm, payload_bytes)
-        interrupted = run_plain(spark, warm, payload_bytes, frozen=True).interrupted
+        run_plain(spark, warm, payload_bytes, frozen=True)
+        interrupted = run_plain(spark, warm, payload_bytes, frozen=True, python_source=True).interrupted
     rounds, primes = alternate(
         variants, repeats, prime=lambda: run_ftlayer(spark, config, min(records, PRIME_RECORDS), payload_bytes,
                                                      ft_on=False),
@@ -208,6 +229,8 @@ def bench_e2e(spark: Any, config: FTConfig, records: int, payload_bytes: int, re
     on_off = [got["ft-on"] / got["ft-off"] for got in rounds]
     on_plain = [got["ft-on"] / got["plain"] for got in rounds]
     on_frozen = [got["ft-on"] / got["plain-frozen"] for got in rounds]
+    on_python = [got["ft-on"] / got["python-frozen"] for got in rounds]
+    python_plain = [got["python-frozen"] / got["plain-frozen"] for got in rounds]
     return {
         "records": records,
         "payload_bytes": payload_bytes,
@@ -215,5 +238,8 @@ def bench_e2e(spark: Any, config: FTConfig, records: int, payload_bytes: int, re
         "ft_on_vs_off_ratio": summary(on_off),
         "ft_on_vs_plain_ratio": summary(on_plain),
         "ft_on_vs_plain_frozen_ratio": summary(on_frozen),
+        # the reference: what a Python source costs (python-frozen against plain-frozen), and ftlayer's own part
+        "python_frozen_vs_plain_frozen_ratio": summary(python_plain),
+        "ft_on_vs_python_frozen_ratio": summary(on_python),
         "primes": primes,
     }

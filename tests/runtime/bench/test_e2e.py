@@ -15,12 +15,13 @@ from runtime.bench.e2e import bench_e2e
 pytestmark = pytest.mark.spark
 
 
-def test_four_variants_side_by_side(spark: Any, redis_server_url: str) -> None:
+def test_five_variants_side_by_side(spark: Any, redis_server_url: str) -> None:
     cfg = FTConfig(redis_url=redis_server_url, max_pending=50_000, timeout_s=120.0)
     got = bench_e2e(spark, cfg, 3000, 0, 1, warm_up=False)
-    assert set(got["records_per_s"]) == {"ft-on", "ft-off", "plain", "plain-frozen"}
+    assert set(got["records_per_s"]) == {"ft-on", "ft-off", "plain", "plain-frozen", "python-frozen"}
     assert all(v["median"] > 0 for v in got["records_per_s"].values())
-    for ratio in ("ft_on_vs_off_ratio", "ft_on_vs_plain_ratio", "ft_on_vs_plain_frozen_ratio"):
+    for ratio in ("ft_on_vs_off_ratio", "ft_on_vs_plain_ratio", "ft_on_vs_plain_frozen_ratio",
+                  "python_frozen_vs_plain_frozen_ratio", "ft_on_vs_python_frozen_ratio"):
         assert got[ratio]["median"] > 0
 
 
