@@ -205,7 +205,8 @@ def test_the_front_option(tmp_path: Path) -> None:
     cert, key = self_signed(tmp_path)
     own = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)  # a context tls_context() did not build
     own.load_cert_chain(str(cert), str(key))
-    with pytest.raises(WebhookError, match=r"build it with tls_context\(cert, key\), or use front='thread'"):
+    with pytest.raises(WebhookError, match=r"build it with tls_context\(cert, key\) and change nothing, or use "
+                                           r"front='thread'"):
         WebhookSource(tls=own, front="process")
     for tls, in_process in ((own, False), (tls_context(str(cert), str(key)), True)):
         hooks = WebhookSource(tls=tls)  # auto: a front process unless the context cannot be passed on
@@ -221,6 +222,37 @@ def test_the_front_option(tmp_path: Path) -> None:
     hooks = WebhookSource(front="thread")
     try:
         assert hooks.front_pid is None
+    finally:
+        hooks.close()
+
+
+def test_a_tls_context_changed_after_tls_context_keeps_its_settings(tmp_path: Path) -> None:
+    """Client certificates required on a context tls_context() built: the front process could only load its
+    files, so the settings are kept by serving it from this process ("auto"), or refused ("process"); a
+    client without a certificate is never let in."""
+    cert, key = self_signed(tmp_path)
+    mutual = tls_context(str(cert), str(key))
+    mutual.verify_mode = ssl.CERT_REQUIRED
+    mutual.load_verify_locations(str(cert))  # the client's certificate: the same self-signed one
+    with pytest.raises(WebhookError, match="it was changed after tls_context"):
+        WebhookSource(tls=mutual, front="process")
+    hooks = WebhookSource(tls=mutual)
+    try:
+        assert hooks.front_pid is None and not hooks.front_process
+        for with_cert in (False, True):
+            client = ssl.create_default_context(cafile=str(cert))
+            client.maximum_version = ssl.TLSVersion.TLSv1_2  # the refusal comes in the handshake itself
+            if with_cert:
+                client.load_cert_chain(str(cert), str(key))
+            http = Http(hooks.url, timeout_s=10, context=client)
+            try:
+                if with_cert:
+                    assert http.call("GET", "/healthz").status == 200
+                else:
+                    with pytest.raises((ssl.SSLError, ConnectionError)):
+                        http.call("GET", "/healthz")
+            finally:
+                http.close()
     finally:
         hooks.close()
 
