@@ -12,7 +12,7 @@ Content-Type, Content-Length, the body size, its HMAC signature and the JSON its
 ("offer"); the ingest process queues them like any request, and settles it once persisted ("ok")
 or not ("fail", "answer" with 503). A request not settled within ``reply_timeout_s`` is answered 503 here
 and withdrawn there. ``/healthz`` and ``/readyz`` ask the ingest process (its queue, pause and
-``ready_check``).
+``ready_check``); either is 503 if it does not answer within ``ASK_TIMEOUT_S``.
 
 Lifetime: the process ends when the link says "stop" or when the link closes (the ingest process
 ended, or was killed with SIGKILL: the listening socket closes with this process, so nothing answers
@@ -197,10 +197,12 @@ class FrontServer(HttpServer):
         return self._refusal(status, why or "refused")
 
     async def _healthz(self, _request: web.Request) -> web.Response:
+        """200 with the ingest process's counters; 503 if it does not answer (stopped, wedged): the
+        receiver is not alive when only its HTTP side is, and a liveness probe must see it."""
         try:
             doc = await self.remote.question("health?")
         except asyncio.TimeoutError:
-            doc = {"ingest": f"the ingest process did not answer within {ASK_TIMEOUT_S:g} s"}
+            return _json(503, {"ok": False, "why": f"the ingest process did not answer within {ASK_TIMEOUT_S:g} s"})
         return _json(200, {"ok": True, **doc})
 
     async def _readyz(self, _request: web.Request) -> web.Response:

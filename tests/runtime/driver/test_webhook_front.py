@@ -167,6 +167,30 @@ def test_a_killed_ingest_process_takes_its_front_and_port_with_it() -> None:
         owner.wait(10)
 
 
+def test_healthz_is_503_while_the_ingest_process_does_not_answer() -> None:
+    """A stopped (or wedged) ingest process: the front still serves, but a liveness probe must not see
+    the receiver alive."""
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parents[3])
+    try:
+        assert owner.stdout is not None
+        port, _pid = map(int, owner.stdout.readline().split())
+        http = Http(f"http://127.0.0.1:{port}/", timeout_s=30)
+        assert http.call("GET", "/healthz").status == 200
+        owner.send_signal(signal.SIGSTOP)
+        try:
+            health = http.call("GET", "/healthz")
+        finally:
+            owner.send_signal(signal.SIGCONT)
+        assert (health.status, health.doc) == (503, {"ok": False, "why": "the ingest process did not answer "
+                                                                         "within 3 s"})
+        assert http.call("GET", "/healthz").status == 200  # it answers again
+        http.close()
+    finally:
+        owner.kill()
+        owner.wait(10)
+
+
 def test_sigterm_and_sigint_leave_the_front_to_its_ingest_process(ft_config: FTConfig) -> None:
     layer = _layer(ft_config, "signals")
     with receiving(layer) as (hooks, _ing):
