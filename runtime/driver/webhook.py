@@ -186,9 +186,10 @@ class WebhookSource:
     persisted now (``GET /readyz``; the CLI pings Redis; it runs in this process). ``front``: where the
     HTTP side runs, "process" (a front process, :mod:`runtime.driver.webhook_link`), "thread" (an event
     loop in a thread here) or "auto" ("process" unless ``tls`` cannot be handed to another process: a
-    context :func:`tls_context` did not build, or one changed since, see :func:`tls_unpassable`). The counters (``confirmed``, ``refused``,
-    ``answers``) count what this process decided as it decides it, and what the front decided
-    (4xx, its reply timeouts) as the front reports it, a moment after the client's answer.
+    context :func:`tls_context` did not build, or one changed since, see :func:`tls_unpassable`). The
+    counters (``confirmed``, ``refused``, ``answers``) count what this process decided as it decides
+    it, and what the front decided (4xx, its reply timeouts) as the front reports it, a moment after
+    the client's answer.
     """
 
     def __init__(
@@ -391,7 +392,8 @@ class WebhookSource:
         """The front process ended without being told to (killed, crashed): its clients saw their
         connections reset and retry. The records of its requests not yet polled are taken back (a
         retry then makes no duplicate); polled ones are persisted anyway. A new front is started on
-        the same port, at most :data:`FRONT_RESTARTS` times within :data:`FRONT_RESTART_WINDOW_S`;
+        the same port, at most :data:`FRONT_RESTARTS` times within :data:`FRONT_RESTART_WINDOW_S`
+        (a new one that ends before it serves counts as one more end, and is started again too);
         past that, :meth:`poll` raises :class:`WebhookError` with the reason once the records held
         are handed over, which stops ingest (see :mod:`runtime.driver.webhook_link`)."""
         with self._lock:
@@ -404,24 +406,33 @@ class WebhookSource:
             for ticket in self._inflight:  # persisted anyway, but nobody is told: never counted as answered
                 if ticket.link is link:
                     ticket.withdrawn = True
-            now = time.monotonic()
-            self._front_deaths = [t for t in self._front_deaths if now - t < FRONT_RESTART_WINDOW_S] + [now]
-            if len(self._front_deaths) > FRONT_RESTARTS:
-                self._front_lost = (f"{why}; it ended {len(self._front_deaths)} times within "
-                                    f"{FRONT_RESTART_WINDOW_S:g} s, so it is not started again")
-                self._lock.notify_all()
-                log.error("webhook on port %d: %s", self.port, self._front_lost)
-                return
             self._server = None
-        log.error("webhook on port %d: %s; starting a new one on the same port", self.port, why)
-        try:
-            self._listen()
-        except Exception as exc:
+        link.release()
+        while True:  # a new front that ends before it serves is one more end, and is started again too
             with self._lock:
-                self._front_lost = f"{why}; starting a new one failed: {type(exc).__name__}: {exc}"
-                self._lock.notify_all()
-            log.exception("webhook on port %d: %s", self.port, self._front_lost)
-            return
+                now = time.monotonic()
+                self._front_deaths = [t for t in self._front_deaths if now - t < FRONT_RESTART_WINDOW_S] + [now]
+                if len(self._front_deaths) > FRONT_RESTARTS:
+                    self._front_lost = (f"{why}; it ended {len(self._front_deaths)} times within "
+                                        f"{FRONT_RESTART_WINDOW_S:g} s, so it is not started again")
+                    self._lock.notify_all()
+                    log.error("webhook on port %d: %s", self.port, self._front_lost)
+                    return
+                if self._closed:
+                    return
+            log.error("webhook on port %d: %s; starting a new one on the same port", self.port, why)
+            try:
+                self._listen()
+            except WebhookError as exc:  # it ended before serving (killed, crashed; its error is above)
+                why = str(exc)
+                continue
+            except Exception as exc:  # the port, the socket pair, the interpreter: not a front's death
+                with self._lock:
+                    self._front_lost = f"{why}; starting a new one failed: {type(exc).__name__}: {exc}"
+                    self._lock.notify_all()
+                log.exception("webhook on port %d: %s", self.port, self._front_lost)
+                return
+            break
         with self._lock:  # close() came while the new front started: it must not outlive the source
             orphan, self._server = (self._server, None) if self._closed else (None, self._server)
         if orphan is not None:

@@ -130,9 +130,12 @@ class FrontLink:
                     data = self._sock.recv(RECV_BYTES)
                 except TimeoutError:
                     data = None
+                except OSError:  # ECONNRESET: it died with our config frame unread
+                    data = b""
                 if data == b"" or self._proc.poll() is not None:
                     code = self._proc.wait(5)
-                    msg = f"the webhook's HTTP process exited with code {code} before serving (its error is above)"
+                    msg = (f"the webhook's HTTP process (pid {self._proc.pid}) exited with code {code} before "
+                           "serving (its error, if any, is above)")
                     raise WebhookError(msg)
                 if data:
                     self._unpacker.feed(data)
@@ -225,6 +228,10 @@ class FrontLink:
         self._kill()
         if self._reader.is_alive():
             self._reader.join(5)
+
+    def release(self) -> None:
+        """Free the link of a front that ended on its own (its process is reaped already)."""
+        self._kill()
 
     def _kill(self) -> None:
         self._stopping = True

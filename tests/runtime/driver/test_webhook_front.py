@@ -133,6 +133,46 @@ def test_a_front_that_keeps_dying_stops_ingest_with_the_reason(ft_config: FTConf
     assert sorted(persisted_ids(layer)) == list(range(5))
 
 
+def _fronts() -> set[int]:
+    """The webhook front processes this process started (from any of its threads)."""
+    out: set[int] = set()
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out.update(int(c) for c in children if "runtime.driver.webhook_front" in _cmdline(int(c)))
+    return out
+
+
+def test_a_front_killed_while_it_starts_is_one_more_end_and_started_again() -> None:
+    """A new front that dies before it serves (its link reset with the config unread) was the end of the
+    restarts ("starting a new one failed: ConnectionResetError") after 2 ends, not 4."""
+    hooks = WebhookSource()
+    try:
+        first = hooks.front_pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        starting: list[int] = []
+        wait_until(lambda: starting.extend(_fronts() - {first}) or starting, 10, "a new front process", 0.002)
+        os.kill(starting[0], signal.SIGKILL)  # within its start (an interpreter and aiohttp's import)
+        wait_until(lambda: hooks.front_pid not in (None, first, starting[0]), 30, "a third front process")
+        assert hooks.front_failure is None
+        http = Http(hooks.url, timeout_s=30)
+        answers: list[Answer] = []
+        poster = threading.Thread(target=lambda: answers.append(http.post("batch", [{"i": 1}])), daemon=True)
+        poster.start()
+        wait_until(lambda: hooks.health()["queued"] == 1, 10, "the request to be queued")
+        polled = hooks.poll()
+        assert polled == [{"i": 1}]
+        hooks.ack(list(polled))
+        poster.join(10)
+        http.close()
+        assert [(a.status, a.doc) for a in answers] == [(200, {"accepted": 1})]
+    finally:
+        hooks.close()
+
+
 OWNER = textwrap.dedent("""
     import sys, time
     from runtime.driver.webhook import WebhookSource
