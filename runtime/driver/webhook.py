@@ -271,6 +271,15 @@ class WebhookSource:
         """The pid of the HTTP front process while it serves (None: the HTTP side runs in a thread here)."""
         return getattr(self._server, "pid", None)
 
+    @property
+    def front_failure(self) -> WebhookError | None:
+        """Why the HTTP front process is not started again (it kept dying, or a new one failed to start),
+        the error :meth:`poll` raises once the records held are handed over; None while a front serves
+        (or the HTTP side runs in a thread). For a caller that must stop ingest while it is paused
+        (backpressure, Redis unreachable), when it does not poll: ``ftlayer ingest`` does."""
+        with self._lock:
+            return None if self._front_lost is None else WebhookError(self._front_lost)
+
     def _listen(self) -> None:
         if self._server is not None:
             return
