@@ -34,7 +34,7 @@ import msgpack
 from aiohttp import web
 
 from runtime.driver.ready_probe import READY_TIMEOUT_S
-from runtime.driver.webhook_body import BodyError, WebhookAuth, parse_records
+from runtime.driver.webhook_body import BodyError, WebhookAuth, WebhookError, parse_records
 from runtime.driver.webhook_http import HttpServer, _json, _time_out
 
 ASK_TIMEOUT_S = READY_TIMEOUT_S + 1.0  # /readyz, /healthz: how long the ingest process may take to answer
@@ -242,7 +242,11 @@ def main(argv: Sequence[str]) -> int:
     if config["tls"] is not None:
         from runtime.driver.webhook import tls_context
 
-        tls = tls_context(*config["tls"])
+        try:  # the files may have changed since the ingest process loaded them (a restart after a rotation)
+            tls = tls_context(*config["tls"])
+        except WebhookError as exc:  # the reason goes to the ingest process, which names it: no traceback
+            link.sendall(msgpack.packb(("error", str(exc))))
+            return 2
     loop = asyncio.new_event_loop()
     remote = RemoteIntake(loop, config["reply_timeout_s"], config["retry_after_s"])
     server = FrontServer(remote, listener, path=config["path"],

@@ -173,6 +173,28 @@ def test_a_front_killed_while_it_starts_is_one_more_end_and_started_again() -> N
         hooks.close()
 
 
+def test_a_front_that_cannot_load_the_certificate_names_it_without_a_traceback(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The front loads the TLS files again at each start: a certificate replaced by a bad one (a rotation
+    gone wrong) is named in the reason ingest stops with, and the front prints no traceback."""
+    monkeypatch.setattr(webhook, "FRONT_RESTARTS", 1)
+    cert, key = self_signed(tmp_path)
+    hooks = WebhookSource(tls=tls_context(str(cert), str(key)))
+    try:
+        first = hooks.front_pid
+        assert first is not None
+        cert.write_text("not a certificate\n")
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: hooks.front_failure is not None, 60, "the front to be given up")
+        why = str(hooks.front_failure)
+        assert f"cannot load the TLS certificate {cert} and key {key}" in why, why
+        assert "exited with code 2 before serving: cannot load" in why, why
+        assert why.endswith("it ended 2 times within 60 s, so it is not started again"), why
+    finally:
+        hooks.close()
+    assert "Traceback" not in capfd.readouterr().err
+
+
 OWNER = textwrap.dedent("""
     import sys, time
     from runtime.driver.webhook import WebhookSource
