@@ -479,8 +479,11 @@ class WebhookSource:
 
     # --- the source protocol (runtime.driver.ingest) ---------------------------------------------
     def open(self) -> None:
+        """Listen again after :meth:`close` (a topology restarted); a front given up before (ended too
+        often) gets its restarts anew: the ends before the close are not counted against the new one."""
         with self._lock:
             self._closed = False
+            self._front_deaths = []
         self._listen()
 
     waits_when_idle = True  # poll() waits by itself: ingest polls again at once (runtime.driver.ingest)

@@ -195,6 +195,30 @@ def test_a_front_that_cannot_load_the_certificate_names_it_without_a_traceback(
     assert "Traceback" not in capfd.readouterr().err
 
 
+def test_open_after_close_gives_a_front_given_up_its_restarts_anew(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(webhook, "FRONT_RESTARTS", 1)
+    hooks = WebhookSource()
+    try:
+        first = hooks.front_pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: hooks.front_pid not in (None, first), 30, "a second front process")
+        second = hooks.front_pid
+        assert second is not None
+        os.kill(second, signal.SIGKILL)  # the second end within the minute: given up
+        wait_until(lambda: hooks.front_failure is not None, 30, "the front to be given up")
+        hooks.close()
+        hooks.open()  # a restarted topology
+        assert hooks.front_failure is None
+        pid = hooks.front_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)  # its first end: started again, not given up
+        wait_until(lambda: hooks.front_pid not in (None, pid), 30, "a new front process")
+        assert hooks.front_failure is None
+    finally:
+        hooks.close()
+
+
 OWNER = textwrap.dedent("""
     import sys, time
     from runtime.driver.webhook import WebhookSource
