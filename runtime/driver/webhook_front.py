@@ -23,6 +23,7 @@ group: the ingest process decides when to stop, and answers the requests it hold
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import socket
 import sys
@@ -245,7 +246,8 @@ def main(argv: Sequence[str]) -> int:
         try:  # the files may have changed since the ingest process loaded them (a restart after a rotation)
             tls = tls_context(*config["tls"])
         except WebhookError as exc:  # the reason goes to the ingest process, which names it: no traceback
-            link.sendall(msgpack.packb(("error", str(exc))))
+            with contextlib.suppress(OSError):  # the ingest process gone too: nobody to tell
+                link.sendall(msgpack.packb(("error", str(exc))))
             return 2
     loop = asyncio.new_event_loop()
     remote = RemoteIntake(loop, config["reply_timeout_s"], config["retry_after_s"])
