@@ -219,6 +219,27 @@ def test_open_after_close_gives_a_front_given_up_its_restarts_anew(monkeypatch: 
         hooks.close()
 
 
+def test_a_front_that_cannot_start_and_has_nobody_to_tell_exits_2_quietly(tmp_path: Path) -> None:
+    """Its ingest process gone (the link closed) while it fails to load the TLS files: no traceback."""
+    import msgpack
+
+    bad = tmp_path / "cert.pem"
+    bad.write_text("not a certificate\n")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    config = {"path": "/", "max_body_bytes": 1000, "token": None, "hmac_secret": None, "reply_timeout_s": 1.0,
+              "retry_after_s": 1, "tls": [str(bad), None]}
+    ours.sendall(msgpack.packb(("config", config)))
+    ours.close()  # gone before the front could say why
+    front = subprocess.run([sys.executable, "-m", "runtime.driver.webhook_front", str(theirs.fileno()),
+                            str(listener.fileno())], check=False, pass_fds=(theirs.fileno(), listener.fileno()),
+                           capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[3])
+    theirs.close()
+    listener.close()
+    assert (front.returncode, front.stderr) == (2, "")
+
+
 OWNER = textwrap.dedent("""
     import sys, time
     from runtime.driver.webhook import WebhookSource
