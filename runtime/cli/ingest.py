@@ -34,6 +34,7 @@ import argparse
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -187,21 +188,26 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def _run(ingestor: Ingestor, *, source_label: str, resumed: dict[str, int],
-         ending: threading.Event | None = None) -> int:
+         ending: threading.Event | None = None, failed: Callable[[], BaseException | None] | None = None) -> int:
     """Run ``ingestor`` to its end with a progress line every few seconds; the exit status.
 
     ``ending`` (a push source: set by SIGINT/SIGTERM, which also ended the source): once it is set,
     ingest waiting (backpressure, or Redis unreachable) is told to stop, so the process ends instead
     of waiting for room or for Redis for ever: the batch in hand is persisted if Redis answers (past
     ``max_pending``), else abandoned after the stop grace (exit 1); what the source still queues is
-    never confirmed upstream (a webhook client gets 503, the broker keeps an MQTT message)."""
+    never confirmed upstream (a webhook client gets 503, the broker keeps an MQTT message).
+    ``failed`` (a push source that can no longer take anything: a webhook whose HTTP process kept
+    dying) is asked likewise: once it returns an error, ingest waiting is stopped the same way (a
+    paused ingest does not poll, so the source's own error would wait for the pause to end), and
+    the run ends with that error (exit 2), even if a signal stopped it first."""
     started = time.monotonic()
     ingestor.start()
     try:
         next_line = started + PROGRESS_EVERY_S
         while not ingestor.done:
             time.sleep(0.1)
-            if ending is not None and ending.is_set() and ingestor.paused is not None:
+            if ingestor.paused is not None and ((ending is not None and ending.is_set())
+                                                or (failed is not None and failed() is not None)):
                 ingestor.request_stop()  # idempotent
             if time.monotonic() >= next_line:
                 next_line += PROGRESS_EVERY_S
@@ -212,8 +218,9 @@ def _run(ingestor: Ingestor, *, source_label: str, resumed: dict[str, int],
     for path, skipped in resumed.items():
         print(f"  resumed {path} at byte {skipped}")
     _progress(ingestor, started, final=True)
-    if ingestor.error is not None:
-        msg = f"ingest stopped: {type(ingestor.error).__name__}: {ingestor.error}"
+    error = ingestor.error if ingestor.error is not None else (failed() if failed is not None else None)
+    if error is not None:
+        msg = f"ingest stopped: {type(error).__name__}: {error}"
         raise CLIError(msg)
     if ingestor.abandoned:
         print(f"ftlayer ingest: {ingestor.abandoned} records read from {source_label} were not persisted "

@@ -112,7 +112,8 @@ def run_webhook(args: argparse.Namespace, layer: FTLayer, key: Any, *, run: Call
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
     try:
-        return run(Ingestor(layer, hooks, key=key), ending=ending, source_label="webhook", resumed={})
+        return run(Ingestor(layer, hooks, key=key), ending=ending, failed=lambda: hooks.front_failure,
+                   source_label="webhook", resumed={})
     finally:
         hooks.close()
         answers = ", ".join(f"{status}: {n}" for status, n in sorted(hooks.answers.items()))

@@ -71,6 +71,7 @@ IDLE_POLL_S = 0.05  # poll(): how long it waits for a request while nothing is q
 # it goes on (to the next batch's packing and encoding, which hold the GIL the loop needs to answer)
 HANDOFF_S = 0.002
 TLS_FILES = "ftlayer_tls_files"  # tls_context(): the (cert, key) paths a context was loaded from
+TLS_SETTINGS = "ftlayer_tls_settings"  # tls_context(): its settings as built (see _tls_settings)
 FRONTS = ("auto", "process", "thread")
 # a front process that ends on its own is started again on the same port, at most this many times within
 # the window (a front that keeps dying is a fault for the operator: ingest then stops with the reason)
@@ -137,7 +138,8 @@ def _settle_soon(tickets: list[_Ticket], ok: bool, answered_within: float = 0.0)
 def tls_context(cert: str, key: str | None = None) -> ssl.SSLContext:
     """A server TLS context from a PEM certificate (chain) and its private key (``key`` None: in ``cert``);
     :class:`WebhookError` naming the files if they cannot be loaded. The context remembers its files
-    (:data:`TLS_FILES`), so the HTTP front process can load them too."""
+    (:data:`TLS_FILES`) and its settings (:data:`TLS_SETTINGS`), so the HTTP front process can load the
+    same files, as long as the context was not changed since (see :func:`tls_unpassable`)."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
         context.load_cert_chain(cert, key)
@@ -145,7 +147,32 @@ def tls_context(cert: str, key: str | None = None) -> ssl.SSLContext:
         msg = f"cannot load the TLS certificate {cert}" + (f" and key {key}" if key else "") + f": {exc}"
         raise WebhookError(msg) from exc
     setattr(context, TLS_FILES, (os.path.abspath(cert), os.path.abspath(key) if key else None))
+    setattr(context, TLS_SETTINGS, _tls_settings(context))
     return context
+
+
+def _tls_settings(context: ssl.SSLContext) -> tuple[Any, ...]:
+    """What can be seen of a context's settings: client certificates (``verify_mode``, the CAs loaded),
+    TLS versions, options, ciphers, callbacks. A front process rebuilds its context from the files
+    alone, so a context changed after :func:`tls_context` must not be handed over as if it were not
+    (a ``verify_mode = CERT_REQUIRED`` dropped would let in clients without a certificate)."""
+    return (context.verify_mode, context.verify_flags, context.options, context.minimum_version,
+            context.maximum_version, context.check_hostname, context.post_handshake_auth, context.sni_callback,
+            context.num_tickets, context.keylog_filename, tuple(c["name"] for c in context.get_ciphers()),
+            tuple(sorted(context.cert_store_stats().items())), tuple(context.get_ca_certs(binary_form=True)))
+
+
+def tls_unpassable(context: ssl.SSLContext | None) -> str | None:
+    """Why ``context`` cannot be rebuilt in the HTTP front process, or None (no TLS, or a context
+    :func:`tls_context` built and nobody changed since)."""
+    if context is None:
+        return None
+    if getattr(context, TLS_FILES, None) is None:
+        return "tls_context(cert, key) did not build it"
+    if getattr(context, TLS_SETTINGS, None) != _tls_settings(context):
+        return ("it was changed after tls_context(cert, key) built it (client certificates, TLS versions, "
+                "options or ciphers), and the HTTP process could only load its files")
+    return None
 
 
 class WebhookSource:
@@ -158,10 +185,11 @@ class WebhookSource:
     (:func:`tls_context`); ``ready_check``: a callable that raises when the records could not be
     persisted now (``GET /readyz``; the CLI pings Redis; it runs in this process). ``front``: where the
     HTTP side runs, "process" (a front process, :mod:`runtime.driver.webhook_link`), "thread" (an event
-    loop in a thread here) or "auto" ("process" unless ``tls`` is a context :func:`tls_context` did not
-    build, which cannot be handed to another process). The counters (``confirmed``, ``refused``,
-    ``answers``) count what this process decided as it decides it, and what the front decided
-    (4xx, its reply timeouts) as the front reports it, a moment after the client's answer.
+    loop in a thread here) or "auto" ("process" unless ``tls`` cannot be handed to another process: a
+    context :func:`tls_context` did not build, or one changed since, see :func:`tls_unpassable`). The
+    counters (``confirmed``, ``refused``, ``answers``) count what this process decided as it decides
+    it, and what the front decided (4xx, its reply timeouts) as the front reports it, a moment after
+    the client's answer.
     """
 
     def __init__(
@@ -185,9 +213,10 @@ class WebhookSource:
         if front not in FRONTS:
             msg = f"WebhookSource(front={front!r}): front must be one of {', '.join(FRONTS)}"
             raise WebhookError(msg)
-        if front == "process" and tls is not None and getattr(tls, TLS_FILES, None) is None:
-            msg = ("WebhookSource(front='process') cannot pass this TLS context to the HTTP process: build it with "
-                   "tls_context(cert, key), or use front='thread'")
+        why = tls_unpassable(tls) if front == "process" else None
+        if why is not None:
+            msg = (f"WebhookSource(front='process') cannot pass this TLS context to the HTTP process: {why}; "
+                   "build it with tls_context(cert, key) and change nothing, or use front='thread'")
             raise WebhookError(msg)
         self.front = front
         self.host = host
@@ -231,16 +260,25 @@ class WebhookSource:
     @property
     def front_process(self) -> bool:
         """True when the HTTP side runs in a process of its own (``front``: "process", or "auto"
-        unless ``tls`` is a context :func:`tls_context` did not build); see
+        unless ``tls`` is a context :func:`tls_context` did not build, or one changed since); see
         :mod:`runtime.driver.webhook_link`."""
         if self.front == "auto":
-            return self.tls is None or getattr(self.tls, TLS_FILES, None) is not None
+            return tls_unpassable(self.tls) is None
         return self.front == "process"
 
     @property
     def front_pid(self) -> int | None:
         """The pid of the HTTP front process while it serves (None: the HTTP side runs in a thread here)."""
         return getattr(self._server, "pid", None)
+
+    @property
+    def front_failure(self) -> WebhookError | None:
+        """Why the HTTP front process is not started again (it kept dying, or a new one failed to start),
+        the error :meth:`poll` raises once the records held are handed over; None while a front serves
+        (or the HTTP side runs in a thread). For a caller that must stop ingest while it is paused
+        (backpressure, Redis unreachable), when it does not poll: ``ftlayer ingest`` does."""
+        with self._lock:
+            return None if self._front_lost is None else WebhookError(self._front_lost)
 
     def _listen(self) -> None:
         if self._server is not None:
@@ -363,7 +401,8 @@ class WebhookSource:
         """The front process ended without being told to (killed, crashed): its clients saw their
         connections reset and retry. The records of its requests not yet polled are taken back (a
         retry then makes no duplicate); polled ones are persisted anyway. A new front is started on
-        the same port, at most :data:`FRONT_RESTARTS` times within :data:`FRONT_RESTART_WINDOW_S`;
+        the same port, at most :data:`FRONT_RESTARTS` times within :data:`FRONT_RESTART_WINDOW_S`
+        (a new one that ends before it serves counts as one more end, and is started again too);
         past that, :meth:`poll` raises :class:`WebhookError` with the reason once the records held
         are handed over, which stops ingest (see :mod:`runtime.driver.webhook_link`)."""
         with self._lock:
@@ -376,24 +415,33 @@ class WebhookSource:
             for ticket in self._inflight:  # persisted anyway, but nobody is told: never counted as answered
                 if ticket.link is link:
                     ticket.withdrawn = True
-            now = time.monotonic()
-            self._front_deaths = [t for t in self._front_deaths if now - t < FRONT_RESTART_WINDOW_S] + [now]
-            if len(self._front_deaths) > FRONT_RESTARTS:
-                self._front_lost = (f"{why}; it ended {len(self._front_deaths)} times within "
-                                    f"{FRONT_RESTART_WINDOW_S:g} s, so it is not started again")
-                self._lock.notify_all()
-                log.error("webhook on port %d: %s", self.port, self._front_lost)
-                return
             self._server = None
-        log.error("webhook on port %d: %s; starting a new one on the same port", self.port, why)
-        try:
-            self._listen()
-        except Exception as exc:
+        link.release()
+        while True:  # a new front that ends before it serves is one more end, and is started again too
             with self._lock:
-                self._front_lost = f"{why}; starting a new one failed: {type(exc).__name__}: {exc}"
-                self._lock.notify_all()
-            log.exception("webhook on port %d: %s", self.port, self._front_lost)
-            return
+                now = time.monotonic()
+                self._front_deaths = [t for t in self._front_deaths if now - t < FRONT_RESTART_WINDOW_S] + [now]
+                if len(self._front_deaths) > FRONT_RESTARTS:
+                    self._front_lost = (f"{why}; it ended {len(self._front_deaths)} times within "
+                                        f"{FRONT_RESTART_WINDOW_S:g} s, so it is not started again")
+                    self._lock.notify_all()
+                    log.error("webhook on port %d: %s", self.port, self._front_lost)
+                    return
+                if self._closed:
+                    return
+            log.error("webhook on port %d: %s; starting a new one on the same port", self.port, why)
+            try:
+                self._listen()
+            except WebhookError as exc:  # it ended before serving (killed, crashed; its error is above)
+                why = str(exc)
+                continue
+            except Exception as exc:  # the port, the socket pair, the interpreter: not a front's death
+                with self._lock:
+                    self._front_lost = f"{why}; starting a new one failed: {type(exc).__name__}: {exc}"
+                    self._lock.notify_all()
+                log.exception("webhook on port %d: %s", self.port, self._front_lost)
+                return
+            break
         with self._lock:  # close() came while the new front started: it must not outlive the source
             orphan, self._server = (self._server, None) if self._closed else (None, self._server)
         if orphan is not None:
@@ -431,8 +479,11 @@ class WebhookSource:
 
     # --- the source protocol (runtime.driver.ingest) ---------------------------------------------
     def open(self) -> None:
+        """Listen again after :meth:`close` (a topology restarted); a front given up before (ended too
+        often) gets its restarts anew: the ends before the close are not counted against the new one."""
         with self._lock:
             self._closed = False
+            self._front_deaths = []
         self._listen()
 
     waits_when_idle = True  # poll() waits by itself: ingest polls again at once (runtime.driver.ingest)

@@ -12,7 +12,7 @@ Content-Type, Content-Length, the body size, its HMAC signature and the JSON its
 ("offer"); the ingest process queues them like any request, and settles it once persisted ("ok")
 or not ("fail", "answer" with 503). A request not settled within ``reply_timeout_s`` is answered 503 here
 and withdrawn there. ``/healthz`` and ``/readyz`` ask the ingest process (its queue, pause and
-``ready_check``).
+``ready_check``); either is 503 if it does not answer within ``ASK_TIMEOUT_S``.
 
 Lifetime: the process ends when the link says "stop" or when the link closes (the ingest process
 ended, or was killed with SIGKILL: the listening socket closes with this process, so nothing answers
@@ -23,6 +23,7 @@ group: the ingest process decides when to stop, and answers the requests it hold
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import socket
 import sys
@@ -34,7 +35,7 @@ import msgpack
 from aiohttp import web
 
 from runtime.driver.ready_probe import READY_TIMEOUT_S
-from runtime.driver.webhook_body import BodyError, WebhookAuth, parse_records
+from runtime.driver.webhook_body import BodyError, WebhookAuth, WebhookError, parse_records
 from runtime.driver.webhook_http import HttpServer, _json, _time_out
 
 ASK_TIMEOUT_S = READY_TIMEOUT_S + 1.0  # /readyz, /healthz: how long the ingest process may take to answer
@@ -197,10 +198,12 @@ class FrontServer(HttpServer):
         return self._refusal(status, why or "refused")
 
     async def _healthz(self, _request: web.Request) -> web.Response:
+        """200 with the ingest process's counters; 503 if it does not answer (stopped, wedged): the
+        receiver is not alive when only its HTTP side is, and a liveness probe must see it."""
         try:
             doc = await self.remote.question("health?")
         except asyncio.TimeoutError:
-            doc = {"ingest": f"the ingest process did not answer within {ASK_TIMEOUT_S:g} s"}
+            return _json(503, {"ok": False, "why": f"the ingest process did not answer within {ASK_TIMEOUT_S:g} s"})
         return _json(200, {"ok": True, **doc})
 
     async def _readyz(self, _request: web.Request) -> web.Response:
@@ -240,7 +243,12 @@ def main(argv: Sequence[str]) -> int:
     if config["tls"] is not None:
         from runtime.driver.webhook import tls_context
 
-        tls = tls_context(*config["tls"])
+        try:  # the files may have changed since the ingest process loaded them (a restart after a rotation)
+            tls = tls_context(*config["tls"])
+        except WebhookError as exc:  # the reason goes to the ingest process, which names it: no traceback
+            with contextlib.suppress(OSError):  # the ingest process gone too: nobody to tell
+                link.sendall(msgpack.packb(("error", str(exc))))
+            return 2
     loop = asyncio.new_event_loop()
     remote = RemoteIntake(loop, config["reply_timeout_s"], config["retry_after_s"])
     server = FrontServer(remote, listener, path=config["path"],

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import ssl
 import threading
@@ -31,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from aiohttp import HttpVersion11, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ftlayer.logs import logger_for
 from runtime.driver.ready_probe import ReadyProbe
@@ -73,6 +75,20 @@ def _json(status: int, doc: dict[str, Any], headers: dict[str, str] | None = Non
                         headers=headers)
 
 
+class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]  # generic only in typeshed
+    """aiohttp's server log, but a request it could not parse (an HTTP/2 preface, a bad header line:
+    the client's error, answered with aiohttp's 400) is one INFO line, not an ERROR with a traceback
+    on the receiver's stderr for each one (a port scanner, a probe speaking HTTP/2); an exception
+    of a handler is still logged whole."""
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            first = (exc_info.message or "").strip().splitlines()[:1]
+            self.logger.info(f"{msg}: %s %s", *args, exc_info.code, first[0] if first else "")
+            return
+        self.logger.exception(msg, *args, exc_info=exc_info, **kwargs)
+
+
 @web.middleware
 async def _json_errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                        ) -> web.StreamResponse:
@@ -110,7 +126,7 @@ class HttpServer:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None, keepalive_timeout=KEEPALIVE_S,
-                                     shutdown_timeout=2.0)
+                                     shutdown_timeout=2.0, logger=_ServerLog(logging.getLogger("aiohttp.server")))
         self._thread = threading.Thread(target=self.loop.run_forever, name="ftlayer-webhook", daemon=True)
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start(sock, ssl_context), self.loop).result(30)

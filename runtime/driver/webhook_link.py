@@ -11,11 +11,12 @@ over a Unix socket pair, many per system call.
 
 Frames (msgpack arrays, back to back on the stream; ``rid`` numbers a request or a question):
 
-- front -> ingest: ``("up",)`` once it serves; ``("offer", rid, records)`` a records request that
-  passed every check, its records as one msgpack array (``("offer-body", rid, body, content_type,
-  batch)`` when msgpack cannot carry one of them: parsed again here); ``("withdraw", rid)`` its answer gave up
-  waiting; ``("answered", [[status, records], ...])`` what it answered since the last one (the
-  source's counters); ``("ready?", rid)`` and ``("health?", rid)``.
+- front -> ingest: ``("up",)`` once it serves (``("error", why)`` and its exit if it cannot);
+  ``("offer", rid, records)`` a records request that passed every check, its records as one
+  msgpack array (``("offer-body", rid, body, content_type, batch)`` when msgpack cannot carry one
+  of them: parsed again here); ``("withdraw", rid)`` its answer gave up waiting; ``("answered",
+  [[status, records], ...])`` what it answered since the last one (the source's counters);
+  ``("ready?", rid)`` and ``("health?", rid)``.
 - ingest -> front: ``("config", {...})`` first; ``("ok", [[rid, records], ...])`` persisted (200);
   ``("fail", [rid, ...])`` abandoned (503); ``("answer", rid, status, why, records)`` a request
   refused (503 from admission; 400 from a body parsed here) or empty (200, 0 records); ``("reply", rid,
@@ -123,6 +124,7 @@ class FrontLink:
 
     def _await_up(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
+        error: str | None = None
         self._sock.settimeout(0.2)
         try:
             while True:
@@ -130,16 +132,23 @@ class FrontLink:
                     data = self._sock.recv(RECV_BYTES)
                 except TimeoutError:
                     data = None
-                if data == b"" or self._proc.poll() is not None:
-                    code = self._proc.wait(5)
-                    msg = f"the webhook's HTTP process exited with code {code} before serving (its error is above)"
-                    raise WebhookError(msg)
+                except OSError:  # ECONNRESET: it died with our config frame unread
+                    data = b""
                 if data:
                     self._unpacker.feed(data)
                     for frame in self._unpacker:
                         if frame[0] == "up":
                             return
-                        self._early.append(frame)
+                        if frame[0] == "error":  # it could not start, and says why (then exits)
+                            error = frame[1]
+                        else:
+                            self._early.append(frame)
+                # ended: the link's end of file (after anything it said), or nothing to read and no process
+                if data == b"" or (data is None and self._proc.poll() is not None):
+                    code = self._proc.wait(5)
+                    why = f": {error}" if error else " (its error, if any, is above)"
+                    msg = f"the webhook's HTTP process (pid {self._proc.pid}) exited with code {code} before serving"
+                    raise WebhookError(msg + why)
                 if time.monotonic() > deadline:
                     msg = f"the webhook's HTTP process did not start within {timeout_s:g} s"
                     raise WebhookError(msg)
@@ -225,6 +234,10 @@ class FrontLink:
         self._kill()
         if self._reader.is_alive():
             self._reader.join(5)
+
+    def release(self) -> None:
+        """Free the link of a front that ended on its own (its process is reaped already)."""
+        self._kill()
 
     def _kill(self) -> None:
         self._stopping = True

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import ssl
 import threading
 import time
@@ -133,6 +135,80 @@ def test_sigterm_to_the_whole_process_group_still_answers_what_was_taken(redis_s
     held.join(10)
     assert [(a.status, a.doc) for a in answers] == [(200, {"accepted": 2})]
     assert sorted(persisted_ids(_layer(redis_server_url, namespace))) == list(range(7))
+
+
+def _front_pid(proc: IngestProcess, other_than: int | None = None) -> int:
+    """The pid of the ingest process's HTTP front (a new one, if ``other_than``), once it runs."""
+    found: list[int] = []
+
+    def front() -> bool:
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+                cmdline = (stat.parent / "cmdline").read_bytes()
+            except (OSError, IndexError, ValueError):  # ended meanwhile
+                continue
+            pid = int(stat.parent.name)
+            if ppid == proc.proc.pid and b"runtime.driver.webhook_front" in cmdline and pid != other_than:
+                found.append(pid)
+                return True
+        return False
+
+    wait_until(front, 30, "a webhook front process")
+    return found[0]
+
+
+@pytest.mark.slow
+def test_a_front_that_keeps_dying_while_ingest_waits_for_room_ends_in_one_error_line(
+        redis_server_url: str, namespace: str) -> None:
+    """docs/sources.md: a front that ends more than 3 times within 60 s is not started again and ingest
+    stops with the reason: also while ingest waits for room (no query reads the source), when it does
+    not poll the source (it waited for ever, serving no port); exit 2, no traceback."""
+    proc = IngestProcess("clicks", "events", "--webhook", "127.0.0.1:0", redis_url=redis_server_url,
+                         namespace=namespace, env={"FTLAYER_MAX_PENDING": "3"})
+    try:
+        url = _url(proc)
+        http = Http(url)
+        assert http.post("batch", [{"i": i} for i in range(5)]).status == 200  # now 5 pending >= 3
+        http.close()
+        errors: list[BaseException] = []
+
+        def post() -> None:
+            held = Http(url, timeout_s=60)
+            try:
+                held.post("batch", [{"i": 5}, {"i": 6}])
+            except OSError as exc:  # its front killed: the connection reset
+                errors.append(exc)
+            finally:
+                held.close()
+
+        poster = threading.Thread(target=post, daemon=True)
+        poster.start()  # taken, then ingest waits for room
+        wait_until(lambda: "backpressure" in proc.output, 30, "ingest to wait for room")
+        def serves() -> bool:
+            probe = Http(url, timeout_s=10)
+            try:
+                return probe.call("GET", "/healthz").status == 200
+            except OSError:
+                return False
+            finally:
+                probe.close()
+
+        pid = _front_pid(proc)
+        for _ in range(3):
+            os.kill(pid, signal.SIGKILL)
+            pid = _front_pid(proc, other_than=pid)
+            wait_until(serves, 30, "the new front to serve")
+        os.kill(pid, signal.SIGKILL)  # the 4th end within the minute: not started again
+        rc, out = proc.run(timeout_s=20)
+        poster.join(10)
+    finally:
+        proc.stop()
+    assert rc == 2, out
+    assert f"ftlayer: error: ingest stopped: WebhookError: the webhook's HTTP process (pid {pid}) exited with " \
+           "code -9; it ended 4 times within 60 s, so it is not started again" in out, out
+    assert "Traceback" not in out, out
+    assert len(errors) == 1
 
 
 @pytest.mark.slow

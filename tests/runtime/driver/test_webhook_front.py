@@ -133,6 +133,113 @@ def test_a_front_that_keeps_dying_stops_ingest_with_the_reason(ft_config: FTConf
     assert sorted(persisted_ids(layer)) == list(range(5))
 
 
+def _fronts() -> set[int]:
+    """The webhook front processes this process started (from any of its threads)."""
+    out: set[int] = set()
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out.update(int(c) for c in children if "runtime.driver.webhook_front" in _cmdline(int(c)))
+    return out
+
+
+def test_a_front_killed_while_it_starts_is_one_more_end_and_started_again() -> None:
+    """A new front that dies before it serves (its link reset with the config unread) was the end of the
+    restarts ("starting a new one failed: ConnectionResetError") after 2 ends, not 4."""
+    hooks = WebhookSource()
+    try:
+        first = hooks.front_pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        starting: list[int] = []
+        wait_until(lambda: starting.extend(_fronts() - {first}) or starting, 10, "a new front process", 0.002)
+        os.kill(starting[0], signal.SIGKILL)  # within its start (an interpreter and aiohttp's import)
+        wait_until(lambda: hooks.front_pid not in (None, first, starting[0]), 30, "a third front process")
+        assert hooks.front_failure is None
+        http = Http(hooks.url, timeout_s=30)
+        answers: list[Answer] = []
+        poster = threading.Thread(target=lambda: answers.append(http.post("batch", [{"i": 1}])), daemon=True)
+        poster.start()
+        wait_until(lambda: hooks.health()["queued"] == 1, 10, "the request to be queued")
+        polled = hooks.poll()
+        assert polled == [{"i": 1}]
+        hooks.ack(list(polled))
+        poster.join(10)
+        http.close()
+        assert [(a.status, a.doc) for a in answers] == [(200, {"accepted": 1})]
+    finally:
+        hooks.close()
+
+
+def test_a_front_that_cannot_load_the_certificate_names_it_without_a_traceback(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The front loads the TLS files again at each start: a certificate replaced by a bad one (a rotation
+    gone wrong) is named in the reason ingest stops with, and the front prints no traceback."""
+    monkeypatch.setattr(webhook, "FRONT_RESTARTS", 1)
+    cert, key = self_signed(tmp_path)
+    hooks = WebhookSource(tls=tls_context(str(cert), str(key)))
+    try:
+        first = hooks.front_pid
+        assert first is not None
+        cert.write_text("not a certificate\n")
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: hooks.front_failure is not None, 60, "the front to be given up")
+        why = str(hooks.front_failure)
+        assert f"cannot load the TLS certificate {cert} and key {key}" in why, why
+        assert "exited with code 2 before serving: cannot load" in why, why
+        assert why.endswith("it ended 2 times within 60 s, so it is not started again"), why
+    finally:
+        hooks.close()
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_open_after_close_gives_a_front_given_up_its_restarts_anew(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(webhook, "FRONT_RESTARTS", 1)
+    hooks = WebhookSource()
+    try:
+        first = hooks.front_pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: hooks.front_pid not in (None, first), 30, "a second front process")
+        second = hooks.front_pid
+        assert second is not None
+        os.kill(second, signal.SIGKILL)  # the second end within the minute: given up
+        wait_until(lambda: hooks.front_failure is not None, 30, "the front to be given up")
+        hooks.close()
+        hooks.open()  # a restarted topology
+        assert hooks.front_failure is None
+        pid = hooks.front_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)  # its first end: started again, not given up
+        wait_until(lambda: hooks.front_pid not in (None, pid), 30, "a new front process")
+        assert hooks.front_failure is None
+    finally:
+        hooks.close()
+
+
+def test_a_front_that_cannot_start_and_has_nobody_to_tell_exits_2_quietly(tmp_path: Path) -> None:
+    """Its ingest process gone (the link closed) while it fails to load the TLS files: no traceback."""
+    import msgpack
+
+    bad = tmp_path / "cert.pem"
+    bad.write_text("not a certificate\n")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    config = {"path": "/", "max_body_bytes": 1000, "token": None, "hmac_secret": None, "reply_timeout_s": 1.0,
+              "retry_after_s": 1, "tls": [str(bad), None]}
+    ours.sendall(msgpack.packb(("config", config)))
+    ours.close()  # gone before the front could say why
+    front = subprocess.run([sys.executable, "-m", "runtime.driver.webhook_front", str(theirs.fileno()),
+                            str(listener.fileno())], check=False, pass_fds=(theirs.fileno(), listener.fileno()),
+                           capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[3])
+    theirs.close()
+    listener.close()
+    assert (front.returncode, front.stderr) == (2, "")
+
+
 OWNER = textwrap.dedent("""
     import sys, time
     from runtime.driver.webhook import WebhookSource
@@ -162,6 +269,30 @@ def test_a_killed_ingest_process_takes_its_front_and_port_with_it() -> None:
             return False
 
         wait_until(refused, 10, "the port to close")
+    finally:
+        owner.kill()
+        owner.wait(10)
+
+
+def test_healthz_is_503_while_the_ingest_process_does_not_answer() -> None:
+    """A stopped (or wedged) ingest process: the front still serves, but a liveness probe must not see
+    the receiver alive."""
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parents[3])
+    try:
+        assert owner.stdout is not None
+        port, _pid = map(int, owner.stdout.readline().split())
+        http = Http(f"http://127.0.0.1:{port}/", timeout_s=30)
+        assert http.call("GET", "/healthz").status == 200
+        owner.send_signal(signal.SIGSTOP)
+        try:
+            health = http.call("GET", "/healthz")
+        finally:
+            owner.send_signal(signal.SIGCONT)
+        assert (health.status, health.doc) == (503, {"ok": False, "why": "the ingest process did not answer "
+                                                                         "within 3 s"})
+        assert http.call("GET", "/healthz").status == 200  # it answers again
+        http.close()
     finally:
         owner.kill()
         owner.wait(10)
@@ -205,7 +336,8 @@ def test_the_front_option(tmp_path: Path) -> None:
     cert, key = self_signed(tmp_path)
     own = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)  # a context tls_context() did not build
     own.load_cert_chain(str(cert), str(key))
-    with pytest.raises(WebhookError, match=r"build it with tls_context\(cert, key\), or use front='thread'"):
+    with pytest.raises(WebhookError, match=r"build it with tls_context\(cert, key\) and change nothing, or use "
+                                           r"front='thread'"):
         WebhookSource(tls=own, front="process")
     for tls, in_process in ((own, False), (tls_context(str(cert), str(key)), True)):
         hooks = WebhookSource(tls=tls)  # auto: a front process unless the context cannot be passed on
@@ -221,6 +353,37 @@ def test_the_front_option(tmp_path: Path) -> None:
     hooks = WebhookSource(front="thread")
     try:
         assert hooks.front_pid is None
+    finally:
+        hooks.close()
+
+
+def test_a_tls_context_changed_after_tls_context_keeps_its_settings(tmp_path: Path) -> None:
+    """Client certificates required on a context tls_context() built: the front process could only load its
+    files, so the settings are kept by serving it from this process ("auto"), or refused ("process"); a
+    client without a certificate is never let in."""
+    cert, key = self_signed(tmp_path)
+    mutual = tls_context(str(cert), str(key))
+    mutual.verify_mode = ssl.CERT_REQUIRED
+    mutual.load_verify_locations(str(cert))  # the client's certificate: the same self-signed one
+    with pytest.raises(WebhookError, match="it was changed after tls_context"):
+        WebhookSource(tls=mutual, front="process")
+    hooks = WebhookSource(tls=mutual)
+    try:
+        assert hooks.front_pid is None and not hooks.front_process
+        for with_cert in (False, True):
+            client = ssl.create_default_context(cafile=str(cert))
+            client.maximum_version = ssl.TLSVersion.TLSv1_2  # the refusal comes in the handshake itself
+            if with_cert:
+                client.load_cert_chain(str(cert), str(key))
+            http = Http(hooks.url, timeout_s=10, context=client)
+            try:
+                if with_cert:
+                    assert http.call("GET", "/healthz").status == 200
+                else:
+                    with pytest.raises((ssl.SSLError, ConnectionError)):
+                        http.call("GET", "/healthz")
+            finally:
+                http.close()
     finally:
         hooks.close()
 

@@ -9,6 +9,7 @@ take records, clear 4xx for anything that must not be retried, /healthz and /rea
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -324,6 +325,26 @@ def test_expect_100_continue_is_refused_before_the_upload(ft_config: FTConfig, f
     assert sorted(persisted_ids(layer)) == [0, 1, 2]
     # a refused connection's handler, still lingering over the body never sent, is cleaned up at stop
     assert "Task was destroyed but it is pending" not in capfd.readouterr().err
+
+
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+@pytest.mark.parametrize("front", ["process", "thread"])
+def test_a_request_that_is_not_http_1_is_a_400_and_one_log_line(front: str, capfd: pytest.CaptureFixture[str],
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """An HTTP/2 client with prior knowledge, or a header line that is not one: aiohttp's 400, and not an
+    ERROR with a traceback on the receiver's stderr for each such request."""
+    hooks = WebhookSource(front=front)
+    try:
+        for raw in (HTTP2_PREFACE, b"POST / HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n"):
+            with socket.create_connection(("127.0.0.1", hooks.port), timeout=10) as sock:
+                sock.sendall(raw)
+                assert sock.recv(1 << 16).split(b" ")[1] == b"400", raw  # HTTP/1.0 or 1.1: aiohttp's own
+    finally:
+        hooks.close()
+    assert "Traceback" not in capfd.readouterr().err  # the front process's stderr (it logs nowhere else)
+    assert not [r for r in caplog.records if r.name == "aiohttp.server" and r.levelno >= logging.WARNING]
 
 
 def test_bearer_token_refused_then_accepted(ft_config: FTConfig) -> None:
