@@ -46,19 +46,21 @@ the receiver matches confirmations to requests by counting (a FIFO of waiting re
 
 from __future__ import annotations
 
+__all__ = ["FRONTS", "HANDOFF_S", "WebhookError", "WebhookSource", "tls_context"]
+
 import asyncio
-import os
 import socket
 import ssl
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ftlayer.logs import logger_for
 from runtime.driver.webhook_body import BodyError, WebhookAuth, WebhookError, parse_records
+from runtime.driver.webhook_tickets import Ticket, settle_soon
+from runtime.driver.webhook_tls import TLS_FILES, tls_context, tls_unpassable
 
 if TYPE_CHECKING:
     from runtime.driver.webhook_link import FrontLink
@@ -70,109 +72,11 @@ IDLE_POLL_S = 0.05  # poll(): how long it waits for a request while nothing is q
 # ack(): how long ingest waits for the server's loop to have answered the requests it confirmed before
 # it goes on (to the next batch's packing and encoding, which hold the GIL the loop needs to answer)
 HANDOFF_S = 0.002
-TLS_FILES = "ftlayer_tls_files"  # tls_context(): the (cert, key) paths a context was loaded from
-TLS_SETTINGS = "ftlayer_tls_settings"  # tls_context(): its settings as built (see _tls_settings)
 FRONTS = ("auto", "process", "thread")
 # a front process that ends on its own is started again on the same port, at most this many times within
 # the window (a front that keeps dying is a fault for the operator: ingest then stops with the reason)
 FRONT_RESTARTS = 3
 FRONT_RESTART_WINDOW_S = 60.0
-
-
-@dataclass(eq=False)
-class _Ticket:
-    """One request's records: handed to ingest, then confirmed by ``ack`` (or abandoned). Answered on
-    ``loop`` through ``future`` (the HTTP server in a thread of this process), or over ``link`` by
-    ``rid`` (the HTTP front in its own process, :mod:`runtime.driver.webhook_link`)."""
-
-    values: list[Any]
-    future: asyncio.Future[bool | None] | None = None  # None: the answer timed out (webhook_http)
-    loop: asyncio.AbstractEventLoop | None = None
-    link: FrontLink | None = None
-    rid: int = 0
-    withdrawn: bool = False  # its answer (503) went out already: never counted again
-    remaining: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.remaining = len(self.values)
-
-
-def _settle(tickets: list[_Ticket], ok: bool, answered: threading.Event | None = None) -> None:
-    """Resolve the tickets' futures (on their loop's thread); then, a turn of the loop later (once the
-    handlers woken here have written their answers), set ``answered``."""
-    for ticket in tickets:
-        if ticket.future is not None and not ticket.future.done():
-            ticket.future.set_result(ok)
-    if answered is not None and tickets[0].loop is not None:
-        tickets[0].loop.call_soon(answered.set)  # after the handlers' wake-ups, scheduled just now
-
-
-def _settle_soon(tickets: list[_Ticket], ok: bool, answered_within: float = 0.0) -> None:
-    """:func:`_settle` from any thread: one wake-up of each loop involved, one frame to each front
-    process. With ``answered_within``, wait (at most that long) until each loop of this process has
-    run the answers (see :data:`HANDOFF_S`; a front process answers on its own CPU, unwaited)."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[_Ticket]] = {}
-    by_link: dict[FrontLink, list[_Ticket]] = {}
-    for ticket in tickets:
-        if ticket.link is not None:
-            by_link.setdefault(ticket.link, []).append(ticket)
-        elif ticket.loop is not None:
-            by_loop.setdefault(ticket.loop, []).append(ticket)
-    for link, group in by_link.items():
-        link.settle(group, ok)
-    events: list[threading.Event] = []
-    for loop, group in by_loop.items():
-        answered = threading.Event() if answered_within > 0 else None
-        try:
-            loop.call_soon_threadsafe(_settle, group, ok, answered)
-        except RuntimeError:  # the loop is closed: nobody waits for these answers any more
-            log.debug("webhook: %d answers dropped with a closed server", len(group))
-            continue
-        if answered is not None:
-            events.append(answered)
-    deadline = time.monotonic() + answered_within
-    for answered in events:
-        answered.wait(max(0.0, deadline - time.monotonic()))
-
-
-def tls_context(cert: str, key: str | None = None) -> ssl.SSLContext:
-    """A server TLS context from a PEM certificate (chain) and its private key (``key`` None: in ``cert``);
-    :class:`WebhookError` naming the files if they cannot be loaded. The context remembers its files
-    (:data:`TLS_FILES`) and its settings (:data:`TLS_SETTINGS`), so the HTTP front process can load the
-    same files, as long as the context was not changed since (see :func:`tls_unpassable`)."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    try:
-        context.load_cert_chain(cert, key)
-    except (OSError, ssl.SSLError) as exc:
-        msg = f"cannot load the TLS certificate {cert}" + (f" and key {key}" if key else "") + f": {exc}"
-        raise WebhookError(msg) from exc
-    setattr(context, TLS_FILES, (os.path.abspath(cert), os.path.abspath(key) if key else None))
-    setattr(context, TLS_SETTINGS, _tls_settings(context))
-    return context
-
-
-def _tls_settings(context: ssl.SSLContext) -> tuple[Any, ...]:
-    """What can be seen of a context's settings: client certificates (``verify_mode``, the CAs loaded),
-    TLS versions, options, ciphers, callbacks. A front process rebuilds its context from the files
-    alone, so a context changed after :func:`tls_context` must not be handed over as if it were not
-    (a ``verify_mode = CERT_REQUIRED`` dropped would let in clients without a certificate)."""
-    return (context.verify_mode, context.verify_flags, context.options, context.minimum_version,
-            context.maximum_version, context.check_hostname, context.post_handshake_auth, context.sni_callback,
-            context.num_tickets, context.keylog_filename, tuple(c["name"] for c in context.get_ciphers()),
-            tuple(sorted(context.cert_store_stats().items())), tuple(context.get_ca_certs(binary_form=True)))
-
-
-def tls_unpassable(context: ssl.SSLContext | None) -> str | None:
-    """Why ``context`` cannot be rebuilt in the HTTP front process, or None (no TLS, or a context
-    :func:`tls_context` built and nobody changed since)."""
-    if context is None:
-        return None
-    if getattr(context, TLS_FILES, None) is None:
-        return "tls_context(cert, key) did not build it"
-    if getattr(context, TLS_SETTINGS, None) != _tls_settings(context):
-        return ("it was changed after tls_context(cert, key) built it (client certificates, TLS versions, "
-                "options or ciphers), and the HTTP process could only load its files")
-    return None
 
 
 class WebhookSource:
@@ -236,9 +140,9 @@ class WebhookSource:
         self.refused = 0  # requests answered 503
         self.answers: dict[int, int] = {}  # HTTP status -> requests answered with it
         self._lock = threading.Condition()
-        self._queue: deque[_Ticket] = deque()  # taken, not yet polled
+        self._queue: deque[Ticket] = deque()  # taken, not yet polled
         self._queued = 0  # records in _queue
-        self._inflight: deque[_Ticket] = deque()  # polled, waiting for ack, in poll order
+        self._inflight: deque[Ticket] = deque()  # polled, waiting for ack, in poll order
         self._paused: str | None = None
         self._ending = False
         self._last_poll: float | None = None  # monotonic time of ingest's last poll
@@ -320,16 +224,16 @@ class WebhookSource:
                 "tls": None if self.tls is None else list(getattr(self.tls, TLS_FILES))}
 
     # --- what the HTTP side calls (runtime.driver.webhook_http.Intake) -----------------------------
-    def offer(self, values: list[Any], loop: asyncio.AbstractEventLoop) -> _Ticket | str:
+    def offer(self, values: list[Any], loop: asyncio.AbstractEventLoop) -> Ticket | str:
         """Queue a request's records, or say why not (503)."""
         with self._lock:
-            ticket = self._admit(_Ticket(values, loop.create_future(), loop))
+            ticket = self._admit(Ticket(values, loop.create_future(), loop))
             if not isinstance(ticket, str) and not self._wake_due:
                 self._wake_due = True  # ingest is woken once per turn of the loop, not per request
                 loop.call_soon(self.wake)
             return ticket
 
-    def _admit(self, ticket: _Ticket) -> _Ticket | str:
+    def _admit(self, ticket: Ticket) -> Ticket | str:
         """Queue ``ticket`` (under the lock), or say why not."""
         if self._ending or self._server is None:
             return "the source is ending"
@@ -378,7 +282,7 @@ class WebhookSource:
             link.answer(rid, 200, None, 0)
             return
         with self._lock:
-            ticket = self._admit(_Ticket(values, link=link, rid=rid))
+            ticket = self._admit(Ticket(values, link=link, rid=rid))
         if isinstance(ticket, str):
             self.answered(503, len(values))
             link.answer(rid, 503, ticket, len(values))
@@ -518,7 +422,7 @@ class WebhookSource:
         Returns once the server's loop has answered the requests completed here, or after
         :data:`HANDOFF_S` (a busy or stopped loop answers them later; nothing waits longer)."""
         n = len(values)
-        done: list[_Ticket] = []
+        done: list[Ticket] = []
         with self._lock:
             while n and self._inflight:
                 ticket = self._inflight[0]
@@ -531,7 +435,7 @@ class WebhookSource:
             for ticket in done:
                 if ticket.link is not None and not ticket.withdrawn:  # counted before the front answers
                     self.answered(200, len(ticket.values))
-            _settle_soon(done, True, HANDOFF_S)
+            settle_soon(done, True, HANDOFF_S)
 
     def ingest_paused(self, reason: str | None) -> None:
         """Ingest waits (backpressure, Redis unreachable): answer new requests 503 until it goes on."""
@@ -556,6 +460,6 @@ class WebhookSource:
         for ticket in waiting:
             if ticket.link is not None and not ticket.withdrawn:
                 self.answered(503, len(ticket.values))
-        _settle_soon(waiting, False)  # answered 503 before the connections close
+        settle_soon(waiting, False)  # answered 503 before the connections close
         if server is not None:
             server.stop()

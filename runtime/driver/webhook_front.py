@@ -241,7 +241,7 @@ def main(argv: Sequence[str]) -> int:
     config = _config(link, unpacker)
     tls = None
     if config["tls"] is not None:
-        from runtime.driver.webhook import tls_context
+        from runtime.driver.webhook_tls import tls_context
 
         try:  # the files may have changed since the ingest process loaded them (a restart after a rotation)
             tls = tls_context(*config["tls"])
