@@ -5,9 +5,11 @@ from __future__ import annotations
 import shutil
 import statistics
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -15,6 +17,17 @@ import redis
 def summary(values: list[float]) -> dict[str, float]:
     """A figure over its rounds: median, min and max."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def run_until(query: Any, done: Callable[[], object], poll_s: float = 0.01) -> None:
+    """Poll ``done`` until it holds while ``query`` runs; the query's failure, if it fails first, is raised."""
+    while True:
+        failure = query.exception()
+        if failure is not None:
+            raise failure
+        if done():
+            return
+        time.sleep(poll_s)
 
 
 def as_shipped() -> None:

@@ -37,7 +37,7 @@ from typing import Any
 
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
 from ftlayer.store.connection import client_for
-from runtime.bench.common import BENCH_STOP_GRACE_S, summary
+from runtime.bench.common import BENCH_STOP_GRACE_S, run_until, summary
 from runtime.bench.e2e import USERS, Run, make_value
 from runtime.driver.query_stop import stop_query
 
@@ -83,14 +83,8 @@ def run_dataframe(spark: Any, config: FTConfig, records: int, *, ft_on: bool) ->
     fn: Callable[[Any, int], None] = ftlayer.acking(counter, config=cfg) if ft_on else counter
     query = df.writeStream.foreachBatch(fn).trigger(processingTime="100 milliseconds").start()
     try:
-        while True:
-            failure = query.exception()
-            if failure is not None:
-                raise failure
-            done = handle.stats()["acked"] >= records if ft_on else (ingestor.done and counter.rows >= kept)
-            if done:
-                break
-            time.sleep(0.02)
+        run_until(query, lambda: handle.stats()["acked"] >= records if ft_on
+                  else (ingestor.done and counter.rows >= kept), 0.02)
         elapsed = time.perf_counter() - start
     finally:
         stop_query(query, BENCH_STOP_GRACE_S)
@@ -118,13 +112,7 @@ def run_plain(spark: Any, records: int) -> Run:
     start = time.perf_counter()
     query = _ops(src).writeStream.foreachBatch(counter).trigger(processingTime="100 milliseconds").start()
     try:
-        while True:
-            failure = query.exception()
-            if failure is not None:
-                raise failure
-            if sum(int(p["numInputRows"]) for p in query.recentProgress) >= records:
-                break
-            time.sleep(0.01)
+        run_until(query, lambda: sum(int(p["numInputRows"]) for p in query.recentProgress) >= records)
         elapsed = time.perf_counter() - start
         done = sum(int(p["numInputRows"]) for p in query.recentProgress)
     finally:
@@ -144,11 +132,7 @@ def run_python_source(spark: Any, records: int) -> Run:
     start = time.perf_counter()
     query = _ops(src).writeStream.foreachBatch(counter).trigger(processingTime="100 milliseconds").start()
     try:
-        while counter.rows < kept:
-            failure = query.exception()
-            if failure is not None:
-                raise failure
-            time.sleep(0.01)
+        run_until(query, lambda: counter.rows >= kept)
         elapsed = time.perf_counter() - start
     finally:
         stop_query(query, BENCH_STOP_GRACE_S)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
-from runtime.bench.common import BENCH_STOP_GRACE_S, delete_namespace, summary
+from runtime.bench.common import BENCH_STOP_GRACE_S, delete_namespace, run_until, summary
 from runtime.bench.e2e import make_value
 from runtime.driver.query_stop import stop_query
 
@@ -127,11 +127,7 @@ def _run(spark: Any, config: FTConfig, records: int, write: Callable[[Any, int],
     query = df.writeStream.foreachBatch(ftlayer.acking(write, config=cfg)).trigger(
         processingTime="100 milliseconds").start()
     try:
-        while handle.stats()["acked"] < records:
-            failure = query.exception()
-            if failure is not None:
-                raise failure
-            time.sleep(0.02)
+        run_until(query, lambda: handle.stats()["acked"] >= records, 0.02)
         elapsed = time.perf_counter() - start
     finally:
         stop_query(query, BENCH_STOP_GRACE_S)
