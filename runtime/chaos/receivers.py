@@ -251,12 +251,14 @@ def _webhook_kill(ctx: ScenarioContext, records: int, connections: int, batch: i
                 _wait(lambda: client.in_flight == connections, 10, "a request in flight on every connection")
                 time.sleep(0.3)  # ingest took the requests and cannot persist them
                 in_flight = client.in_flight
+                # counted before the kill: the clients reconnect as soon as their connections close (for an
+                # ingest process, when its front sees the link close, a few ms after it died)
+                requests_at_kill, connects_at_kill = client.requests, client.connects
                 if kill == "ingest":
                     first.kill9()
                 elif front is not None:
                     os.kill(front, signal.SIGKILL)
             at_kill = len(client.confirmed)
-            requests_at_kill, connects_at_kill = client.requests, client.connects
             what = "ingest" if kill == "ingest" else f"the HTTP front (pid {front})"
             ctx.say(f"{what} SIGKILLed with {in_flight} requests in flight, {at_kill}/{records} confirmed")
             ctx.notes.append(f"{what} killed with {in_flight} requests in flight, {at_kill} of {records} confirmed")
@@ -279,10 +281,13 @@ def _webhook_kill(ctx: ScenarioContext, records: int, connections: int, batch: i
     if kill == "front":
         report.expect(f"the ingest process lived on with a new front (pid {front} -> {new_front})",
                       survived and front is not None and new_front not in (None, front))
+        # the 200s are counted as ingest confirms (before the front writes them); the front's death withdraws
+        # those it held, unless a persist confirmed them first: at most the requests in flight at the kill
         counted = re.search(r"requests answered 200: (\d+)", out)
-        report.expect(f"it counted the 200s the clients got, not those lost with the front "
-                      f"({counted.group(1) if counted else None} of {client.answers.get(200)})",
-                      counted is not None and int(counted.group(1)) == client.answers.get(200))
+        got = client.answers.get(200, 0)
+        report.expect(f"it counted the 200s the clients got, and at most the {in_flight} in flight at the kill "
+                      f"more ({counted.group(1) if counted else None} against {got})",
+                      counted is not None and got <= int(counted.group(1)) <= got + in_flight)
     report.expect(f"the {'restarted ' if kill == 'ingest' else ''}ingest process exited 0 "
                   f"(exit {rc}; {out.strip().splitlines()[-1:]})", rc == 0)
     return report

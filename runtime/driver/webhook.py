@@ -92,8 +92,9 @@ class WebhookSource:
     loop in a thread here) or "auto" ("process" unless ``tls`` cannot be handed to another process: a
     context :func:`tls_context` did not build, or one changed since, see :func:`tls_unpassable`). The
     counters (``confirmed``, ``refused``, ``answers``) count what this process decided as it decides
-    it, and what the front decided (4xx, its reply timeouts) as the front reports it, a moment after
-    the client's answer.
+    it (a 200 as ingest confirms it: a front killed at that moment may take counted answers with it,
+    at most the requests it held), and what the front decided (4xx, its reply timeouts) as the front
+    reports it, a moment after the client's answer.
     """
 
     def __init__(
