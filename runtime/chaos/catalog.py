@@ -43,6 +43,8 @@ CATALOG: dict[str, ScenarioInfo] = {
                                        "a replica takes over"),
     "webhook-driver-kill": ScenarioInfo(1500, "a webhook-fed driver SIGKILLed under load, restarted on the same "
                                               "port", needs_spark=False),
+    "webhook-driver-front-kill": ScenarioInfo(1500, "the HTTP front process of a webhook-fed driver SIGKILLed under "
+                                                    "load; the driver starts a new one and drains", needs_spark=False),
     "mqtt-driver-kill": ScenarioInfo(1500, "an MQTT-fed driver (a real Mosquitto it starts) SIGKILLed under load, "
                                            "restarted with the same client id", needs_spark=False),
     "mqtt-ingest-kill": ScenarioInfo(2000, "`ftlayer ingest --mqtt` SIGKILLed mid-stream with messages in hand "

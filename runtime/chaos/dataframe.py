@@ -95,6 +95,8 @@ def _variants() -> dict[str, Callable[..., Report]]:
         "long-outage": functools.partial(procs.long_outage, pipeline="dataframe"),
         # acks come at Spark's commit: a slower client, so the kill lands while records are in flight
         "webhook-driver-kill": functools.partial(webhook.webhook_driver_kill, pipeline="dataframe", pace_s=0.1),
+        "webhook-driver-front-kill": functools.partial(webhook.webhook_front_kill_in_driver, pipeline="dataframe",
+                                                       pace_s=0.1),
         "mqtt-driver-kill": functools.partial(mqtt.mqtt_driver_kill, pipeline="dataframe", pace_s=0.02),
         "slow-sink": df_sinks.slow_sink,
         "sink-outage": df_sinks.sink_outage,

@@ -42,6 +42,7 @@ from ftlayer.servers.embedded import EmbeddedServer
 from ftlayer.servers.ports import free_port
 from runtime.chaos.base import SOURCE, TOPOLOGY, ScenarioContext
 from runtime.chaos.errors import ChaosError
+from runtime.chaos.front import front_pid
 from runtime.chaos.ingest_cli import Consumer, IngestProcess
 from runtime.checker import Report, check
 from runtime.testing import default_value
@@ -204,23 +205,6 @@ def _webhook_ingest(ctx: ScenarioContext, port: int) -> IngestProcess:
     return proc
 
 
-def _front_pid(ingest_pid: int) -> int | None:
-    """The pid of the HTTP front process (runtime.driver.webhook_front) of ``ftlayer ingest --webhook``."""
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as stat:
-                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{name}/cmdline", "rb") as cmdline:
-                command = cmdline.read()
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent == ingest_pid and b"runtime.driver.webhook_front" in command:
-            return int(name)
-    return None
-
-
 def webhook_keepalive(ctx: ScenarioContext, records: int, connections: int = 4, batch: int = 25) -> Report:
     """SIGKILL ``ftlayer ingest --webhook`` under keep-alive batched clients; restart it on the same port."""
     return _webhook_kill(ctx, records, connections, batch, kill="ingest")
@@ -241,7 +225,7 @@ def _webhook_kill(ctx: ScenarioContext, records: int, connections: int, batch: i
     with _stage(ctx) as (server, consumer):
         port = free_port()
         first = _webhook_ingest(ctx, port)
-        front = _front_pid(first.proc.pid)
+        front = front_pid(first.proc.pid)
         client = BatchClient(f"http://127.0.0.1:{port}/", [default_value(i) for i in range(records)],
                              connections=connections, batch=batch, hold_at=third).start()
         try:
@@ -267,7 +251,7 @@ def _webhook_kill(ctx: ScenarioContext, records: int, connections: int, batch: i
         finally:
             client.stop()
         consumer.drain(client.confirmed)
-        new_front = _front_pid(second.proc.pid)
+        new_front = front_pid(second.proc.pid)
         survived = second.proc.poll() is None
         rc, out = second.stop()
         ctx.notes.append(f"clients: {client.requests} requests on {client.connects} connections, answers "

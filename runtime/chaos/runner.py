@@ -76,6 +76,7 @@ _RUN: dict[str, Callable[..., Report]] = {
     "kill-ingest": chaos_ingest.kill_ingest,
     "kill-primary": chaos_cluster.kill_primary,
     "webhook-driver-kill": chaos_webhook.webhook_driver_kill,
+    "webhook-driver-front-kill": chaos_webhook.webhook_front_kill_in_driver,
     "mqtt-driver-kill": chaos_mqtt.mqtt_driver_kill,
     "mqtt-ingest-kill": chaos_receivers.mqtt_ingest_kill,
     "mqtt-broker-kill": chaos_receivers.mqtt_broker_kill,

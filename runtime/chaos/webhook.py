@@ -1,4 +1,5 @@
-"""The webhook-driver-kill chaos scenario: a driver fed by HTTP is SIGKILLed under load and restarted.
+"""The webhook-driver-kill chaos scenario: a driver fed by HTTP is SIGKILLed under load and restarted
+(and webhook-driver-front-kill: only its webhook's HTTP front process is SIGKILLed; the driver lives on).
 
 The driver program (``python -m runtime.chaos.webhook``; ``--pipeline dataframe``: the chaos
 DataFrame pipeline, fed by ``ftlayer.ingest``) runs the chaos topology with a
@@ -31,6 +32,7 @@ from collections.abc import Sequence
 from ftlayer.servers.ports import free_port
 from runtime.chaos.base import END_FILE, ScenarioContext, finish, sink_args, spawn_driver
 from runtime.chaos.errors import ChaosError
+from runtime.chaos.front import front_pid
 from runtime.chaos.webhook_client import RetryingClient
 from runtime.checker import Report
 from runtime.testing import CollectingSink, default_value
@@ -105,6 +107,51 @@ def webhook_driver_kill(ctx: ScenarioContext, records: int, threads: int = 6, pa
     report.expect(f"every record was confirmed in the end ({len(set(client.confirmed))}/{records})",
                   all_confirmed and set(client.confirmed) == set(range(records)))
     report.expect("the restarted driver drained and exited 0", second.returncode == 0)
+    return report
+
+
+def webhook_front_kill_in_driver(ctx: ScenarioContext, records: int, threads: int = 6, pace_s: float = 0.03, *,
+                                 kill_timeout_s: float = 240.0, pipeline: str = "topology") -> Report:
+    """SIGKILL the HTTP front process of a webhook-fed driver under load; the driver starts a new one on
+    the same port and drains; 0 confirmed records lost."""
+    port = free_port()
+    layer = ctx.layer()
+    client = RetryingClient(f"http://127.0.0.1:{port}/", [default_value(i) for i in range(records)],
+                            threads=threads, pace_s=pace_s)
+    driver = _driver(ctx, port, "driver.log", pipeline)
+    ctx.say(f"driver started, webhook on port {port}")
+    client.start()
+    try:
+        deadline = time.monotonic() + kill_timeout_s
+        while not (len(client.confirmed) >= records // 3 and layer.stats()["acked"] > 0):
+            if driver.poll() is not None or time.monotonic() > deadline:
+                msg = f"chaos webhook-driver-front-kill: no kill point (driver exit {driver.poll()}, {layer.stats()})"
+                raise ChaosError(msg)
+            time.sleep(0.05)
+        old = front_pid(driver.pid)
+        if old is None:
+            msg = "chaos webhook-driver-front-kill: the driver's webhook has no front process"
+            raise ChaosError(msg)
+        confirmed_at_kill = len(client.confirmed)
+        os.kill(old, signal.SIGKILL)
+        ctx.notes.append(f"the driver's HTTP front (pid {old}) killed with {confirmed_at_kill} of {records} confirmed")
+        ctx.say(f"front {old} killed ({confirmed_at_kill} confirmed); the driver goes on")
+        client.pace_s = 0.0
+        all_confirmed = client.join(600)
+        new = front_pid(driver.pid)
+    finally:
+        client.stop()
+        (ctx.workdir / END_FILE).touch()
+    out, _ = driver.communicate(timeout=600)
+    ctx.notes.append(f"client: answers {dict(sorted(client.answers.items(), key=str))}, retries {client.retries}")
+    ctx.notes.append(f"driver: exit {driver.returncode}: {out.strip().splitlines()[-1:] or ''}")
+    report = finish(ctx, [layer], CollectingSink(ctx.out_dir), sorted(client.confirmed))
+    report.expect(f"killed under load ({confirmed_at_kill}/{records} confirmed)", confirmed_at_kill < records)
+    report.expect(f"the driver started a new front (pid {old} -> {new})", new not in (None, old))
+    report.expect(f"the client retried refused or failed requests ({client.retries})", client.retries > 0)
+    report.expect(f"every record was confirmed in the end ({len(set(client.confirmed))}/{records})",
+                  all_confirmed and set(client.confirmed) == set(range(records)))
+    report.expect("the driver drained and exited 0", driver.returncode == 0)
     return report
 
 

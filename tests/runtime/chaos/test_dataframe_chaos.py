@@ -93,6 +93,13 @@ def test_long_outage_dataframe(spark: Any, ft_config: FTConfig, tmp_path: Path) 
     assert report.records_in == report.delivered == 3000 and report.never_persisted == 0
 
 
+def test_webhook_driver_front_kill_dataframe(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
+    report = run_scenario("webhook-driver-front-kill", spark, ft_config, 1500, workdir=tmp_path,
+                          pipeline="dataframe")
+    _ok(report)
+    assert report.records_in == report.delivered == 1500
+
+
 def test_webhook_driver_kill_dataframe(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
     report = run_scenario("webhook-driver-kill", spark, ft_config, 1500, workdir=tmp_path, pipeline="dataframe")
     _ok(report)

@@ -130,6 +130,14 @@ def test_long_outage(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
     assert report.never_persisted == 0
 
 
+def test_webhook_driver_front_kill(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
+    """kill -9 of the HTTP front process of a driver's WebhookSource under load: the driver lives on, starts a new
+    front on the same port, and every record a client got a 2xx for reaches the sink."""
+    report = run_scenario("webhook-driver-front-kill", spark, ft_config, 1500, workdir=tmp_path)
+    _no_loss_no_leak(report)
+    assert report.records_in == report.delivered == 1500
+
+
 def test_webhook_driver_kill(spark: Any, ft_config: FTConfig, tmp_path: Path) -> None:
     """kill -9 of a driver fed by HTTP clients that retry every non-2xx answer: every record a client
     got a 2xx for reaches the sink, after a restart on the same namespace, checkpoint and port."""
