@@ -136,11 +136,8 @@ def mixed(ctx: ScenarioContext, records: int, *, rate: float = 0.02, kills: int 
     bad = {records // 4 + 7 * k for k in range(poisoned)}
     faults: list[RecordFault] = [FailAtRate(log, rate), KillWorker(log, kill_at, how="exit"), Poison(log, bad)]
     source = ScriptedSource(paced(records, 500, 0.1, warm=ctx.layer()))
-    dropper = ConnectionDropper(ctx.config.redis_url, drop_interval_s).start()
-    try:
-        report, _ = run_pipeline(ctx, source, faults, keyed=True)
-    finally:
-        dropper.stop()
+    dropper = ConnectionDropper(ctx.config.redis_url, drop_interval_s)
+    report, _ = run_pipeline(ctx, source, faults, keyed=True, dropper=dropper)
     report.notes.append(f"CLIENT KILL rounds {dropper.rounds}, connections killed {dropper.killed}")
     report.expect(f"records failed at rate {rate} ({log.marks('fail-rate')})", rate == 0 or log.marks("fail-rate") > 0)
     report.expect(f"workers killed ({log.marks('kill-worker')}/{kills})", log.marks("kill-worker") == kills)

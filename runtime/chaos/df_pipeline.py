@@ -30,7 +30,7 @@ import redis
 from ftlayer.config import FTConfig
 from ftlayer.errors import FTLayerError
 from runtime.chaos.base import SOURCE, TOPOLOGY, ScenarioContext, count_restart, finish
-from runtime.chaos.faults import ChaosMap, RecordFault
+from runtime.chaos.faults import ChaosMap, ConnectionDropper, RecordFault
 from runtime.checker import Report
 from runtime.testing import CollectingSink, FaultLog
 
@@ -152,8 +152,11 @@ def serve(spark: Any, cfg: FTConfig, source: Any, workdir: Path, *, sleep_s: flo
 def run_pipeline(ctx: ScenarioContext, source: Any, faults: list[RecordFault], *,
          fail_batch: int | None = None, max_records_per_batch: int | None = 500,
          timeout_s: float = 300.0, max_restarts: int = 3, write: Callable[[Any, int], None] | None = None,
-         on_tick: Callable[[Any], None] | None = None, check: bool = True, keyed: bool = False) -> tuple[Report, int]:
-    """Run the pipeline over ``source`` until drained (restarting a dead query on its checkpoint)."""
+         on_tick: Callable[[Any], None] | None = None, check: bool = True, keyed: bool = False,
+         dropper: ConnectionDropper | None = None) -> tuple[Report, int]:
+    """Run the pipeline over ``source`` until drained (restarting a dead query on its checkpoint).
+    ``dropper`` (started here) kills connections until the pipeline drained, and is stopped before the
+    checker reads Redis: its CLIENT KILLs would kill the checker's connections too."""
     from runtime.dataframe import sources
 
     cfg = ctx.config
@@ -162,6 +165,8 @@ def run_pipeline(ctx: ScenarioContext, source: Any, faults: list[RecordFault], *
     ingestor = handle.ingest(source, key=lambda v: v["user"])
     restarts = 0
     deadline = time.monotonic() + timeout_s
+    if dropper is not None:
+        dropper.start()
     try:
         while True:
             writer = write or Lines(ctx.out_dir, ctx.faults, fail_batch, target=ctx.target)
@@ -175,6 +180,8 @@ def run_pipeline(ctx: ScenarioContext, source: Any, faults: list[RecordFault], *
         if time.monotonic() >= deadline:
             ctx.notes.append(f"not drained within {timeout_s:.0f} s")
     finally:
+        if dropper is not None:
+            dropper.stop()
         ingestor.stop()
         handle.stop()
     emitted = source if check else []
