@@ -89,6 +89,18 @@ def _post_in_thread(url: str, value: Any) -> tuple[threading.Thread, list[Answer
     return thread, answers
 
 
+def _hold_in_backpressure(proc: IngestProcess) -> tuple[threading.Thread, list[Answer]]:
+    """With FTLAYER_MAX_PENDING=3 and no query: 5 records persisted, then a request of 2 taken that ingest
+    holds while it waits for room; the thread posting it, and where its answer goes."""
+    url = _url(proc)
+    http = Http(url)
+    assert http.post("batch", [{"i": i} for i in range(5)]).status == 200  # now 5 pending >= 3
+    held, answers = _post_in_thread(url, [{"i": 5}, {"i": 6}])  # taken, then ingest waits for room
+    wait_until(lambda: "backpressure" in str(http.call("GET", "/readyz").doc), 30, "ingest to wait for room")
+    http.close()
+    return held, answers
+
+
 @pytest.mark.slow
 def test_sigterm_while_ingest_waits_for_room_persists_what_it_holds_and_exits_0(
         redis_server_url: str, namespace: str) -> None:
@@ -97,12 +109,7 @@ def test_sigterm_while_ingest_waits_for_room_persists_what_it_holds_and_exits_0(
     proc = IngestProcess("clicks", "events", "--webhook", "127.0.0.1:0", redis_url=redis_server_url,
                          namespace=namespace, env={"FTLAYER_MAX_PENDING": "3"})
     try:
-        url = _url(proc)
-        http = Http(url)
-        assert http.post("batch", [{"i": i} for i in range(5)]).status == 200  # now 5 pending >= 3
-        held, answers = _post_in_thread(url, [{"i": 5}, {"i": 6}])  # taken, then ingest waits for room
-        wait_until(lambda: "backpressure" in str(http.call("GET", "/readyz").doc), 30, "ingest to wait for room")
-        http.close()
+        held, answers = _hold_in_backpressure(proc)
         started = time.monotonic()
         rc, out = proc.stop(timeout_s=30)
         took = time.monotonic() - started
@@ -122,12 +129,7 @@ def test_sigterm_to_the_whole_process_group_still_answers_what_was_taken(redis_s
     proc = IngestProcess("clicks", "events", "--webhook", "127.0.0.1:0", redis_url=redis_server_url,
                          namespace=namespace, env={"FTLAYER_MAX_PENDING": "3"}, new_session=True)
     try:
-        url = _url(proc)
-        http = Http(url)
-        assert http.post("batch", [{"i": i} for i in range(5)]).status == 200  # now 5 pending >= 3
-        held, answers = _post_in_thread(url, [{"i": 5}, {"i": 6}])  # taken, then ingest waits for room
-        wait_until(lambda: "backpressure" in str(http.call("GET", "/readyz").doc), 30, "ingest to wait for room")
-        http.close()
+        held, answers = _hold_in_backpressure(proc)
         rc, out = proc.stop(timeout_s=30, group=True)
     finally:
         proc.stop()

@@ -94,16 +94,21 @@ def test_a_value_msgpack_cannot_carry_reaches_ingest_unchanged() -> None:
         hooks.close()
 
 
+def _five_then_kill_the_front(hooks: WebhookSource) -> None:
+    """Records 0-4 confirmed; the front SIGKILLed; a new one started (another pid)."""
+    http = Http(hooks.url)
+    assert http.post("batch", [{"i": i} for i in range(5)]).status == 200
+    http.close()
+    first = hooks.front_pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    wait_until(lambda: hooks.front_pid not in (None, first), 30, "a new front process")
+
+
 def test_a_killed_front_is_started_again_on_the_same_port(ft_config: FTConfig) -> None:
     layer = _layer(ft_config, "restarted")
     with receiving(layer) as (hooks, ing):
-        http = Http(hooks.url)
-        assert http.post("batch", [{"i": i} for i in range(5)]).status == 200
-        http.close()
-        first = hooks.front_pid
-        assert first is not None
-        os.kill(first, signal.SIGKILL)
-        wait_until(lambda: hooks.front_pid not in (None, first), 30, "a new front process")
+        _five_then_kill_the_front(hooks)
         http = Http(hooks.url)  # the same URL: the same port
         assert http.post("batch", [{"i": i} for i in range(5, 8)]).status == 200
         http.close()
@@ -116,13 +121,7 @@ def test_a_front_that_keeps_dying_stops_ingest_with_the_reason(ft_config: FTConf
     monkeypatch.setattr(webhook, "FRONT_RESTARTS", 1)
     layer = _layer(ft_config, "dying")
     with receiving(layer) as (hooks, ing):
-        http = Http(hooks.url)
-        assert http.post("batch", [{"i": i} for i in range(5)]).status == 200
-        http.close()
-        first = hooks.front_pid
-        assert first is not None
-        os.kill(first, signal.SIGKILL)
-        wait_until(lambda: hooks.front_pid not in (None, first), 30, "a new front process")
+        _five_then_kill_the_front(hooks)
         second = hooks.front_pid
         assert second is not None
         os.kill(second, signal.SIGKILL)  # the second end within the minute: not started again
