@@ -115,13 +115,20 @@ class FTLayer:
         """
         k = self.store.keys
         where = f"source {k.topology}/{k.source}"
-        nodes: dict[tuple[object, ...], redis.Redis] = {}
-        for shard in self.shards:
-            node = shard.store.node_client()
-            kw = node.connection_pool.connection_kwargs
-            nodes.setdefault((kw.get("host"), kw.get("port"), kw.get("path")), node)
-        for node in nodes.values():
-            check_server_settings(node, self.config.durability, where)
+
+        def check_nodes() -> None:
+            # the nodes looked up again on each try: after a failover a shard has a new primary
+            nodes: dict[tuple[object, ...], redis.Redis] = {}
+            for shard in self.shards:
+                node = shard.store.node_client()
+                kw = node.connection_pool.connection_kwargs
+                nodes.setdefault((kw.get("host"), kw.get("port"), kw.get("path")), node)
+            for node in nodes.values():
+                check_server_settings(node, self.config.durability, where)
+
+        # read-only, so retried like every other call: a connection dropped while a node client
+        # connects (its own 3 tries take ~0.2 s) must not fail the start of a query on a cluster
+        self.store.ride_out(check_nodes)
         self.check_channels()
         return self
 

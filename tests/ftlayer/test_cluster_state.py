@@ -8,11 +8,14 @@ redis-py's RedisCluster, picked by ``ftlayer.store.connection`` from ``INFO clus
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import DurabilityError
@@ -119,3 +122,35 @@ def test_replicated_persist_waits_for_a_replica_and_fails_loudly_without_one(tmp
         finally:
             os.kill(pid, signal.SIGCONT)
         assert layer.pending_count() == 120  # written, only unconfirmed: nothing was dropped
+
+
+
+def test_open_rides_out_a_node_that_drops_every_connection_while_it_checks(valkey_cluster: EmbeddedCluster) -> None:
+    """``open()`` checks each owning node's settings over a node client whose own 3 tries take about
+    0.2 s. A node that kills every new connection for longer (here 1.5 s of ``CLIENT KILL`` as fast
+    as one admin connection can send it, as the chaos scenarios' dropper does every 200 ms) delays
+    the start of a query but does not fail it (ci64: ``Connection reset by peer`` in ``open``)."""
+    cfg = FTConfig(redis_url=valkey_cluster.urls[0], namespace=f"t{uuid.uuid4().hex[:10]}")
+    layer = FTLayer(cfg, "topo", "src", num_channels=2)
+    node = layer.store.node_client()
+    kw = node.connection_pool.connection_kwargs
+    admin = redis.Redis(host=kw["host"], port=kw["port"])
+    admin.ping()
+    storm_end = time.monotonic() + 1.5
+    killed = [0]
+
+    def storm() -> None:
+        while time.monotonic() < storm_end:
+            killed[0] += int(admin.client_kill_filter(_type="normal", skipme=True))
+
+    node.connection_pool.disconnect()  # the check must open a new connection
+    dropper = threading.Thread(target=storm)
+    dropper.start()
+    try:
+        layer.open()
+    finally:
+        dropper.join()
+    assert killed[0] > 0  # open() above went through the storm and did not fail
+    assert layer.store.recorded_channels() == 2
+    for key in layer.store.client.scan_iter(match=f"{cfg.namespace}:*"):
+        layer.store.client.delete(key)
