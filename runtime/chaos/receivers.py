@@ -181,6 +181,9 @@ def mqtt_broker_kill(ctx: ScenarioContext, records: int) -> Report:
                 time.sleep(0.5)  # quiet: the broker saved its database after the last change
                 held = _unacked(broker)
                 broker.kill9()
+                # Redis answers only once ingest has seen the connection die (an ack released before
+                # its network thread notices goes into the dead socket, counted as sent, not withheld)
+                ingest.wait_for("connection lost", 60)
             ctx.say(f"broker SIGKILLed with {held} messages sent to ingest and unacknowledged; restarting it")
             time.sleep(1.0)
             broker.restart()

@@ -412,7 +412,13 @@ class MqttSource:
             return self._connected
 
     def stats(self) -> dict[str, int]:
-        """Counters: received, acked, stale, connects, queued (received, not polled), inflight (polled, not acked)."""
+        """Counters: received, acked, stale, connects, queued (received, not polled), inflight (polled, not acked).
+
+        ``stale`` counts the acknowledgements withheld because their connection was already known to be
+        lost. One released in the moment between a connection's death and the network thread noticing
+        it counts as ``acked``: the client drops it with the dead connection (paho clears its outgoing
+        packets on reconnect, so it never goes out on the next one), and the broker sends its message
+        again all the same."""
         with self._lock:
             return {"received": self.received, "acked": self.acked, "stale": self.stale, "connects": self.connects,
                     "queued": len(self._queue), "inflight": len(self._inflight)}
