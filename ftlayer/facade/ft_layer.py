@@ -111,7 +111,9 @@ class FTLayer:
         Raises :class:`EvictionPolicyError` if the server may evict keys, and in
         'waitaof' mode :class:`DurabilityError` if its AOF cannot confirm an fsync
         (see ``ftlayer.store.server_settings``); nothing is written then. A source registered
-        with another ``num_shards`` raises :class:`ConfigError` naming both.
+        with another ``num_shards`` raises :class:`ConfigError` naming both. Idempotent. On a
+        cluster both steps ride out dropped connections and failovers (``SourceStore.ride_out``);
+        on a single server the client's own retry (``outage_budget_s``) does.
         """
         k = self.store.keys
         where = f"source {k.topology}/{k.source}"
@@ -126,10 +128,11 @@ class FTLayer:
             for node in nodes.values():
                 check_server_settings(node, self.config.durability, where)
 
-        # read-only, so retried like every other call: a connection dropped while a node client
-        # connects (its own 3 tries take ~0.2 s) must not fail the start of a query on a cluster
+        # retried like every other call on a cluster: a connection dropped while a node client
+        # connects (its own 3 tries take ~0.2 s) must not fail the start of a query. The settings
+        # check only reads; the channel check's writes are idempotent (SADD, HSETNX, a CAS re-read)
         self.store.ride_out(check_nodes)
-        self.check_channels()
+        self.store.ride_out(self.check_channels)
         return self
 
     # --- the record life cycle -------------------------------------------------
