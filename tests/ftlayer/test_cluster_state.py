@@ -125,34 +125,74 @@ def test_replicated_persist_waits_for_a_replica_and_fails_loudly_without_one(tmp
 
 
 
-def test_open_rides_out_a_node_that_drops_every_connection_while_it_checks(valkey_cluster: EmbeddedCluster) -> None:
-    """``open()`` checks each owning node's settings over a node client whose own 3 tries take about
-    0.2 s. A node that kills every new connection for longer (here 1.5 s of ``CLIENT KILL`` as fast
-    as one admin connection can send it, as the chaos scenarios' dropper does every 200 ms) delays
-    the start of a query but does not fail it (ci64: ``Connection reset by peer`` in ``open``). The
-    storm may end in either step of ``open()``, the node settings check or the channel check (the
-    fast tier's 4 workers had it fail in the second before that rode out too), and neither fails."""
-    cfg = FTConfig(redis_url=valkey_cluster.urls[0], namespace=f"t{uuid.uuid4().hex[:10]}")
-    layer = FTLayer(cfg, "topo", "src", num_channels=2)
+
+def _connection_storm(admin: redis.Redis, seconds: float) -> tuple[threading.Thread, list[int]]:
+    """A thread that kills every normal client of ``admin``'s node (``CLIENT KILL TYPE normal``, as
+    fast as one connection can send it) for ``seconds``; the list counts the kills."""
+    end = time.monotonic() + seconds
+    killed = [0]
+
+    def storm() -> None:
+        while time.monotonic() < end:
+            killed[0] += int(admin.client_kill_filter(_type="normal", skipme=True))
+
+    return threading.Thread(target=storm), killed
+
+
+def _owning_node_admin(layer: FTLayer) -> tuple[redis.Redis, redis.Redis]:
     node = layer.store.node_client()
     kw = node.connection_pool.connection_kwargs
     admin = redis.Redis(host=kw["host"], port=kw["port"])
     admin.ping()
-    storm_end = time.monotonic() + 1.5
-    killed = [0]
+    return node, admin
 
-    def storm() -> None:
-        while time.monotonic() < storm_end:
-            killed[0] += int(admin.client_kill_filter(_type="normal", skipme=True))
 
+def test_open_rides_out_a_node_that_drops_every_connection_while_it_checks(valkey_cluster: EmbeddedCluster) -> None:
+    """``open()`` checks each owning node's settings over a node client whose own 3 tries take about
+    0.2 s. A node that kills every new connection for longer (here 1.5 s of ``CLIENT KILL`` as fast
+    as one admin connection can send it, as the chaos scenarios' dropper does every 200 ms) delays
+    the start of a query but does not fail it (ci64: ``Connection reset by peer`` in ``open``)."""
+    cfg = FTConfig(redis_url=valkey_cluster.urls[0], namespace=f"t{uuid.uuid4().hex[:10]}")
+    layer = FTLayer(cfg, "topo", "src", num_channels=2)
+    node, admin = _owning_node_admin(layer)
+    dropper, killed = _connection_storm(admin, 1.5)
     node.connection_pool.disconnect()  # the check must open a new connection
-    dropper = threading.Thread(target=storm)
     dropper.start()
     try:
         layer.open()
     finally:
         dropper.join()
     assert killed[0] > 0  # open() above went through the storm and did not fail
+    assert layer.store.recorded_channels() == 2
+    for key in layer.store.client.scan_iter(match=f"{cfg.namespace}:*"):
+        layer.store.client.delete(key)
+
+
+def test_open_rides_out_dropped_connections_in_its_channel_check(
+        valkey_cluster: EmbeddedCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same storm, started as ``open()`` reaches its second step (registering the source, or
+    checking its recorded shard and channel counts, on the cluster client): it waits, then registers
+    (the fast tier's 4 workers once had the storm outlast the settings check and fail this step)."""
+    cfg = FTConfig(redis_url=valkey_cluster.urls[0], namespace=f"t{uuid.uuid4().hex[:10]}")
+    layer = FTLayer(cfg, "topo", "src", num_channels=2)
+    _node, admin = _owning_node_admin(layer)
+    dropper, killed = _connection_storm(admin, 1.0)
+    recorded_shards = layer.store.recorded_shards
+
+    def storm_first() -> int | None:
+        if not dropper.is_alive() and killed[0] == 0:
+            dropper.start()
+            while killed[0] == 0 and dropper.is_alive():
+                time.sleep(0.001)
+        return recorded_shards()
+
+    monkeypatch.setattr(layer.store, "recorded_shards", storm_first)
+    try:
+        layer.open()
+    finally:
+        if dropper.ident is not None:
+            dropper.join()
+    assert killed[0] > 0
     assert layer.store.recorded_channels() == 2
     for key in layer.store.client.scan_iter(match=f"{cfg.namespace}:*"):
         layer.store.client.delete(key)
