@@ -152,6 +152,7 @@ def test_readyz_before_ingest_polls_and_while_ending(ft_config: FTConfig) -> Non
         hooks.close()
 
 
+@pytest.mark.slow  # 30 receivers started and stopped, each with its front process: 14-20 s
 def test_a_client_connecting_as_the_receiver_stops_is_reset_never_left_waiting() -> None:
     """A connection accepted as the server stops: asyncio failed to make its transport once the
     server was closed and left the socket open unanswered, so its client waited for its own timeout
