@@ -22,6 +22,7 @@ from ftlayer.errors import DurabilityError
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.servers.cluster import EmbeddedCluster
 from ftlayer.store.connection import is_cluster
+from runtime.chaos.faults import ConnectionDropper
 from serialization.serializers import make_record
 from tests.ftlayer.conftest import FakeClock, commit_all, hand_out
 
@@ -126,25 +127,19 @@ def test_replicated_persist_waits_for_a_replica_and_fails_loudly_without_one(tmp
 
 
 
-def _connection_storm(admin: redis.Redis, seconds: float) -> tuple[threading.Thread, list[int]]:
-    """A thread that kills every normal client of ``admin``'s node (``CLIENT KILL TYPE normal``, as
-    fast as one connection can send it) for ``seconds``; the list counts the kills."""
-    end = time.monotonic() + seconds
-    killed = [0]
 
-    def storm() -> None:
-        while time.monotonic() < end:
-            killed[0] += int(admin.client_kill_filter(_type="normal", skipme=True))
-
-    return threading.Thread(target=storm), killed
-
-
-def _owning_node_admin(layer: FTLayer) -> tuple[redis.Redis, redis.Redis]:
+def _owning_node(layer: FTLayer) -> tuple[redis.Redis, str]:
+    """The node client of the server that owns ``layer``'s source, and that server's URL."""
     node = layer.store.node_client()
     kw = node.connection_pool.connection_kwargs
-    admin = redis.Redis(host=kw["host"], port=kw["port"])
-    admin.ping()
-    return node, admin
+    return node, f"redis://{kw['host']}:{kw['port']}"
+
+
+def _storm(url: str, seconds: float) -> tuple[ConnectionDropper, threading.Timer]:
+    """The chaos scenarios' dropper at full speed (``CLIENT KILL TYPE normal`` with no pause) on the
+    server at ``url``, and a timer that stops it ``seconds`` after the timer starts."""
+    dropper = ConnectionDropper(url, interval_s=0.0)
+    return dropper, threading.Timer(seconds, dropper.stop)
 
 
 def test_open_rides_out_a_node_that_drops_every_connection_while_it_checks(valkey_cluster: EmbeddedCluster) -> None:
@@ -154,15 +149,16 @@ def test_open_rides_out_a_node_that_drops_every_connection_while_it_checks(valke
     the start of a query but does not fail it (ci64: ``Connection reset by peer`` in ``open``)."""
     cfg = FTConfig(redis_url=valkey_cluster.urls[0], namespace=f"t{uuid.uuid4().hex[:10]}")
     layer = FTLayer(cfg, "topo", "src", num_channels=2)
-    node, admin = _owning_node_admin(layer)
-    dropper, killed = _connection_storm(admin, 1.5)
+    node, url = _owning_node(layer)
+    dropper, stop = _storm(url, 1.5)
     node.connection_pool.disconnect()  # the check must open a new connection
     dropper.start()
+    stop.start()
     try:
         layer.open()
     finally:
-        dropper.join()
-    assert killed[0] > 0  # open() above went through the storm and did not fail
+        stop.join()
+    assert dropper.killed > 0  # open() above went through the storm and did not fail
     assert layer.store.recorded_channels() == 2
     for key in layer.store.client.scan_iter(match=f"{cfg.namespace}:*"):
         layer.store.client.delete(key)
@@ -175,14 +171,15 @@ def test_open_rides_out_dropped_connections_in_its_channel_check(
     (the fast tier's 4 workers once had the storm outlast the settings check and fail this step)."""
     cfg = FTConfig(redis_url=valkey_cluster.urls[0], namespace=f"t{uuid.uuid4().hex[:10]}")
     layer = FTLayer(cfg, "topo", "src", num_channels=2)
-    _node, admin = _owning_node_admin(layer)
-    dropper, killed = _connection_storm(admin, 1.0)
+    _node, url = _owning_node(layer)
+    dropper, stop = _storm(url, 1.0)
     recorded_shards = layer.store.recorded_shards
 
     def storm_first() -> int | None:
-        if not dropper.is_alive() and killed[0] == 0:
+        if not stop.is_alive() and dropper.killed == 0:  # the first call: the storm begins
             dropper.start()
-            while killed[0] == 0 and dropper.is_alive():
+            stop.start()
+            while dropper.killed == 0 and stop.is_alive():
                 time.sleep(0.001)
         return recorded_shards()
 
@@ -190,9 +187,9 @@ def test_open_rides_out_dropped_connections_in_its_channel_check(
     try:
         layer.open()
     finally:
-        if dropper.ident is not None:
-            dropper.join()
-    assert killed[0] > 0
+        if stop.ident is not None:
+            stop.join()
+    assert dropper.killed > 0
     assert layer.store.recorded_channels() == 2
     for key in layer.store.client.scan_iter(match=f"{cfg.namespace}:*"):
         layer.store.client.delete(key)
