@@ -11,7 +11,10 @@ hash, channel by key), over 2 channels. Two sources are measured, alternating:
 - ``iterable``: a list handed to ingest as is, one record per step of the source, as
   ``Topology.source(iterable)`` and the e2e benchmarks feed it (the headline figure);
 - ``poll``: a poll source returning 1,000 records per ``poll()`` (as the webhook and MQTT
-  sources hand over a request or a delivery at once).
+  sources hand over a request or a delivery at once);
+- ``schema``: the iterable, with the records' schema checked at ingest (``ingest(..., schema=...)``:
+  :class:`~runtime.spark.schema_check.SchemaCheck` of ``i long, user string, page string``): what
+  a misfit dead-lettered at ingest instead of at read costs every record that fits.
 
 The figure is this process's CPU time (``time.process_time``: user + system of every thread of
 the process; the Redis server is another process, its CPU is ``redis_cpu_us_per_record``'s)
@@ -34,7 +37,7 @@ from runtime.bench.common import delete_namespace, summary
 from runtime.bench.e2e import make_value
 from runtime.driver.ingest import Ingestor
 
-SOURCES = ("iterable", "poll")
+SOURCES = ("iterable", "poll", "schema")
 POLL_RECORDS = 1000
 TOPOLOGY, SOURCE = "ingestbench", "events"
 Progress = Callable[[str], None]
@@ -59,6 +62,15 @@ def _user(value: dict[str, Any]) -> Any:
     return value["user"]
 
 
+def _schema_check() -> Any:
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from runtime.spark.schema_check import SchemaCheck
+
+    return SchemaCheck(StructType([StructField("i", LongType()), StructField("user", StringType()),
+                                   StructField("page", StringType())]))
+
+
 def one_round(url: str, records: int, source: str, *, channels: int = 2) -> float:
     """One round (see the module notes): this process's CPU µs per record persisted."""
     if source not in SOURCES:
@@ -68,8 +80,8 @@ def one_round(url: str, records: int, source: str, *, channels: int = 2) -> floa
     cfg = FTConfig(redis_url=url, namespace=namespace, num_channels=channels, max_pending=10**9)
     layer = FTLayer(cfg, TOPOLOGY, SOURCE, num_channels=channels).open()
     values = [make_value(i, 0) for i in range(records)]
-    feed: Iterable[Any] | _PollSource = values if source == "iterable" else _PollSource(values)
-    ingestor = Ingestor(layer, feed, key=_user)
+    feed: Iterable[Any] | _PollSource = _PollSource(values) if source == "poll" else values
+    ingestor = Ingestor(layer, feed, key=_user, check=_schema_check() if source == "schema" else None)
     try:
         t0 = time.process_time()
         ingestor.run()
@@ -106,6 +118,7 @@ def bench_ingest_cpu(url: str, records: int = 200_000, repeats: int = 5,
         "record": "runtime.bench.e2e.make_value(i, 0), keyed by 'user', 2 channels",
         "method": "time.process_time() of the ingest process around Ingestor.run() (no thread) over records "
         "already in memory, default batch size and durability, / records persisted; iterable: a list, one record "
-        f"per source step; poll: {POLL_RECORDS} records per poll(); the Redis server's CPU excluded "
+        f"per source step; poll: {POLL_RECORDS} records per poll(); schema: the iterable with a 3-column schema "
+        "checked at ingest (SchemaCheck); the Redis server's CPU excluded "
         "(redis_cpu_us_per_record)",
     }

@@ -250,10 +250,11 @@ def run(args: argparse.Namespace) -> int:
             from runtime.bench.ingest_cpu import bench_ingest_cpu
 
             _say(f"ingest-cpu: driver CPU per record ingested, {args.records * 2:,} records, {args.repeats} "
-                 "alternating rounds of an iterable and a poll source")
+                 "alternating rounds of an iterable, a poll source and the iterable with its schema checked")
             ingest = bench_ingest_cpu(url, args.records * 2, args.repeats, progress=_say)
             summary["ingest_cpu"] = ingest
             summary["ingest_us_per_record"] = round(ingest["us_per_record"]["iterable"]["median"], 2)
+            summary["ingest_us_per_record_schema"] = round(ingest["us_per_record"]["schema"]["median"], 2)
         if "scaling" in selected:
             from runtime.bench.plot import plot_scaling
             from runtime.bench.scaling import bench_scaling

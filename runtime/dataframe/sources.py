@@ -93,10 +93,17 @@ def with_metadata(schema: StructType | str) -> StructType:
 
 
 def parse_schema(schema: StructType | str) -> StructType:
-    """A DDL string or StructType as a StructType; ConfigError for a DDL that is not a struct."""
+    """A DDL string or StructType as a StructType; ConfigError for a DDL that is not a struct, or for a
+    DDL string with no SparkSession to parse it (Spark parses DDL in the JVM)."""
+    from pyspark.errors import PySparkRuntimeError
     from pyspark.sql.types import StructType
 
-    st = StructType.fromDDL(schema) if isinstance(schema, str) else schema
+    try:
+        st = StructType.fromDDL(schema) if isinstance(schema, str) else schema
+    except PySparkRuntimeError as exc:
+        msg = (f"cannot parse the schema {schema!r} without a SparkSession (Spark parses DDL in the JVM): "
+               "create the session first, or give a pyspark.sql.types.StructType")
+        raise ConfigError(msg) from exc
     if not isinstance(st, StructType):
         msg = f"an ftlayer schema must be a struct of columns; got {schema!r}"
         raise ConfigError(msg)
@@ -117,9 +124,21 @@ class SourceHandle:
         self.exporter: MetricsExporter | None = None
         self._observed: Any = None  # the session whose listeners watch this source
 
-    def ingest(self, records: Any, *, key: KeySelector | None = None, partitioning: str | None = None) -> Ingestor:
-        """Start persisting ``records`` (any ingest source) in a driver thread; returns the Ingestor."""
-        ingestor = Ingestor(self.layer, records, key=key, partitioning=partitioning).start()
+    def ingest(self, records: Any, *, key: KeySelector | None = None, partitioning: str | None = None,
+               schema: StructType | str | None = None) -> Ingestor:
+        """Start persisting ``records`` (any ingest source) in a driver thread; returns the Ingestor.
+
+        With ``schema`` (the columns the queries read, as ``read_stream`` takes them) each record is
+        checked against it at ingest: one that does not fit is dead-lettered at once with the reason
+        naming its column (``ingest: does not fit the schema: ...``), never persisted for processing,
+        so no read fails it and no replay is spent on it (:mod:`runtime.spark.schema_check`). A DDL
+        string needs an active SparkSession to be parsed (a ``StructType`` does not)."""
+        check = None
+        if schema is not None:
+            from runtime.spark.schema_check import SchemaCheck
+
+            check = SchemaCheck(parse_schema(schema))
+        ingestor = Ingestor(self.layer, records, key=key, partitioning=partitioning, check=check).start()
         self.ingestors.append(ingestor)
         return ingestor
 
@@ -259,10 +278,11 @@ def register_format(spark: SparkSession) -> None:
 
 def ingest(topology: str, source_name: str, records: Any, *, config: FTConfig | None = None,
            num_channels: int | None = None, key: KeySelector | None = None,
-           partitioning: str | None = None, spark: Any = None) -> Ingestor:
-    """Persist ``records`` into a source from a driver thread, independent of any query."""
+           partitioning: str | None = None, spark: Any = None, schema: StructType | str | None = None) -> Ingestor:
+    """Persist ``records`` into a source from a driver thread, independent of any query; with ``schema``,
+    a record that does not fit it is dead-lettered at ingest (:meth:`SourceHandle.ingest`)."""
     handle = source(topology, source_name, config=config, num_channels=num_channels, spark=spark)
-    return handle.ingest(records, key=key, partitioning=partitioning)
+    return handle.ingest(records, key=key, partitioning=partitioning, schema=schema)
 
 
 def stop_all() -> None:

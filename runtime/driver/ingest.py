@@ -67,10 +67,19 @@ one batch, never reported as persisted nor acked) is
 abandoned, logged and counted in ``Ingestor.abandoned``, unless Redis answers (and, in the
 'replicated' modes, a replica confirms) within ``stop_grace_s`` (5 s) of ``stop()``: the batch
 in hand is retried that long first. A record whose key selector
-raises, or whose value cannot be serialized, is never persisted for
-processing: it is handed to the destination's ``reject`` (FT on: a dead letter
-with the reason, ``ftlayer dlq`` shows it; FT off: dropped, logged and counted)
-and ingest goes on with the next record.
+raises, whose value cannot be serialized, or (with ``check``) that the check
+refuses is never persisted for processing: it is handed to the destination's
+``reject`` (FT on: a dead letter with the reason, ``ftlayer dlq`` shows it;
+FT off: dropped, logged and counted) and ingest goes on with the next record.
+
+``check`` (optional): called with the packed payloads of each batch, it returns
+``{index: reason}`` of those that must not be persisted; a schema declared at
+ingest is one (:class:`runtime.spark.schema_check.SchemaCheck`: a record that
+does not fit the schema the query reads is dead-lettered here, at once, with
+the reason ``ingest: does not fit the schema: ...``, instead of being failed
+by each read and replayed until its budget is spent). A batch the check passes
+whole costs the check only; one with a misfit is sorted out record by record.
+An exception from the check stops ingest like an exception from the source.
 
 Where batches go is pluggable (:mod:`runtime.driver.destinations`): an :class:`FTLayer` (FT on)
 is wrapped in a :class:`~runtime.driver.destinations.PersistDestination`; with FT off the
@@ -105,6 +114,9 @@ from serialization.payload import pack_payload, pack_payloads
 log = logger_for(__name__)
 
 KeySelector = Callable[[Any], Any]
+# the packed payloads of a batch -> {index: reason} of those that must not be persisted (a schema
+# checked at ingest: runtime.spark.schema_check.SchemaCheck)
+PayloadCheck = Callable[[Sequence[bytes]], dict[int, str]]
 # errors of the destination that pause ingest instead of stopping it: an outage, a server
 # restarting or loading its AOF, a script refused (raw redis-py errors included: a command
 # outside a script, such as HLEN, WAITAOF or XADD, raises them unwrapped)
@@ -132,11 +144,13 @@ class Ingestor:
         key: KeySelector | None = None,
         partitioning: str | None = None,
         linger_s: float = 0.02,
+        check: PayloadCheck | None = None,
     ) -> None:
         dest: BatchDestination = PersistDestination(layer) if isinstance(layer, FTLayer) else layer
         self.destination = dest
         self.source = source
         self.key = key
+        self.check = check
         self.linger_s = linger_s
         strategy = partitioning or source_strategy(key is not None)  # as the FT service replays
         self.partitioner = partitioner_for(strategy, dest.num_channels)
@@ -217,36 +231,47 @@ class Ingestor:
     def _prepare(self, values: list[Any]) -> tuple[list[bytes], Sequence[int], Sequence[int]]:
         """Packed value, key hash and channel of every value (fields by key, else round-robin).
 
-        A value whose key selector raises or that cannot be packed is rejected
-        (see the module contract) and left out. The hashes and channels are numpy ``int64``
+        A value whose key selector raises, that cannot be packed or that ``check`` refuses is
+        rejected (see the module contract) and left out. The hashes and channels are numpy ``int64``
         arrays on the fast path (no Python step per record from the key to the frames), lists
         when the batch was sorted out one by one.
         """
-        key = self.key
+        key, check = self.key, self.check
         try:  # the fast path: no per-value error handling, the loops in C (map) and numpy
             payloads = pack_payloads(values)
-            if key is None:
-                import numpy as np
+            if check is None or not check(payloads):  # a misfit (rare) is sorted out below
+                if key is None:
+                    import numpy as np
 
-                hash_array: Any = np.full(len(values), NO_KEY_HASH, dtype=np.int64)
-            else:
-                hash_array = key_hash_array(list(map(key, values)))
-            return payloads, hash_array, self.partitioner.select_channel_array(hash_array)
-        except Exception:  # a key selector or value failed: sort the batch out one by one
-            payloads, hashes = [], []
-            for value in values:
-                unparsed = getattr(value, "ingest_rejection", None)  # a source's stand-in for what it could not parse
-                if isinstance(unparsed, str):
-                    self._reject(value, None, reason=f"ingest: {unparsed}")
-                    continue
-                try:
-                    packed = pack_payload(value)
-                    h = NO_KEY_HASH if key is None else key_hash(key(value))
-                except Exception as exc:
-                    self._reject(value, exc)
-                    continue
-                payloads.append(packed)
-                hashes.append(h)
+                    hash_array: Any = np.full(len(values), NO_KEY_HASH, dtype=np.int64)
+                else:
+                    hash_array = key_hash_array(list(map(key, values)))
+                return payloads, hash_array, self.partitioner.select_channel_array(hash_array)
+        except Exception:  # a key selector, a value or the check failed: sort the batch out one by one
+            return self._prepare_one_by_one(values)
+        return self._prepare_one_by_one(values)
+
+    def _prepare_one_by_one(self, values: list[Any]) -> tuple[list[bytes], list[int], Sequence[int]]:
+        """:meth:`_prepare` value by value, rejecting each value that fails; the check runs on what packs."""
+        key, check = self.key, self.check
+        kept: list[tuple[Any, bytes, int]] = []
+        for value in values:
+            unparsed = getattr(value, "ingest_rejection", None)  # a source's stand-in for what it could not parse
+            if isinstance(unparsed, str):
+                self._reject(value, None, reason=f"ingest: {unparsed}")
+                continue
+            try:
+                packed = pack_payload(value)
+                h = NO_KEY_HASH if key is None else key_hash(key(value))
+            except Exception as exc:
+                self._reject(value, exc)
+                continue
+            kept.append((value, packed, h))
+        misfits = check([packed for _, packed, _ in kept]) if check is not None and kept else {}
+        for index, why in sorted(misfits.items()):
+            self._reject(kept[index][0], None, reason=f"ingest: does not fit the schema: {why}")
+        payloads = [packed for i, (_, packed, _) in enumerate(kept) if i not in misfits]
+        hashes = [h for i, (_, _, h) in enumerate(kept) if i not in misfits]
         return payloads, hashes, self.partitioner.select_channels(hashes)
 
     def _reject(self, value: Any, exc: BaseException | None, *, reason: str = "") -> None:

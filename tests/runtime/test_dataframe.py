@@ -48,10 +48,12 @@ class Run:
         self.handle = sources.source(self.name, "events", config=self.cfg, num_channels=2)
         self.df = ftlayer.read_stream(spark, self.name, "events", schema=SCHEMA, config=self.cfg, num_channels=2)
         self.query: Any = None
+        self.ingest_schema: str | None = None
 
     def start(self, out: DataFrame, write: Callable[[DataFrame, int], Any], records: Any = None,
-              mode: str = "append", **acking_kw: Any) -> Run:
-        self.handle.ingest(_records(self.n) if records is None else records)
+              mode: str = "append", ingest_schema: str | None = None, **acking_kw: Any) -> Run:
+        self.ingest_schema = ingest_schema
+        self.handle.ingest(_records(self.n) if records is None else records, schema=ingest_schema)
         self.query = (out.writeStream.outputMode(mode)
                       .foreachBatch(ftlayer.acking(write, config=self.cfg, **acking_kw))
                       .option("checkpointLocation", str(self.tmp / "ck"))
@@ -67,7 +69,9 @@ class Run:
                 raise AssertionError(str(self.query.exception()))
             store = self.handle.layer.store
             settled = stats["acked"] + stats["dead_lettered"] == self.n
-            if stats["persisted"] == self.n and settled and self.handle.layer.pending_count() == 0 \
+            # a record dead-lettered at ingest (a schema checked there) is never persisted
+            persisted = self.n - (dead if self.ingest_schema else 0)
+            if stats["persisted"] == persisted and settled and self.handle.layer.pending_count() == 0 \
                     and store.client.hlen(store.keys.failed) == 0 and stats["dead_lettered"] == dead:
                 return stats
             if time.monotonic() > deadline:
@@ -180,6 +184,23 @@ def test_value_that_does_not_fit_the_schema_is_dead_lettered(run: Callable[..., 
     stats = r.finish(dead=5)
     assert stats["dead_lettered"] == 5
     assert len(rows) == 495
+
+
+def test_a_schema_given_at_ingest_dead_letters_a_misfit_before_any_read(run: Callable[..., Run]) -> None:
+    """The same records as above, the schema also given to ingest: the 5 misfits are dead-lettered there
+    at once with the read's reason, so no read fails them and nothing is replayed."""
+    r = run(500, max_replays=1, replay_backoff_initial_s=0.1, replay_backoff_max_s=0.2)
+    records = _records(500)
+    for rec in records[::100]:
+        rec["i"] = "not a number"
+    rows, write = _collector()
+    r.start(r.df.select("user", "_ftlayer.origin", "_ftlayer.replay"), write, records=records, ingest_schema=SCHEMA)
+    stats = r.finish(dead=5)
+    assert stats["persisted"] == 495 and stats["dead_lettered"] == 5 and stats["replayed"] == 0, stats
+    assert len(rows) == 495 and {row["replay"] for row in rows} == {0}
+    reasons = [d.reason for d in r.handle.layer.dead_letters.list()]
+    assert len(reasons) == 5
+    assert all(x.startswith("ingest: does not fit the schema: column 'i' (bigint)") for x in reasons), reasons
 
 
 def test_map_in_pandas_isolates_poison_rows(run: Callable[..., Run]) -> None:

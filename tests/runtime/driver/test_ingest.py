@@ -219,6 +219,75 @@ def test_a_record_whose_key_raises_or_cannot_be_packed_is_dead_lettered(ft_confi
     assert any(isinstance(p, str) and "object object" in p for p in payloads)  # else its repr
 
 
+def test_a_record_that_does_not_fit_the_checked_schema_is_dead_lettered_at_ingest(ft_config: FTConfig) -> None:
+    """``check`` (a schema declared at ingest): the misfits are dead-lettered with the read's reason and
+    never persisted, a key that raises still is too, and the source's ack hook sees every value once,
+    in order, after the batch it came in."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from runtime.spark.schema_check import SchemaCheck
+    from serialization.payload import unpack_payload
+
+    layer = _layer(ft_config, ingest_batch_records=64)
+    values: list[Any] = [{"u": f"u{i % 7}", "i": i} for i in range(300)]
+    values[10] = {"u": "u3", "i": "ten"}  # a string in the bigint column
+    values[150] = ["u", 150]  # not a dict; the key selector raises on it first
+    values[151] = {"u": "u1"}  # no i: null in a non-nullable column
+    values[299] = {"u": "u2", "i": 299, "extra": {"kept": True}}  # fits: extra keys are ignored
+
+    class Poller:
+        def __init__(self) -> None:
+            self.polls = [values[:200], [], values[200:], []]
+            self.acked: list[Any] = []
+
+        def poll(self) -> Any:
+            return self.polls.pop(0) if self.polls else None
+
+        def ack(self, got: list[Any]) -> None:
+            self.acked += got
+
+    poller = Poller()
+    schema = StructType([StructField("i", LongType(), nullable=False), StructField("u", StringType())])
+    ing = Ingestor(layer, poller, key=lambda e: e["u"], check=SchemaCheck(schema))
+    ing.run()
+    assert ing.error is None and ing.ingested == 297 and ing.rejected == 3
+    assert poller.acked == values  # every value, once, in order (the rejected ones after their dead letter)
+    assert sorted(v["i"] for v in _persisted(layer)) == [i for i in range(300) if i not in (10, 150, 151)]
+    letters = layer.dead_letters.list()
+    reasons = sorted(d.reason for d in letters)
+    assert layer.stats()["dead_lettered"] == 3 and len(reasons) == 3
+    ten = next(d.reason for d in letters if unpack_payload(d.record.payload) == values[10])
+    assert ten.startswith("ingest: does not fit the schema: column 'i' (bigint)"), ten
+    assert "ingest: does not fit the schema: column 'i' is not nullable and the value is missing" in reasons
+    assert any(r.startswith("ingest: key selector raised") for r in reasons), reasons
+    assert layer.stats()["replayed"] == 0
+
+
+def test_ingest_with_a_schema_through_the_public_api(ft_config: FTConfig) -> None:
+    """``ftlayer.ingest(..., schema=StructType)`` checks at ingest (no SparkSession needed); a DDL string
+    without a session is refused with the reason, before anything is read."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    import ftlayer
+    from ftlayer.errors import ConfigError
+    from runtime.dataframe import sources
+
+    schema = StructType([StructField("n", LongType())])
+    try:
+        ing = ftlayer.ingest("ing", "typed", [{"n": 1}, {"n": "two"}, {"n": 3}], config=ft_config, schema=schema)
+        wait_until(lambda: ing.done, 20, "ingest to finish")
+        handle = sources.source("ing", "typed", config=ft_config)
+        assert ing.error is None and ing.ingested == 2 and ing.rejected == 1
+        letters = handle.layer.dead_letters.list()
+        assert len(letters) == 1
+        assert letters[0].reason.startswith("ingest: does not fit the schema: column 'n' (bigint)"), letters[0].reason
+        assert handle.stats()["persisted"] == 2 and handle.stats()["dead_lettered"] == 1
+        with pytest.raises(ConfigError, match="without a SparkSession"):
+            ftlayer.ingest("ing", "typed", [{"n": 4}], config=ft_config, schema="n long")
+    finally:
+        sources.stop_all()
+
+
 def test_ft_off_feed_drops_and_counts_a_rejected_record() -> None:
     from runtime.driver.feed import Feed, FeedDestination
 

@@ -1,0 +1,80 @@
+"""A schema checked at ingest: the records the read would leave out, by position, with the read's reason."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
+
+from ftlayer.errors import ConfigError
+from ftlayer.records.frames import encode_source_frames
+from runtime.spark.arrow_codec import frames_to_record_batch
+from runtime.spark.payload_columns import METADATA_COLUMN, decode_batch, metadata_type
+from runtime.spark.schema_check import SchemaCheck
+from serialization.payload import pack_payload
+
+SCHEMA = StructType([StructField("i", LongType(), nullable=False), StructField("user", StringType()),
+                     StructField("ts", TimestampType())])
+
+
+def test_records_that_fit_pass_and_each_misfit_is_named_by_position() -> None:
+    values: list[Any] = [
+        {"i": 1, "user": "a", "ts": 1_700_000_000},
+        {"i": "x", "user": "b"},  # a string in a bigint column
+        "just a string",  # not a dict, for a schema of three columns
+        {"user": "c"},  # no i: a null in a non-nullable column
+        {"i": 4, "ts": "2026-01-02T03:04:05", "extra": [1, 2]},  # fits: extra keys are ignored
+        {"i": 5, "ts": "not a time"},  # a timestamp that does not parse
+    ]
+    bad = SchemaCheck(SCHEMA)([pack_payload(v) for v in values])
+    assert sorted(bad) == [1, 2, 3, 5]
+    assert bad[1].startswith("column 'i' (bigint)"), bad[1]
+    assert bad[2] == "payload is a str, not a dict of the 3 columns"
+    assert bad[3] == "column 'i' is not nullable and the value is missing"
+    assert "ValueError" in bad[5] and "not a time" in bad[5], bad[5]
+
+
+def test_a_batch_that_fits_gives_nothing() -> None:
+    check = SchemaCheck(SCHEMA)
+    assert check([pack_payload({"i": i, "user": f"u{i}", "ts": i}) for i in range(500)]) == {}
+    assert check([]) == {}
+
+
+def test_the_metadata_column_is_not_checked() -> None:
+    with_meta = StructType([*SCHEMA.fields, StructField(METADATA_COLUMN, metadata_type(), nullable=False)])
+    assert SchemaCheck(with_meta)([pack_payload({"i": 1})]) == {}
+
+
+def test_a_schema_of_metadata_only_is_refused() -> None:
+    with pytest.raises(ConfigError, match="at least one column besides _ftlayer"):
+        SchemaCheck(StructType([StructField(METADATA_COLUMN, metadata_type())]))
+
+
+_VALUES = st.one_of(
+    st.fixed_dictionaries({"i": st.integers(-(2**63), 2**63 - 1)},
+                          optional={"user": st.one_of(st.text(max_size=5), st.integers()),
+                                    "ts": st.integers(0, 2**31)}),
+    st.fixed_dictionaries({"user": st.text(max_size=3)}),
+    st.dictionaries(st.sampled_from(["i", "user", "x"]), st.one_of(st.none(), st.integers(), st.text(max_size=3),
+                                                                  st.floats(allow_nan=False))),
+    st.integers(), st.text(max_size=4), st.lists(st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_VALUES, min_size=1, max_size=12))
+def test_the_check_refuses_exactly_what_the_read_leaves_out(values: list[Any]) -> None:
+    """The same payloads as frames of a page the FT source reads: the read's misfits (by sid) are the
+    check's (by position), with the same reasons."""
+    payloads = [pack_payload(v) for v in values]
+    n = len(payloads)
+    raw = frames_to_record_batch(encode_source_frames(0, list(range(1, 2 * n + 1)), [7] * n, payloads, [0] * n))
+    read_sids = raw.column("sid").to_pylist()
+    _, _, read_bad = decode_batch(raw, SCHEMA, "topo/src")
+    check_bad = SchemaCheck(SCHEMA)(payloads)
+    assert {read_sids.index(sid) for sid in read_bad} == set(check_bad)
+    for sid, reason in read_bad.items():
+        assert reason.endswith(check_bad[read_sids.index(sid)])
