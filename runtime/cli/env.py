@@ -65,6 +65,10 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
     EnvOption("ingest", "--key", "FTLAYER_INGEST_KEY", "str", None,
               "field of each JSON record that is its key (routing and replays by key, like key= in the "
               "API); default none: round-robin", metavar="FIELD"),
+    EnvOption("ingest", "--schema", "FTLAYER_INGEST_SCHEMA", "str", None,
+              "Spark DDL of the columns the query reads (\"i long, user string, ts timestamp\"): a record that "
+              "does not fit is dead-lettered here at once with the reason naming its column, never persisted "
+              "(as ftlayer.ingest(..., schema=...)); default none: checked only when read", metavar="DDL"),
     EnvOption("ingest", "--format", "FTLAYER_INGEST_FORMAT", "str", "json",
               "json: each line (with --mqtt: each message's payload) is a JSON value; text: a string record",
               choices=("json", "text")),

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ftlayer.config import FTConfig, mask_url
+from ftlayer.errors import ConfigError
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.keyspace.keys import check_name
 from ftlayer.servers.state_dir import state_root
@@ -47,7 +48,7 @@ from runtime.cli.env import add_env_options, ingest_option
 from runtime.cli.ingest_mqtt import check_no_mqtt_options, mqtt_source, run_mqtt, topic_key
 from runtime.cli.ingest_webhook import check_no_webhook_options, check_webhook_options, run_webhook
 from runtime.driver.file_source import STDIN, LinesSource
-from runtime.driver.ingest import Ingestor
+from runtime.driver.ingest import Ingestor, PayloadCheck
 
 PROGRESS_EVERY_S = 5.0
 
@@ -165,14 +166,15 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         msg = (f"--key {args.key} names a field of a JSON record, but --format text makes each line a string "
                "(every record would be dead-lettered): drop --key, or read the lines as JSON")
         raise CLIError(msg)
+    check = _schema_check(args.schema, args.format if args.files or args.mqtt else "json")
     channels = args.num_channels or config.num_channels
     layer = FTLayer(config, args.topology, args.source, num_channels=channels).open()
     shards = layer.write_shards(*worker) if worker[1] > 1 else list(range(layer.num_shards))
     key = _key_selector(args.key)
     if args.webhook:
-        return run_webhook(args, layer, key, run=_run, checked=webhook)
+        return run_webhook(args, layer, key, run=_run, checked=webhook, check=check)
     if mqtt is not None:
-        return run_mqtt(mqtt, layer, key if not args.key_topic else topic_key(mqtt), run=_run)
+        return run_mqtt(mqtt, layer, key if not args.key_topic else topic_key(mqtt), run=_run, check=check)
     offsets = _offsets_dir(args, config)
     if offsets is not None and args.from_start:
         for path in args.files:  # forget this worker's saved offsets of these files
@@ -183,8 +185,28 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     print(f"ftlayer ingest: {args.topology}/{args.source} on {mask_url(config.redis_url)} namespace "
           f"{config.namespace!r}, {channels} channels, worker {worker[0]}/{worker[1]}"
           + (f", shards {shards}" if layer.num_shards > 1 else ""), flush=True)
-    ingestor = Ingestor(layer, source, key=key)
+    ingestor = Ingestor(layer, source, key=key, check=check)
     return _run(ingestor, source_label="files", resumed=source.skipped_offsets)
+
+
+def _schema_check(ddl: str | None, fmt: str) -> PayloadCheck | None:
+    """``--schema``: the check of each record against it (:mod:`runtime.spark.schema_check`), or None; a
+    schema that does not parse, or that no text line could fit, is a bad option (before Redis is touched)."""
+    if not ddl:
+        return None
+    from runtime.dataframe.sources import parse_schema
+    from runtime.spark.schema_check import SchemaCheck
+
+    try:
+        check = SchemaCheck(parse_schema(ddl))
+    except ConfigError as exc:
+        msg = f"--schema: {exc}"
+        raise CLIError(msg) from exc
+    if fmt == "text" and len(check.schema.fields) > 1:
+        msg = (f"--schema has {len(check.schema.fields)} columns, but --format text makes each record a string "
+               "(every record would be dead-lettered): give one string column, or read the records as JSON")
+        raise CLIError(msg)
+    return check
 
 
 def _run(ingestor: Ingestor, *, source_label: str, resumed: dict[str, int],

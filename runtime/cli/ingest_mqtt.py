@@ -87,7 +87,7 @@ def topic_key(source: MqttSource) -> Callable[[Any], Any]:
     return key
 
 
-def run_mqtt(source: MqttSource, layer: FTLayer, key: Any, *, run: Callable[..., int]) -> int:
+def run_mqtt(source: MqttSource, layer: FTLayer, key: Any, *, run: Callable[..., int], check: Any = None) -> int:
     """Connect and subscribe (MqttConnectError, exit 2, if the broker will not have it), then ingest until
     SIGINT/SIGTERM; ``run`` is ``ftlayer ingest``'s loop with progress lines."""
     source.open()
@@ -105,7 +105,7 @@ def run_mqtt(source: MqttSource, layer: FTLayer, key: Any, *, run: Callable[...,
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
     try:
-        return run(Ingestor(layer, source, key=key), ending=ending, source_label="mqtt", resumed={})
+        return run(Ingestor(layer, source, key=key, check=check), ending=ending, source_label="mqtt", resumed={})
     finally:
         st = source.stats()
         print(f"ftlayer ingest: mqtt: received {st['received']}, acknowledged {st['acked']}, left to the broker "

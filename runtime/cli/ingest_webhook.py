@@ -94,7 +94,7 @@ def webhook_source(args: argparse.Namespace, ready_check: Callable[[], object] |
 
 
 def run_webhook(args: argparse.Namespace, layer: FTLayer, key: Any, *, run: Callable[..., int],
-                checked: tuple[str, int, ssl.SSLContext | None] | None = None) -> int:
+                checked: tuple[str, int, ssl.SSLContext | None] | None = None, check: Any = None) -> int:
     """Listen, then ingest until SIGINT/SIGTERM; ``run`` is ``ftlayer ingest``'s loop with progress lines."""
     hooks = webhook_source(args, ready_check=layer.client.ping, checked=checked)
     guard = " (Bearer token required)" if args.webhook_token else ""
@@ -112,7 +112,7 @@ def run_webhook(args: argparse.Namespace, layer: FTLayer, key: Any, *, run: Call
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
     try:
-        return run(Ingestor(layer, hooks, key=key), ending=ending, failed=lambda: hooks.front_failure,
+        return run(Ingestor(layer, hooks, key=key, check=check), ending=ending, failed=lambda: hooks.front_failure,
                    source_label="webhook", resumed={})
     finally:
         hooks.close()

@@ -93,17 +93,29 @@ def with_metadata(schema: StructType | str) -> StructType:
 
 
 def parse_schema(schema: StructType | str) -> StructType:
-    """A DDL string or StructType as a StructType; ConfigError for a DDL that is not a struct, or for a
-    DDL string with no SparkSession to parse it (Spark parses DDL in the JVM)."""
+    """A DDL string or StructType as a StructType; ConfigError for a DDL that is not a struct of columns.
+
+    A DDL string is read by :func:`runtime.spark.ddl.parse_ddl` (no JVM: an ingest process has no
+    SparkSession); one it does not read (a type it does not know, such as an interval) goes to Spark's
+    own parser when a SparkSession is active, and is refused with the parser's reason otherwise."""
     from pyspark.errors import PySparkRuntimeError
     from pyspark.sql.types import StructType
 
-    try:
-        st = StructType.fromDDL(schema) if isinstance(schema, str) else schema
-    except PySparkRuntimeError as exc:
-        msg = (f"cannot parse the schema {schema!r} without a SparkSession (Spark parses DDL in the JVM): "
-               "create the session first, or give a pyspark.sql.types.StructType")
-        raise ConfigError(msg) from exc
+    from runtime.spark.ddl import DDLError, parse_ddl
+
+    st: Any = schema
+    if isinstance(schema, str):
+        try:
+            st = parse_ddl(schema)
+        except DDLError as ours:
+            try:
+                st = StructType.fromDDL(schema)
+            except PySparkRuntimeError as exc:  # no session: ours is the reason to give
+                msg = f"{ours} (and no SparkSession to ask Spark's own parser: give a pyspark.sql.types.StructType)"
+                raise ConfigError(msg) from exc
+            except Exception as exc:  # Spark's parser refused it too (a ParseException): say both
+                msg = f"{ours}; Spark's parser: {str(exc).strip().splitlines()[0]}"
+                raise ConfigError(msg) from exc
     if not isinstance(st, StructType):
         msg = f"an ftlayer schema must be a struct of columns; got {schema!r}"
         raise ConfigError(msg)

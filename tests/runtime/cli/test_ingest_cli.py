@@ -84,6 +84,44 @@ def test_file_ingest_persists_every_line_and_dead_letters_the_bad_ones(
     assert any(r.startswith(f"ingest: not valid JSON: {f}:501: Expecting property name") for r in reasons), reasons
 
 
+def test_a_schema_dead_letters_each_line_that_does_not_fit_at_ingest(
+        tmp_path: Path, redis_server_url: str, namespace: str) -> None:
+    """``FTLAYER_INGEST_SCHEMA`` (``--schema``): a line whose value does not fit is dead-lettered with the
+    reason naming its column, never persisted; the others are, as without it."""
+    f = tmp_path / "events.jsonl"
+    _write(f, 0, 300)
+    with f.open("a") as fh:
+        fh.write(json.dumps({"i": "three hundred", "user": "u1"}) + "\n")  # a string in the bigint column
+        fh.write(json.dumps({"user": "u2"}) + "\n")  # no i: null in a NOT NULL column
+        fh.write(json.dumps({"i": 302, "user": "u3", "ts": "2026-11-27T18:00:00"}) + "\n")  # fits
+    rc, out = _run("clicks", "events", str(f), "--key", "user", "--offsets-dir", str(tmp_path / "off"),
+                   url=redis_server_url, ns=namespace,
+                   env={"FTLAYER_INGEST_SCHEMA": "i bigint not null, user string, ts timestamp"})
+    assert rc == 0, out
+    assert "persisted 301, dead-lettered 2" in out, out
+    layer = _layer(redis_server_url, namespace)
+    assert sorted(v["i"] for v in _persisted_values(layer)) == [*range(300), 302]
+    reasons = sorted(d.reason for d in layer.list_dead_letters())
+    assert reasons[0].startswith("ingest: does not fit the schema: column 'i' (bigint): "), reasons
+    assert reasons[1] == "ingest: does not fit the schema: column 'i' is not nullable and the value is missing"
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (["--schema", "i lng"], "ftlayer: error: --schema: cannot read the schema 'i lng' at position 2: unknown or "
+                            "unsupported type 'lng'"),
+    (["--schema", "i long, user string", "--format", "text"], "ftlayer: error: --schema has 2 columns, but --format "
+                                                              "text makes each record a string"),
+])
+def test_a_schema_that_cannot_be_used_is_one_error_line_and_nothing_is_registered(
+        args: list[str], error: str, tmp_path: Path, redis_server_url: str, namespace: str) -> None:
+    f = tmp_path / "events.jsonl"
+    _write(f, 0, 10)
+    rc, out = _run("clicks", "events", str(f), *args, url=redis_server_url, ns=namespace)
+    assert rc == 2, out
+    assert out.startswith(error) and len(out.strip().splitlines()) == 1, out
+    assert _layer(redis_server_url, namespace).recorded_channels() is None
+
+
 @pytest.mark.slow
 def test_a_second_run_reads_on_from_the_saved_offset(tmp_path: Path, redis_server_url: str, namespace: str) -> None:
     f, off = tmp_path / "events.jsonl", tmp_path / "off"
@@ -171,6 +209,30 @@ def test_webhook_ingest_answers_after_persisting_and_ends_on_sigterm(redis_serve
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, out + err
     assert "persisted 50," in out
+
+
+@pytest.mark.slow
+def test_webhook_ingest_with_a_schema_confirms_a_misfit_once_it_is_dead_lettered(
+        redis_server_url: str, namespace: str) -> None:
+    """The webhook answers 200 for a batch with a record that does not fit ``--schema``: that record is
+    dead-lettered (safe, with its reason) before the answer, the others persisted."""
+    proc = _cli("clicks", "events", "--webhook", "127.0.0.1:0", "--schema", "i long, user string",
+                url=redis_server_url, ns=namespace)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().split(" listening on ")[1].split(" ")[0]
+        records: list[Any] = [{"i": i, "user": "u"} for i in range(20)]
+        records[7] = {"i": [7], "user": "u"}
+        body = json.dumps(records).encode()
+        with urllib.request.urlopen(urllib.request.Request(url + "batch", data=body, method="POST"), timeout=30) as r:
+            assert r.status == 200
+        layer = _layer(redis_server_url, namespace)
+        assert layer.stats()["persisted"] == 19 and layer.stats()["dead_lettered"] == 1  # both before the 200
+        assert layer.list_dead_letters()[0].reason.startswith("ingest: does not fit the schema: column 'i' (bigint)")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
 
 
 @pytest.mark.parametrize("args", [["--worker", "2/2", "f"], ["--worker", "x", "f"], [], ["f", "--webhook", "1"],

@@ -246,6 +246,35 @@ def test_the_key_from_a_payload_field_or_from_the_topic(
 
 
 @pytest.mark.slow
+def test_a_schema_dead_letters_a_message_that_does_not_fit_and_acknowledges_it(
+        mosquitto: Broker, redis_server_url: str, namespace: str) -> None:
+    """``--schema``: a message whose record does not fit is dead-lettered with its reason, then acknowledged
+    to the broker (it is safe: nothing is left for the broker to resend); the others are persisted."""
+    broker = mosquitto()
+    proc = _ingest(broker.url, "--schema", "i long not null, user string", redis_url=redis_server_url,
+                   namespace=namespace)
+    proc.wait_for("subscribed to")
+    records: list[dict[str, Any]] = [{**r, "n": r["i"]} for r in _records(12)]  # n: the publisher's id
+    records[4]["i"] = "four"
+    del records[9]["i"]
+    publisher = Publisher(broker.url, records, id_of=lambda v: int(v["n"])).start()
+    layer = _layer(redis_server_url, namespace)
+    try:
+        assert publisher.join(30)
+        wait_until(lambda: layer.stats()["persisted"] == 10 and layer.stats()["dead_lettered"] == 2, 30,
+                   "10 records persisted and 2 dead-lettered")
+    finally:
+        publisher.stop()
+    rc, out = proc.stop()
+    assert rc == 0, out
+    assert "received 12, acknowledged 12" in out, out
+    assert sorted(v["n"] for v, _ in persisted(layer)) == [n for n in range(12) if n not in (4, 9)]
+    reasons = sorted(d.reason for d in layer.list_dead_letters())
+    assert reasons[0].startswith("ingest: does not fit the schema: column 'i' (bigint)"), reasons
+    assert reasons[1] == "ingest: does not fit the schema: column 'i' is not nullable and the value is missing"
+
+
+@pytest.mark.slow
 def test_sigterm_while_ingest_waits_for_room_exits_0_and_the_broker_keeps_the_rest(
         mosquitto: Broker, redis_server_url: str, namespace: str) -> None:
     """SIGTERM "stops taking messages, persists and acknowledges what was taken, and exits 0", also while

@@ -263,18 +263,19 @@ def test_a_record_that_does_not_fit_the_checked_schema_is_dead_lettered_at_inges
     assert layer.stats()["replayed"] == 0
 
 
-def test_ingest_with_a_schema_through_the_public_api(ft_config: FTConfig) -> None:
-    """``ftlayer.ingest(..., schema=StructType)`` checks at ingest (no SparkSession needed); a DDL string
-    without a session is refused with the reason, before anything is read."""
+@pytest.mark.parametrize("schema", ["n long", "struct"], ids=["ddl", "StructType"])
+def test_ingest_with_a_schema_through_the_public_api(ft_config: FTConfig, schema: str) -> None:
+    """``ftlayer.ingest(..., schema=...)`` checks at ingest, with no SparkSession (this process has no JVM):
+    a DDL string or a StructType; a DDL it cannot read is refused with the position, before anything is read."""
     from pyspark.sql.types import LongType, StructField, StructType
 
     import ftlayer
     from ftlayer.errors import ConfigError
     from runtime.dataframe import sources
 
-    schema = StructType([StructField("n", LongType())])
+    given: Any = StructType([StructField("n", LongType())]) if schema == "struct" else schema
     try:
-        ing = ftlayer.ingest("ing", "typed", [{"n": 1}, {"n": "two"}, {"n": 3}], config=ft_config, schema=schema)
+        ing = ftlayer.ingest("ing", "typed", [{"n": 1}, {"n": "two"}, {"n": 3}], config=ft_config, schema=given)
         wait_until(lambda: ing.done, 20, "ingest to finish")
         handle = sources.source("ing", "typed", config=ft_config)
         assert ing.error is None and ing.ingested == 2 and ing.rejected == 1
@@ -282,8 +283,10 @@ def test_ingest_with_a_schema_through_the_public_api(ft_config: FTConfig) -> Non
         assert len(letters) == 1
         assert letters[0].reason.startswith("ingest: does not fit the schema: column 'n' (bigint)"), letters[0].reason
         assert handle.stats()["persisted"] == 2 and handle.stats()["dead_lettered"] == 1
-        with pytest.raises(ConfigError, match="without a SparkSession"):
-            ftlayer.ingest("ing", "typed", [{"n": 4}], config=ft_config, schema="n long")
+        with pytest.raises(ConfigError, match=r"'n lng' at position 2: unknown or unsupported type 'lng'.*"
+                                              "no SparkSession"):
+            ftlayer.ingest("ing", "typed", [{"n": 4}], config=ft_config, schema="n lng")
+        assert handle.stats()["persisted"] == 2
     finally:
         sources.stop_all()
 

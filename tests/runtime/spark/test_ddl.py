@@ -1,0 +1,95 @@
+"""Spark DDL read in Python: the same StructType as Spark's own parser, or an error naming the position."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyspark.sql import types as t
+
+from ftlayer.errors import ConfigError
+from runtime.spark.ddl import DDLError, parse_ddl
+
+CASES: dict[str, t.StructType] = {
+    "i long, user string, ts timestamp": t.StructType([
+        t.StructField("i", t.LongType()), t.StructField("user", t.StringType()),
+        t.StructField("ts", t.TimestampType())]),
+    "a INT NOT NULL, b Array<string>, c map<string,int>": t.StructType([
+        t.StructField("a", t.IntegerType(), False), t.StructField("b", t.ArrayType(t.StringType())),
+        t.StructField("c", t.MapType(t.StringType(), t.IntegerType()))]),
+    "s struct<x int, y: array<struct<z: long not null>>>": t.StructType([t.StructField("s", t.StructType([
+        t.StructField("x", t.IntegerType()),
+        t.StructField("y", t.ArrayType(t.StructType([t.StructField("z", t.LongType(), False)])))]))]),
+    "`we ird`` name` string, a: double": t.StructType([
+        t.StructField("we ird` name", t.StringType()), t.StructField("a", t.DoubleType())]),
+    "d decimal(12,2), e DEC, f varchar(5), g char(3), h numeric(4)": t.StructType([
+        t.StructField("d", t.DecimalType(12, 2)), t.StructField("e", t.DecimalType(10, 0)),
+        t.StructField("f", t.VarcharType(5)), t.StructField("g", t.CharType(3)),
+        t.StructField("h", t.DecimalType(4, 0))]),
+    "a int COMMENT 'the count', b timestamp_ntz": t.StructType([
+        t.StructField("a", t.IntegerType(), True, {"comment": "the count"}), t.StructField("b", t.TimestampNTZType())]),
+    "": t.StructType([]),
+}
+
+_SIMPLE = ["boolean", "tinyint", "byte", "smallint", "short", "int", "integer", "bigint", "long", "float", "real",
+           "double", "string", "binary", "date", "timestamp", "timestamp_ltz", "timestamp_ntz", "decimal(7,3)",
+           "varchar(9)", "char(2)"]
+
+
+@pytest.mark.parametrize("ddl", list(CASES))
+def test_known_schemas(ddl: str) -> None:
+    assert parse_ddl(ddl) == CASES[ddl]
+
+
+@pytest.mark.parametrize("name", _SIMPLE)
+def test_every_simple_type_in_any_case(name: str) -> None:
+    assert parse_ddl(f"x {name}") == parse_ddl(f"x {name.upper()}")
+
+
+@pytest.mark.parametrize(("ddl", "where"), [
+    ("i lng", "position 2: unknown or unsupported type 'lng'"),
+    ("i long,", "position 7: the schema ends too soon"),
+    ("i long not", "position 10: expected NULL after NOT"),
+    ("i long)", "position 6: unexpected ')'"),
+    ("i long $", "position 7: a character"),
+    ("m map<string>", "position 12: expected ','"),
+    ("i interval day", "position 2: unknown or unsupported type 'interval'"),
+])
+def test_what_it_does_not_read_is_named_by_position(ddl: str, where: str) -> None:
+    with pytest.raises(DDLError, match=re.escape(f"cannot read the schema {ddl!r} at {where}")) as info:
+        parse_ddl(ddl)
+    assert isinstance(info.value, ConfigError)
+
+
+def _types(depth: int) -> st.SearchStrategy[str]:
+    simple = st.sampled_from(_SIMPLE)
+    if depth == 0:
+        return simple
+    inner = _types(depth - 1)
+    return st.one_of(
+        simple,
+        inner.map(lambda e: f"array<{e}>"),
+        st.tuples(st.sampled_from(["string", "int", "bigint"]), inner).map(lambda kv: f"map<{kv[0]}, {kv[1]}>"),
+        st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), inner, st.booleans()), min_size=1, max_size=3,
+                 unique_by=lambda f: f[0]).map(
+            lambda fs: "struct<" + ", ".join(f"{n}: {ty}{' NOT NULL' if nn else ''}" for n, ty, nn in fs) + ">"),
+    )
+
+
+_SCHEMAS = st.lists(st.tuples(st.sampled_from(["i", "user", "ts", "`odd name`", "x_1"]), _types(2), st.booleans(),
+                              st.sampled_from(["", " COMMENT 'c'"])),
+                    min_size=1, max_size=4, unique_by=lambda f: f[0]).map(
+    lambda fs: ", ".join(f"{n} {ty}{' not null' if nn else ''}{c}" for n, ty, nn, c in fs))
+
+
+@pytest.mark.spark
+@settings(max_examples=60, deadline=None)
+@given(_SCHEMAS)
+def test_the_same_as_sparks_own_parser(spark: Any, ddl: str) -> None:
+    """What it reads, Spark's parser (in the JVM) reads the same: the known cases and generated ones."""
+    for known in CASES:
+        assert parse_ddl(known) == t.StructType.fromDDL(known), known
+    assert parse_ddl(ddl) == t.StructType.fromDDL(ddl), ddl
