@@ -190,11 +190,29 @@ def connect_configured(config: FTConfig, command: str) -> redis.Redis:
     if not config.redis_url:
         msg = (
             f"no Redis URL configured: pass --redis-url or set FTLAYER_REDIS_URL (or redis_url in the "
-            f"config file). 'ftlayer {command}' does not start an embedded server, because a new "
-            f"one would be empty and show nothing of a running topology{embedded_url_hint(config)}"
+            f"config file). 'ftlayer {command}' starts an embedded server only on the state of a topology "
+            f"run here that is not running (<state_dir>/<topology>/redis/, one topology or --topology); "
+            f"a new empty one would show nothing{embedded_url_hint(config)}"
         )
         raise CLIError(msg)
     return client_for(config.redis_url, config.connect_timeout_s)
+
+
+@contextmanager
+def connected(config: FTConfig, command: str, topology: str | None = None) -> Iterator[tuple[FTConfig, redis.Redis]]:
+    """The config (its ``redis_url`` set) and a client, for a command that reads a server: the configured
+    one, else the state of the one topology here that is not running, served until the block ends
+    (:mod:`runtime.cli.stopped_state`); :class:`CLIError` if neither."""
+    from runtime.cli.stopped_state import serve_stopped_state
+
+    served = None if config.redis_url else serve_stopped_state(config, command, topology)
+    try:
+        if served is not None:
+            config = config.replace(redis_url=served.url)
+        yield config, connect_configured(config, command)
+    finally:
+        if served is not None:
+            served.close()
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from ftlayer.acker.dead_letter_ids import check_entry_ids
 from runtime.cli.common import (
     CLIError,
     add_output_option,
-    connect_configured,
+    connected,
     connection_options,
     load_config,
     positive_int,
@@ -51,9 +51,8 @@ def check_usage(args: argparse.Namespace) -> None:
 def run_dlq(args: argparse.Namespace) -> int:
     """Dispatch a ``dlq`` subcommand. Returns the exit code."""
     check_usage(args)
-    config = load_config(args)
-    client = connect_configured(config, f"dlq {args.dlq_command}")
-    with redis_errors(config):
+    with connected(load_config(args), f"dlq {args.dlq_command}", args.topology) as (config, client), \
+            redis_errors(config):
         return _COMMANDS[args.dlq_command](args, config, client)
 
 

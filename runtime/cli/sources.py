@@ -39,7 +39,7 @@ from ftlayer.status.source_admin import SourceInventory, inventory, reset_blocke
 from runtime.cli.common import (
     CLIError,
     add_output_option,
-    connect_configured,
+    connected,
     connection_options,
     format_duration,
     format_ms,
@@ -210,9 +210,8 @@ _COMMANDS = {"list": cmd_list, "describe": cmd_describe, "reset": cmd_reset}
 
 def run_sources(args: argparse.Namespace) -> int:
     """Dispatch a ``sources`` subcommand. Returns the exit code."""
-    config = load_config(args)
-    client = connect_configured(config, f"sources {args.sources_command}")
-    with redis_errors(config):
+    with connected(load_config(args), f"sources {args.sources_command}", getattr(args, "topology", None)) \
+            as (config, client), redis_errors(config):
         return _COMMANDS[args.sources_command](args, config, client)
 
 

@@ -52,7 +52,7 @@ from ftlayer.status.read_model import Snapshot, SourceStatus, sample
 from runtime.cli.common import (
     CLIError,
     add_output_option,
-    connect_configured,
+    connected,
     connection_options,
     format_duration,
     format_ms,
@@ -217,8 +217,11 @@ def run_status(args: argparse.Namespace) -> int:
     if args.interval < 0 or (args.watch is not None and args.watch <= 0):
         msg = "--interval must be >= 0 and --watch SECONDS > 0"
         raise CLIError(msg)
-    config = load_config(args)
-    client = connect_configured(config, "status")
+    with connected(load_config(args), "status", args.topology) as (config, client):
+        return _status(args, config, client)
+
+
+def _status(args: argparse.Namespace, config: FTConfig, client: Any) -> int:
     ns = config.namespace
 
     def take() -> Snapshot:
