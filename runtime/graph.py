@@ -48,6 +48,7 @@ class SourceNode(Node):
     key: Callable[[Any], Any] | None = None
     index: int = 0
     partitioning: str = "rebalance"  # a partitioners.STRATEGIES name: live routing and replay routing
+    check: Callable[[Any], dict[int, str]] | None = None  # a schema checked at ingest (Ingestor's check)
 
     def label(self) -> str:
         return self.name

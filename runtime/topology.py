@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ftlayer.config import FTConfig
-from ftlayer.errors import TopologyError
+from ftlayer.errors import ConfigError, TopologyError
 from ftlayer.keyspace.keys import check_name
 from partitioners.factory import STRATEGIES as SOURCE_STRATEGIES
 from partitioners.factory import source_strategy
@@ -121,8 +121,15 @@ class Topology:
         *,
         key: Callable[[Any], Any] | None = None,
         partitioning: str | None = None,
+        schema: Any = None,
     ) -> Stream:
         """Wrap a user source (iterable, callable, or open/poll/close object).
+
+        ``schema`` (Spark DDL such as ``"i long, user string"``, or a ``StructType``): each record is
+        checked against it at ingest, and one that does not fit (a dict whose field does not convert
+        to its column's type, a null in a ``NOT NULL`` column, a non-dict for several columns) is
+        dead-lettered at once with the reason naming the column, never handed to the operators
+        (:mod:`runtime.spark.schema_check`; the records the operators get are unchanged).
 
         ``partitioning`` picks the channel of each record, live and on replay:
         ``"fields"`` (``pmod(xxhash64(key(value)), n)``; the default when ``key`` is given),
@@ -155,8 +162,18 @@ class Topology:
                 f"not {strategy!r}"
             )
             raise TopologyError(msg)
+        check = None
+        if schema is not None:
+            from runtime.spark.ddl import parse_schema
+            from runtime.spark.schema_check import SchemaCheck
+
+            try:
+                check = SchemaCheck(parse_schema(schema))
+            except ConfigError as exc:
+                msg = f"topology {self.name!r}, source {name!r}: schema: {exc}"
+                raise TopologyError(msg) from exc
         node = self._add(SourceNode, [], name=name, source=source, key=key, index=len(self._graph.sources),
-                         partitioning=strategy)
+                         partitioning=strategy, check=check)
         return Stream(self, node)
 
     def sinks(self) -> list[SinkNode]:

@@ -194,7 +194,7 @@ def _schema_check(ddl: str | None, fmt: str) -> PayloadCheck | None:
     schema that does not parse, or that no text line could fit, is a bad option (before Redis is touched)."""
     if not ddl:
         return None
-    from runtime.dataframe.sources import parse_schema
+    from runtime.spark.ddl import parse_schema
     from runtime.spark.schema_check import SchemaCheck
 
     try:

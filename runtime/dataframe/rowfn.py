@@ -36,7 +36,7 @@ from ftlayer.errors import FTLayerError, RecordFailError
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.logs import logger_for
 from runtime.dataframe.session_state import config_or_last
-from runtime.dataframe.sources import parse_schema
+from runtime.spark.ddl import parse_schema
 from runtime.spark.payload_columns import METADATA_COLUMN
 
 if TYPE_CHECKING:

@@ -62,6 +62,7 @@ from runtime.dataframe.session_state import (
 from runtime.driver.ingest import Ingestor, KeySelector
 from runtime.spark.conf import check_reachable_redis
 from runtime.spark.connect import check_server_reaches
+from runtime.spark.ddl import parse_schema
 from runtime.spark.ft_data_sources import FORMAT, register
 from runtime.spark.ft_options import source_options
 from runtime.spark.payload_columns import METADATA_COLUMN, metadata_type
@@ -90,36 +91,6 @@ def with_metadata(schema: StructType | str) -> StructType:
     if METADATA_COLUMN in st.fieldNames():
         return st
     return StructType([*st.fields, StructField(METADATA_COLUMN, metadata_type(), nullable=False)])
-
-
-def parse_schema(schema: StructType | str) -> StructType:
-    """A DDL string or StructType as a StructType; ConfigError for a DDL that is not a struct of columns.
-
-    A DDL string is read by :func:`runtime.spark.ddl.parse_ddl` (no JVM: an ingest process has no
-    SparkSession); one it does not read (a type it does not know, such as an interval) goes to Spark's
-    own parser when a SparkSession is active, and is refused with the parser's reason otherwise."""
-    from pyspark.errors import PySparkRuntimeError
-    from pyspark.sql.types import StructType
-
-    from runtime.spark.ddl import DDLError, parse_ddl
-
-    st: Any = schema
-    if isinstance(schema, str):
-        try:
-            st = parse_ddl(schema)
-        except DDLError as ours:
-            try:
-                st = StructType.fromDDL(schema)
-            except PySparkRuntimeError as exc:  # no session: ours is the reason to give
-                msg = f"{ours} (and no SparkSession to ask Spark's own parser: give a pyspark.sql.types.StructType)"
-                raise ConfigError(msg) from exc
-            except Exception as exc:  # Spark's parser refused it too (a ParseException): say both
-                msg = f"{ours}; Spark's parser: {str(exc).strip().splitlines()[0]}"
-                raise ConfigError(msg) from exc
-    if not isinstance(st, StructType):
-        msg = f"an ftlayer schema must be a struct of columns; got {schema!r}"
-        raise ConfigError(msg)
-    return st
 
 
 class SourceHandle:

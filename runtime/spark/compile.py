@@ -254,7 +254,7 @@ class Compiler:
                 progress.janitor = janitor = TokenJanitor.attach(
                     self.spark, layers, query_name=query_name, checkpoint=checkpoint
                 )
-            ingestors = [Ingestor(d, s.source, key=s.key, partitioning=s.partitioning).start()
+            ingestors = [Ingestor(d, s.source, key=s.key, partitioning=s.partitioning, check=s.check).start()
                          for d, s in zip(dests, topo.sources, strict=True)]
             if trigger.finite:
                 _await_ingest(topo.name, ingestors, trigger)

@@ -16,7 +16,7 @@ the Spark job), yet it checks its records against the schema the query reads
 Contract: for the DDL it accepts, the result equals ``StructType.fromDDL`` (keywords in any case;
 ``tests/runtime/spark/test_ddl.py`` compares the two on a real session). Anything else (an interval
 type, a typo) raises :class:`DDLError` naming the position, and
-:func:`runtime.dataframe.sources.parse_schema` then asks Spark's parser if a session exists. Pure.
+:func:`parse_schema` then asks Spark's parser if a session exists. Pure.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ftlayer.errors import ConfigError
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructField, StructType
 
-__all__ = ["DDLError", "parse_ddl"]
+__all__ = ["DDLError", "parse_ddl", "parse_schema"]
 
 _TOKEN = re.compile(r"\s*(?:(`(?:[^`]|``)*`)|([A-Za-z_][A-Za-z0-9_]*|[0-9]+)|('(?:[^'\\]|\\.)*')|([<>(),:]))")
 
@@ -192,3 +192,31 @@ def parse_ddl(text: str) -> StructType:
     if parser.i != len(parser.tokens):
         parser._fail(parser.tokens[parser.i][2], f"unexpected {parser.tokens[parser.i][1]!r}")
     return StructType(fields)
+
+
+def parse_schema(schema: StructType | str) -> StructType:
+    """A DDL string or StructType as a StructType; ConfigError for a DDL that is not a struct of columns.
+
+    A DDL string is read by :func:`parse_ddl` (no JVM: an ingest process has no
+    SparkSession); one it does not read (a type it does not know, such as an interval) goes to Spark's
+    own parser when a SparkSession is active, and is refused with the parser's reason otherwise."""
+    from pyspark.errors import PySparkRuntimeError
+    from pyspark.sql.types import StructType
+
+    st: Any = schema
+    if isinstance(schema, str):
+        try:
+            st = parse_ddl(schema)
+        except DDLError as ours:
+            try:
+                st = StructType.fromDDL(schema)
+            except PySparkRuntimeError as exc:  # no session: ours is the reason to give
+                msg = f"{ours} (and no SparkSession to ask Spark's own parser: give a pyspark.sql.types.StructType)"
+                raise ConfigError(msg) from exc
+            except Exception as exc:  # Spark's parser refused it too (a ParseException): say both
+                msg = f"{ours}; Spark's parser: {str(exc).strip().splitlines()[0]}"
+                raise ConfigError(msg) from exc
+    if not isinstance(st, StructType):
+        msg = f"an ftlayer schema must be a struct of columns; got {schema!r}"
+        raise ConfigError(msg)
+    return st

@@ -22,7 +22,7 @@ Contract of :class:`SchemaCheck`:
   three-column record on this project's VM, when the whole batch fits; record by record when one
   does not). Sources without a schema pay nothing.
 - pure: no Redis, no Spark session (a ``StructType`` in; a DDL string is parsed by
-  :func:`runtime.dataframe.sources.parse_schema`, which needs one).
+  :func:`runtime.spark.ddl.parse_schema`, without a JVM).
 """
 
 from __future__ import annotations

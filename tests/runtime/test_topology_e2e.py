@@ -103,3 +103,46 @@ def test_fail_record_is_replayed_and_delivered(spark: Any, ft_config: FTConfig, 
     stats = layer.stats()
     assert stats["failed_explicit"] >= 50 + 4 and stats["replayed"] >= 50 + 3
     assert layer.leftovers() == []
+
+
+def test_a_source_schema_dead_letters_a_misfit_at_ingest_before_any_operator(
+    spark: Any, ft_config: FTConfig, tmp_path: Path
+) -> None:
+    """``Topology.source(..., schema=...)``: a record that does not fit is dead-lettered at ingest with the
+    reason naming its column; the operators never see it, nothing is replayed, and the others arrive."""
+    n = 400
+    topo = Topology("typed", ft_config.replace(timeout_s=30.0, max_replays=1))
+    out = JsonLinesSink(tmp_path / "out")
+    seen = tmp_path / "seen"
+    seen.mkdir()
+
+    def records() -> Any:
+        for e in clicks(n):
+            yield {**e, "i": f"#{e['i']}"} if e["i"] % 100 == 50 else e  # a string in the bigint column
+
+    def note(e: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(e["i"], int):
+            (seen / str(e["i"]).lstrip("#")).write_text("an operator saw it")
+        return e
+
+    topo.source("clicks", records(), key=lambda e: e["user"],
+                schema="i bigint not null, user string, bot boolean").map(note).sink(out)
+    query = topo.start(spark, checkpoint_location=str(tmp_path / "ckpt"), trigger_interval_s=0.2)
+    run_to_drain(query)
+    misfits = {i for i in range(n) if i % 100 == 50}
+    assert {line["value"]["i"] for line in out.read_all()} == set(range(n)) - misfits
+    assert list(seen.iterdir()) == []
+    layer = query.layers[0]
+    letters = layer.dead_letters.list()
+    assert len(letters) == len(misfits)
+    assert all(d.reason.startswith("ingest: does not fit the schema: column 'i' (bigint)") for d in letters)
+    stats = layer.stats()
+    assert stats["persisted"] == n - len(misfits) and stats["replayed"] == 0 and stats["failed_explicit"] == 0
+
+
+def test_a_source_schema_that_cannot_be_read_names_the_source() -> None:
+    from ftlayer.errors import TopologyError
+
+    with pytest.raises(TopologyError, match=r"topology 't', source 'clicks': schema: cannot read the schema "
+                                            r"'i lng' at position 2"):
+        Topology("t", FTConfig()).source("clicks", [], schema="i lng")
