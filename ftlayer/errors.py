@@ -192,6 +192,11 @@ class IngestStoppedError(FTLayerError):
     """A source's ingest thread stopped on an error (the user source or one of its hooks raised)."""
 
 
+class IngestCheckError(FTLayerError):
+    """The check of a batch at ingest (a schema) raised instead of judging its records: nothing of that
+    batch is persisted or confirmed, and ingest stops with this error."""
+
+
 class SinkWriteError(FTLayerError):
     """A micro-batch's write still failed after its retries, and the batch must not commit (a stateful
     plan): the query stops; restarted on its checkpoint, it re-runs the batch."""

@@ -166,7 +166,9 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         msg = (f"--key {args.key} names a field of a JSON record, but --format text makes each line a string "
                "(every record would be dead-lettered): drop --key, or read the lines as JSON")
         raise CLIError(msg)
-    check = _schema_check(args.schema, args.format if args.files or args.mqtt else "json")
+    # text lines (files, MQTT payloads) are strings, unless the topic makes each record a dict
+    as_text = args.format == "text" and not (args.mqtt and (args.topic_field or args.key_topic))
+    check = _schema_check(args.schema, as_text)
     channels = args.num_channels or config.num_channels
     layer = FTLayer(config, args.topology, args.source, num_channels=channels).open()
     shards = layer.write_shards(*worker) if worker[1] > 1 else list(range(layer.num_shards))
@@ -189,11 +191,13 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     return _run(ingestor, source_label="files", resumed=source.skipped_offsets)
 
 
-def _schema_check(ddl: str | None, fmt: str) -> PayloadCheck | None:
+def _schema_check(ddl: str | None, as_text: bool) -> PayloadCheck | None:
     """``--schema``: the check of each record against it (:mod:`runtime.spark.schema_check`), or None; a
     schema that does not parse, or that no text line could fit, is a bad option (before Redis is touched)."""
     if not ddl:
         return None
+    from pyspark.sql.types import CharType, StringType, VarcharType
+
     from runtime.spark.ddl import parse_schema
     from runtime.spark.schema_check import SchemaCheck
 
@@ -202,9 +206,10 @@ def _schema_check(ddl: str | None, fmt: str) -> PayloadCheck | None:
     except ConfigError as exc:
         msg = f"--schema: {exc}"
         raise CLIError(msg) from exc
-    if fmt == "text" and len(check.schema.fields) > 1:
-        msg = (f"--schema has {len(check.schema.fields)} columns, but --format text makes each record a string "
-               "(every record would be dead-lettered): give one string column, or read the records as JSON")
+    fields = check.schema.fields
+    if as_text and (len(fields) != 1 or not isinstance(fields[0].dataType, (StringType, VarcharType, CharType))):
+        msg = (f"--schema {check.schema.simpleString()}: --format text makes each record a string, which fits "
+               "only one string column (every record would be dead-lettered): give one, or read the records as JSON")
         raise CLIError(msg)
     return check
 

@@ -115,7 +115,8 @@ class SourceHandle:
         checked against it at ingest: one that does not fit is dead-lettered at once with the reason
         naming its column (``ingest: does not fit the schema: ...``), never persisted for processing,
         so no read fails it and no replay is spent on it (:mod:`runtime.spark.schema_check`). A DDL
-        string needs an active SparkSession to be parsed (a ``StructType`` does not)."""
+        string is read by Spark's parser when a SparkSession exists, else by ftlayer's own
+        (:func:`runtime.spark.ddl.parse_schema`)."""
         check = None
         if schema is not None:
             from runtime.spark.schema_check import SchemaCheck

@@ -100,23 +100,20 @@ from typing import Any, Literal
 import redis
 from redis.backoff import ExponentialBackoff
 
-from ftlayer.errors import DurabilityError, FTLayerError, SerializationError
+from ftlayer.errors import DurabilityError, FTLayerError, IngestCheckError, SerializationError
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.logs import logger_for
-from ftlayer.records.keyhash import NO_KEY_HASH, key_hash, key_hash_array
 from partitioners.factory import partitioner_for, source_strategy
 from runtime.driver.destinations import BatchDestination, PersistDestination
+from runtime.driver.ingest_batch import HeldBatch, KeySelector, PayloadCheck, prepare
 from runtime.driver.iterable_batches import iterable_batches
 from runtime.driver.source_adapters import is_plain_iterable, source_polls
 from runtime.sources import AckingSource, PausableSource
-from serialization.payload import pack_payload, pack_payloads
+
+__all__ = ["RETRYABLE", "Ingestor", "KeySelector", "PayloadCheck"]
 
 log = logger_for(__name__)
 
-KeySelector = Callable[[Any], Any]
-# the packed payloads of a batch -> {index: reason} of those that must not be persisted (a schema
-# checked at ingest: runtime.spark.schema_check.SchemaCheck)
-PayloadCheck = Callable[[Sequence[bytes]], dict[int, str]]
 # errors of the destination that pause ingest instead of stopping it: an outage, a server
 # restarting or loading its AOF, a script refused (raw redis-py errors included: a command
 # outside a script, such as HLEN, WAITAOF or XADD, raises them unwrapped)
@@ -158,7 +155,7 @@ class Ingestor:
         self.max_pending = dest.max_pending
         self.ingested = 0
         self.rejected = 0  # records set aside by reject() (key selector raised, not serializable)
-        self.abandoned = 0  # records read but never persisted because stop() came during an outage
+        self.abandoned = 0  # records read but never persisted: stop() came during an outage, or the check failed
         self.error: BaseException | None = None  # why ingest stopped for good (the source or a hook raised)
         self.paused: str | None = None  # why ingest waits right now (backpressure, Redis unreachable)
         self.pauses = 0  # how many times it started waiting for Redis to come back
@@ -174,6 +171,7 @@ class Ingestor:
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._ack_hook: Callable[[list[Any]], None] | Literal[False] | None = None  # the source's ack; False: none
+        self._held: HeldBatch | None = None  # the batch being persisted, until its put returns
 
     @property
     def done(self) -> bool:
@@ -228,51 +226,12 @@ class Ingestor:
             if hook is not False:
                 hook(values)
 
-    def _prepare(self, values: list[Any]) -> tuple[list[bytes], Sequence[int], Sequence[int]]:
-        """Packed value, key hash and channel of every value (fields by key, else round-robin).
-
-        A value whose key selector raises, that cannot be packed or that ``check`` refuses is
-        rejected (see the module contract) and left out. The hashes and channels are numpy ``int64``
-        arrays on the fast path (no Python step per record from the key to the frames), lists
-        when the batch was sorted out one by one.
-        """
-        key, check = self.key, self.check
-        try:  # the fast path: no per-value error handling, the loops in C (map) and numpy
-            payloads = pack_payloads(values)
-            if check is None or not check(payloads):  # a misfit (rare) is sorted out below
-                if key is None:
-                    import numpy as np
-
-                    hash_array: Any = np.full(len(values), NO_KEY_HASH, dtype=np.int64)
-                else:
-                    hash_array = key_hash_array(list(map(key, values)))
-                return payloads, hash_array, self.partitioner.select_channel_array(hash_array)
-        except Exception:  # a key selector, a value or the check failed: sort the batch out one by one
-            return self._prepare_one_by_one(values)
-        return self._prepare_one_by_one(values)
-
-    def _prepare_one_by_one(self, values: list[Any]) -> tuple[list[bytes], list[int], Sequence[int]]:
-        """:meth:`_prepare` value by value, rejecting each value that fails; the check runs on what packs."""
-        key, check = self.key, self.check
-        kept: list[tuple[Any, bytes, int]] = []
-        for value in values:
-            unparsed = getattr(value, "ingest_rejection", None)  # a source's stand-in for what it could not parse
-            if isinstance(unparsed, str):
-                self._reject(value, None, reason=f"ingest: {unparsed}")
-                continue
-            try:
-                packed = pack_payload(value)
-                h = NO_KEY_HASH if key is None else key_hash(key(value))
-            except Exception as exc:
-                self._reject(value, exc)
-                continue
-            kept.append((value, packed, h))
-        misfits = check([packed for _, packed, _ in kept]) if check is not None and kept else {}
-        for index, why in sorted(misfits.items()):
-            self._reject(kept[index][0], None, reason=f"ingest: does not fit the schema: {why}")
-        payloads = [packed for i, (_, packed, _) in enumerate(kept) if i not in misfits]
-        hashes = [h for i, (_, _, h) in enumerate(kept) if i not in misfits]
-        return payloads, hashes, self.partitioner.select_channels(hashes)
+    def _channels(self, hashes: Any) -> Sequence[int]:
+        """Channels of key hashes: a numpy array on the fast path, a list when sorted out one by one."""
+        if isinstance(hashes, list):
+            return self.partitioner.select_channels(hashes)
+        channels: Sequence[int] = self.partitioner.select_channel_array(hashes)
+        return channels
 
     def _reject(self, value: Any, exc: BaseException | None, *, reason: str = "") -> None:
         if exc is not None:
@@ -326,12 +285,20 @@ class Ingestor:
                 return
 
     def _persist(self, values: list[Any]) -> None:
-        payloads, hashes, channels = self._prepare(values)
+        """Persist ``values`` (rejects dead-lettered first): the batch is held until its put returns, so
+        an attempt at the same values after a failure files no dead letter twice
+        (:mod:`runtime.driver.ingest_batch`)."""
+        held = self._held
+        if held is None or not held.holds(values):
+            held = self._held = HeldBatch(values)
+        payloads, hashes, channels = prepare(held, key=self.key, check=self.check, channels_of=self._channels,
+                                             reject=self._reject)
         if payloads:
             self._retrying("persist", lambda: self.destination.put(payloads, hashes, channels))
             self.ingested += len(payloads)
             if self._pending_bound is not None:
                 self._pending_bound += len(payloads)
+        self._held = None
 
     def _wait_for_room(self) -> None:
         """Wait while ``max_pending`` records are pending (backpressure) or Redis cannot say; no
@@ -402,6 +369,8 @@ class Ingestor:
             self._durability_failed(exc)
             # what reached the server is not persisted again (it would be duplicated under new
             # ids); only records of the poll never sent are left for _finish
+        except IngestCheckError as exc:  # nothing of the batch persisted or confirmed: _finish leaves it
+            self.error = exc
         except Exception as exc:
             if self._stop.is_set() and isinstance(exc, RETRYABLE):
                 pass  # stop() during an outage: _finish abandons the batch held (module contract)
@@ -421,16 +390,26 @@ class Ingestor:
         """Persist (and ack) the batch still held, record the final state, mark done."""
         try:
             while batch:  # at most batch_size records a persist, as in run()
+                if isinstance(self.error, IngestCheckError):  # the check cannot judge them: none is persisted
+                    self.abandoned += len(batch)
+                    log.error("ingest of %s stopped: %s; %d records read from the source were not persisted nor "
+                              "confirmed", self.destination.label, self.error, len(batch))
+                    break
                 take, batch = batch[:self.batch_size], batch[self.batch_size:]
                 try:
                     self._persist(take)
                 except DurabilityError as exc:
                     self._durability_failed(exc)
                     break
+                except IngestCheckError as exc:
+                    self.error, batch = self.error or exc, take + batch
                 except RETRYABLE:  # stop() during an outage: see the module contract
-                    self.abandoned += len(take) + len(batch)
+                    held = self._held
+                    set_aside = len(held.rejected) if held is not None and held.holds(take) else 0  # dead-lettered
+                    lost = len(take) + len(batch) - set_aside
+                    self.abandoned += lost
                     log.exception("ingest of %s stopped while Redis was unreachable: %d records read from the "
-                                  "source were never persisted", self.destination.label, len(take) + len(batch))
+                                  "source were never persisted", self.destination.label, lost)
                     break
                 else:
                     self._ack(take)

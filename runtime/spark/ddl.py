@@ -10,13 +10,15 @@ the Spark job), yet it checks its records against the schema the query reads
   ``(10, 0)``); ``string``, ``varchar(n)``, ``char(n)``; ``binary``; ``date``; ``timestamp``,
   ``timestamp_ltz``, ``timestamp_ntz``;
 - ``array<T>``, ``map<K, V>``, ``struct<name: T, ...>`` (the colon optional), nested freely;
-- per field: a name (letters, digits, ``_``, or any text in backquotes, ```` `` ```` for one),
-  an optional ``:``, ``NOT NULL``, ``COMMENT '...'`` (kept as the field's ``comment`` metadata).
+- per field: a name (letters, digits, ``_``, not digits only; or any text in backquotes, ```` `` ````
+  for one), an optional ``:``, ``NOT NULL``, ``COMMENT '...'`` (kept as the field's ``comment``
+  metadata; a comment with escapes other than ``\\\\`` and ``\\'`` is left to Spark).
 
-Contract: for the DDL it accepts, the result equals ``StructType.fromDDL`` (keywords in any case;
-``tests/runtime/spark/test_ddl.py`` compares the two on a real session). Anything else (an interval
-type, a typo) raises :class:`DDLError` naming the position, and
-:func:`parse_schema` then asks Spark's parser if a session exists. Pure.
+Contract: for the DDL it accepts, the result equals ``StructType.fromDDL`` with Spark's default
+settings (keywords in any case; ``tests/runtime/spark/test_ddl.py`` compares the two on a real
+session). Anything else (an interval type, a decimal beyond 38 digits, a typo) raises
+:class:`DDLError` naming the position. :func:`parse_schema` is the entry point: with a SparkSession
+it asks Spark's parser (the session's settings apply), without one this parser. Pure.
 """
 
 from __future__ import annotations
@@ -31,7 +33,12 @@ if TYPE_CHECKING:
 
 __all__ = ["DDLError", "parse_ddl", "parse_schema"]
 
+_NOT_SPACE = frozenset("\x1c\x1d\x1e\x1f\x85")  # spaces to Python's \s, not to Spark's lexer
+_MAX_PRECISION = 38  # Spark's DecimalType.MAX_PRECISION
 _TOKEN = re.compile(r"\s*(?:(`(?:[^`]|``)*`)|([A-Za-z_][A-Za-z0-9_]*|[0-9]+)|('(?:[^'\\]|\\.)*')|([<>(),:]))")
+
+
+_READS = "the simple types, decimal(p, s), varchar(n), char(n), array, map, struct, NOT NULL, COMMENT"
 
 
 class DDLError(ConfigError):
@@ -52,6 +59,9 @@ class _Parser:
     def __init__(self, text: str) -> None:
         self.text = text
         self.tokens: list[tuple[str, str, int]] = []  # (kind, text, position)
+        odd = next((i for i, ch in enumerate(text) if ch in _NOT_SPACE), None)
+        if odd is not None:
+            self._fail(odd, "a control character Spark's DDL does not take as a space")
         at = 0
         while text[at:].strip():
             m = _TOKEN.match(text, at)
@@ -107,7 +117,7 @@ class _Parser:
             return out
         while True:
             kind, name, at = self._take()
-            if kind not in ("word", "name"):
+            if kind not in ("word", "name") or (kind == "word" and name.isdigit()):
                 self._fail(at, f"expected a column name, found {name!r}")
             token = self._peek()
             if token is not None and token[0] == "punct" and token[1] == ":":
@@ -123,7 +133,10 @@ class _Parser:
                 kind, literal, at = self._take()
                 if kind != "string":
                     self._fail(at, "expected a quoted comment")
-                metadata["comment"] = re.sub(r"\\(.)", r"\1", literal[1:-1])
+                body = literal[1:-1]
+                if set(re.findall(r"\\(.)", body)) - {"\\", "'"}:  # Spark's own escapes (\n, \u0041, \%...)
+                    self._fail(at, "a comment with an escape other than \\\\ or \\'")
+                metadata["comment"] = re.sub(r"\\(.)", r"\1", body)
             out.append(StructField(name, dtype, nullable, metadata or None))
             token = self._peek()
             if token is None or token[0] != "punct" or token[1] != ",":
@@ -155,6 +168,9 @@ class _Parser:
                     self.i += 1
                     scale = self._int()
                 self._expect(")")
+            if not 1 <= precision <= _MAX_PRECISION or not 0 <= scale <= precision:
+                self._fail(at, f"decimal({precision}, {scale}): the precision must be 1 to {_MAX_PRECISION} and the "
+                               "scale 0 to the precision")
             return t.DecimalType(precision, scale)
         if name in ("varchar", "char"):
             self._expect("(")
@@ -197,25 +213,26 @@ def parse_ddl(text: str) -> StructType:
 def parse_schema(schema: StructType | str) -> StructType:
     """A DDL string or StructType as a StructType; ConfigError for a DDL that is not a struct of columns.
 
-    A DDL string is read by :func:`parse_ddl` (no JVM: an ingest process has no
-    SparkSession); one it does not read (a type it does not know, such as an interval) goes to Spark's
-    own parser when a SparkSession is active, and is refused with the parser's reason otherwise."""
+    With a SparkSession, a DDL string is Spark's parser's to read (it honours the session's settings,
+    such as ``spark.sql.timestampType``); with none (an ingest process), :func:`parse_ddl` reads it, and
+    what it does not read is refused with the position."""
     from pyspark.errors import PySparkRuntimeError
     from pyspark.sql.types import StructType
 
     st: Any = schema
     if isinstance(schema, str):
         try:
-            st = parse_ddl(schema)
-        except DDLError as ours:
+            st = StructType.fromDDL(schema)
+        except PySparkRuntimeError:  # no SparkSession: read here
             try:
-                st = StructType.fromDDL(schema)
-            except PySparkRuntimeError as exc:  # no session: ours is the reason to give
-                msg = f"{ours} (and no SparkSession to ask Spark's own parser: give a pyspark.sql.types.StructType)"
-                raise ConfigError(msg) from exc
-            except Exception as exc:  # Spark's parser refused it too (a ParseException): say both
-                msg = f"{ours}; Spark's parser: {str(exc).strip().splitlines()[0]}"
-                raise ConfigError(msg) from exc
+                st = parse_ddl(schema)
+            except DDLError as exc:
+                msg = f"{exc} (with no SparkSession, ftlayer reads the DDL itself: {_READS})"
+                raise DDLError(msg) from None
+        except Exception as exc:  # Spark's parser refused it (a ParseException)
+            first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            msg = f"cannot read the schema {schema!r}: {first.strip()}"
+            raise ConfigError(msg) from exc
     if not isinstance(st, StructType):
         msg = f"an ftlayer schema must be a struct of columns; got {schema!r}"
         raise ConfigError(msg)

@@ -55,7 +55,8 @@ from runtime.spark.arrow_codec import payload_run
 from serialization.payload import unpack_payload, unpack_run
 from serialization.payload_columns_fast import unpack_run_columns
 
-__all__ = ["METADATA_COLUMN", "METADATA_DDL", "decode_batch", "decode_rows", "metadata_type", "user_fields"]
+__all__ = ["METADATA_COLUMN", "METADATA_DDL", "arrow_schema", "decode_batch", "decode_rows", "metadata_type",
+           "user_fields"]
 
 METADATA_COLUMN = "_ftlayer"
 METADATA_DDL = "sid long, origin long, replay int, key_hash long, source string, lineage string"
@@ -111,11 +112,14 @@ def _converter(dt: DataType) -> Callable[[Any], Any] | None:
     return None
 
 
-def _arrow_schema(schema: StructType) -> Any:
+def arrow_schema(schema: StructType) -> Any:
     """The Arrow schema Spark checks a Python data source's batches against (timestamps in UTC)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     return to_arrow_schema(schema, timezone="UTC")
+
+
+_arrow_schema = arrow_schema
 
 
 def decode_batch(raw: Any, schema: StructType, source: str) -> tuple[Any, list[int], dict[int, str]]:

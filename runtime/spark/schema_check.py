@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ftlayer.errors import ConfigError
-from runtime.spark.payload_columns import decode_batch, user_fields
+from runtime.spark.payload_columns import arrow_schema, decode_batch, user_fields
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -53,6 +53,11 @@ class SchemaCheck:
         if not self.schema.fields:
             msg = f"a schema checked at ingest needs at least one column besides _ftlayer; got {schema.simpleString()}"
             raise ConfigError(msg)
+        try:  # what the read hands Spark: a schema Arrow cannot hold is refused now, not at the first batch
+            arrow_schema(self.schema)
+        except Exception as exc:
+            msg = f"the schema {self.schema.simpleString()} has no Arrow form: {type(exc).__name__}: {exc}"
+            raise ConfigError(msg) from exc
 
     def __call__(self, payloads: Sequence[bytes]) -> dict[int, str]:
         import pyarrow as pa

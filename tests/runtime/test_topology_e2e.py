@@ -143,6 +143,7 @@ def test_a_source_schema_dead_letters_a_misfit_at_ingest_before_any_operator(
 def test_a_source_schema_that_cannot_be_read_names_the_source() -> None:
     from ftlayer.errors import TopologyError
 
+    # Spark's parser reads it when a session exists (this module's tests have one), ftlayer's otherwise
     with pytest.raises(TopologyError, match=r"topology 't', source 'clicks': schema: cannot read the schema "
-                                            r"'i lng' at position 2"):
+                                            r"'i lng'(?: at position 2|: \[UNSUPPORTED_DATATYPE\])"):
         Topology("t", FTConfig()).source("clicks", [], schema="i lng")

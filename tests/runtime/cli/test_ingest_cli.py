@@ -106,11 +106,23 @@ def test_a_schema_dead_letters_each_line_that_does_not_fit_at_ingest(
     assert reasons[1] == "ingest: does not fit the schema: column 'i' is not nullable and the value is missing"
 
 
+def test_text_lines_fit_a_schema_of_one_string_column(redis_server_url: str, namespace: str) -> None:
+    proc = _cli("clicks", "events", "-", "--format", "text", "--schema", "line string not null",
+                url=redis_server_url, ns=namespace, stdin=subprocess.PIPE)
+    out, err = proc.communicate("alpha\nbeta\n", timeout=120)
+    assert proc.returncode == 0, out + err
+    assert "persisted 2, dead-lettered 0" in out, out
+    assert sorted(_persisted_values(_layer(redis_server_url, namespace))) == ["alpha", "beta"]
+
+
 @pytest.mark.parametrize(("args", "error"), [
     (["--schema", "i lng"], "ftlayer: error: --schema: cannot read the schema 'i lng' at position 2: unknown or "
                             "unsupported type 'lng'"),
-    (["--schema", "i long, user string", "--format", "text"], "ftlayer: error: --schema has 2 columns, but --format "
-                                                              "text makes each record a string"),
+    (["--schema", "i long, user string", "--format", "text"], "ftlayer: error: --schema struct<i:bigint,user:string>: "
+                                                              "--format text makes each record a string"),
+    (["--schema", "n long", "--format", "text"], "ftlayer: error: --schema struct<n:bigint>: --format text"),
+    (["--schema", "d decimal(39)"], "ftlayer: error: --schema: cannot read the schema 'd decimal(39)' at position 2: "
+                                    "decimal(39, 0): the precision must be 1 to 38"),
 ])
 def test_a_schema_that_cannot_be_used_is_one_error_line_and_nothing_is_registered(
         args: list[str], error: str, tmp_path: Path, redis_server_url: str, namespace: str) -> None:

@@ -32,6 +32,21 @@ CASES: dict[str, t.StructType] = {
     "a int COMMENT 'the count', b timestamp_ntz": t.StructType([
         t.StructField("a", t.IntegerType(), True, {"comment": "the count"}), t.StructField("b", t.TimestampNTZType())]),
     "": t.StructType([]),
+    # what the review compared by hand, now on every run of the Spark comparison below
+    "not int, comment string, `array` bigint, struct struct<int: int, `not`: string>": t.StructType([
+        t.StructField("not", t.IntegerType()), t.StructField("comment", t.StringType()),
+        t.StructField("array", t.LongType()),
+        t.StructField("struct", t.StructType([t.StructField("int", t.IntegerType()),
+                                              t.StructField("not", t.StringType())]))]),
+    "a\tint,\r\nb\u00a0string\u3000 ": t.StructType([t.StructField("a", t.IntegerType()),
+                                                    t.StructField("b", t.StringType())]),
+    "d decimal(38), e DECIMAL ( 10 , 2 ), f decimal(010, 02)": t.StructType([
+        t.StructField("d", t.DecimalType(38, 0)), t.StructField("e", t.DecimalType(10, 2)),
+        t.StructField("f", t.DecimalType(10, 2))]),
+    "a int comment 'it\\'s \\\\ok'": t.StructType([t.StructField("a", t.IntegerType(), True,
+                                                             {"comment": "it's \\ok"})]),
+    "s struct<>, ``` ` int": t.StructType([t.StructField("s", t.StructType([])),
+                                           t.StructField("` ", t.IntegerType())]),
 }
 
 _SIMPLE = ["boolean", "tinyint", "byte", "smallint", "short", "int", "integer", "bigint", "long", "float", "real",
@@ -57,6 +72,11 @@ def test_every_simple_type_in_any_case(name: str) -> None:
     ("i long $", "position 7: a character"),
     ("m map<string>", "position 12: expected ','"),
     ("i interval day", "position 2: unknown or unsupported type 'interval'"),
+    ("d decimal(39)", "position 2: decimal(39, 0): the precision must be 1 to 38"),
+    ("d decimal(5,6)", "position 2: decimal(5, 6): the precision must be 1 to 38 and the scale 0 to the precision"),
+    ("1 int", "position 0: expected a column name, found '1'"),
+    ("i\x1clong", "position 1: a control character"),
+    ("a int comment 'x\\ny'", "position 14: a comment with an escape other than"),
 ])
 def test_what_it_does_not_read_is_named_by_position(ddl: str, where: str) -> None:
     with pytest.raises(DDLError, match=re.escape(f"cannot read the schema {ddl!r} at {where}")) as info:
@@ -93,3 +113,38 @@ def test_the_same_as_sparks_own_parser(spark: Any, ddl: str) -> None:
     for known in CASES:
         assert parse_ddl(known) == t.StructType.fromDDL(known), known
     assert parse_ddl(ddl) == t.StructType.fromDDL(ddl), ddl
+
+
+@pytest.mark.spark
+def test_parse_schema_asks_sparks_parser_when_a_session_exists(spark: Any) -> None:
+    """With a session, the session's settings apply (``spark.sql.timestampType``), a type this parser does
+    not read is Spark's to read, and Spark's refusal is a ConfigError with its reason."""
+    from runtime.spark.ddl import parse_schema
+
+    previous = spark.conf.get("spark.sql.timestampType")
+    spark.conf.set("spark.sql.timestampType", "TIMESTAMP_NTZ")
+    try:
+        assert parse_schema("ts timestamp") == t.StructType([t.StructField("ts", t.TimestampNTZType())])
+    finally:
+        spark.conf.set("spark.sql.timestampType", previous)
+    assert parse_schema("ts timestamp") == t.StructType([t.StructField("ts", t.TimestampType())])
+    assert parse_schema("d interval day") == t.StructType([t.StructField("d", t.DayTimeIntervalType(0, 0))])
+    with pytest.raises(ConfigError, match=r"cannot read the schema 'i lng': \[UNSUPPORTED_DATATYPE\]"):
+        parse_schema("i lng")
+
+
+def test_parse_schema_without_a_session_reads_the_ddl_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyspark.errors import PySparkRuntimeError
+
+    from runtime.spark.ddl import parse_schema
+
+    def no_session(_ddl: str) -> Any:  # as pyspark answers in a process with no SparkSession (an xdist worker
+        # may have the suite's session)
+        raise PySparkRuntimeError(errorClass="SESSION_OR_CONTEXT_NOT_EXISTS", messageParameters={})
+
+    monkeypatch.setattr(t.StructType, "fromDDL", staticmethod(no_session))
+
+    assert parse_schema("i long") == t.StructType([t.StructField("i", t.LongType())])
+    with pytest.raises(DDLError, match=r"at position 2: unknown or unsupported type 'interval' \(with no "
+                                       r"SparkSession, ftlayer reads the DDL itself"):
+        parse_schema("d interval day")
