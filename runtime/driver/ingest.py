@@ -55,6 +55,8 @@ persisted; ``FTQuery.drained()`` then raises instead of reporting drained).
 A :class:`~ftlayer.errors.DurabilityError` (a WAITAOF that timed out in 'waitaof'
 mode: the batch reached the server, its fsync is unconfirmed) stops ingest and
 is kept in ``Ingestor.error``, never retried: a stalled disk is for an operator.
+That batch is not confirmed upstream, and the records read after it are not
+sent (counted in ``abandoned``): a source that can resend them does.
 In the 'replicated' modes an unconfirmed WAIT is transient (a failover, a new
 primary without its replica yet): ingest pauses (``paused`` says "durability")
 and retries the same records, which PERSIST skips if already filed, until a
@@ -237,9 +239,9 @@ class Ingestor:
         if exc is not None:
             what = "cannot be serialized" if isinstance(exc, SerializationError) else "key selector raised"
             reason = f"ingest: {what}: {type(exc).__name__}: {exc}"
-        self.rejected += 1
         log.warning("record rejected by ingest of %s (%s)", self.destination.label, reason)
         self._retrying("dead-lettering a rejected record", lambda: self.destination.reject(value, reason))
+        self.rejected += 1  # once it is set aside: an attempt that gives up (stop()) is not counted
 
     def _given_up(self) -> bool:
         """True once ``stop()`` came and its grace has run out (a retry loop then raises)."""
@@ -358,6 +360,7 @@ class Ingestor:
                         self._persist(take)
                     except DurabilityError:
                         batch = batch[len(take):]  # the records sent reached the server (see below)
+                        self._held = None  # that batch is done with: never matched again
                         raise
                     batch = batch[len(take):] if len(batch) > len(take) else []
                     self._ack(take)
@@ -368,7 +371,7 @@ class Ingestor:
         except DurabilityError as exc:
             self._durability_failed(exc)
             # what reached the server is not persisted again (it would be duplicated under new
-            # ids); only records of the poll never sent are left for _finish
+            # ids); the records never sent are left to _finish, which abandons them (ingest stops)
         except IngestCheckError as exc:  # nothing of the batch persisted or confirmed: _finish leaves it
             self.error = exc
         except Exception as exc:
@@ -390,19 +393,21 @@ class Ingestor:
         """Persist (and ack) the batch still held, record the final state, mark done."""
         try:
             while batch:  # at most batch_size records a persist, as in run()
-                if isinstance(self.error, IngestCheckError):  # the check cannot judge them: none is persisted
-                    self.abandoned += len(batch)
-                    log.error("ingest of %s stopped: %s; %d records read from the source were not persisted nor "
-                              "confirmed", self.destination.label, self.error, len(batch))
+                if isinstance(self.error, (IngestCheckError, DurabilityError)):
+                    self._abandon(batch, self.error)  # ingest stops on these: nothing more is sent
                     break
                 take, batch = batch[:self.batch_size], batch[self.batch_size:]
                 try:
                     self._persist(take)
-                except DurabilityError as exc:
+                except DurabilityError as exc:  # take reached the server: only the rest was never sent
+                    self._held = None
                     self._durability_failed(exc)
+                    self._abandon(batch, exc)
                     break
                 except IngestCheckError as exc:
-                    self.error, batch = self.error or exc, take + batch
+                    self.error = self.error or exc
+                    self._abandon(take + batch, exc)
+                    break
                 except RETRYABLE:  # stop() during an outage: see the module contract
                     held = self._held
                     set_aside = len(held.rejected) if held is not None and held.holds(take) else 0  # dead-lettered
@@ -422,6 +427,14 @@ class Ingestor:
             else:
                 self._report("stopped" if self._stop.is_set() else "ended")
             self._done.set()
+
+    def _abandon(self, values: list[Any], why: BaseException) -> None:
+        """Ingest stops on ``why`` with ``values`` read from the source and never sent: counted in
+        ``abandoned``, never confirmed upstream (a source that can resend them does)."""
+        if values:
+            self.abandoned += len(values)
+            log.error("ingest of %s stopped (%s: %s): %d records read from the source were not persisted nor "
+                      "confirmed", self.destination.label, type(why).__name__, why, len(values))
 
     def _durability_failed(self, exc: DurabilityError) -> None:
         """'waitaof' unconfirmed: stop and report, never loop (see the module contract)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -307,6 +308,88 @@ def test_stop_during_an_outage_files_each_rejected_record_once(ft_config: FTConf
     assert len(reasons) == 3 and layer.stats()["dead_lettered"] == 3, reasons
     assert sum(r.startswith("ingest: does not fit the schema: column 'i' (bigint)") for r in reasons) == 2
     assert sum("cannot be serialized" in r for r in reasons) == 1
+
+
+def test_a_dead_letter_that_never_gets_written_is_not_counted_as_rejected(ft_config: FTConfig) -> None:
+    import redis
+
+    layer = _layer(ft_config)
+    tries: list[str] = []
+
+    def down(_dest: Any, _value: Any, reason: str) -> None:
+        tries.append(reason)
+        raise redis.ConnectionError("the server is down")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(destinations_module.PersistDestination, "reject", down)
+        ing = Ingestor(layer, _misfit_values(), key=lambda e: e["u"], check=_int_check())
+        ing.stop_grace_s = 0.3
+        ing.start()
+        wait_until(lambda: len(tries) >= 2, 20, "the dead letter to fail twice")
+        ing.stop(30)
+    assert ing.done and ing.rejected == 0 and ing.ingested == 0 and ing.abandoned == 40, vars(ing)
+    assert layer.stats()["persisted"] == 0 and layer.dead_letters.list() == []
+
+
+def test_a_durability_error_stops_ingest_and_sends_nothing_after_it(ft_config: FTConfig) -> None:
+    """A WAITAOF that timed out (faked after a real persist of the first 100): ingest stops; the 100 sent
+    are persisted once (their rejects dead-lettered once) and not confirmed, the 100 after them are
+    neither sent nor confirmed (abandoned), even though they are the same objects in the same order."""
+    from ftlayer.errors import DurabilityError
+
+    layer = _layer(ft_config, ingest_batch_records=100)
+    real_put = destinations_module.PersistDestination.put
+    puts: list[int] = []
+
+    def put_then_timeout(dest: Any, payloads: list[bytes], hashes: Any, channels: Any) -> None:
+        puts.append(len(payloads))
+        real_put(dest, payloads, hashes, channels)
+        if len(puts) == 1:
+            msg = "WAITAOF timed out (waitaof_timeout_ms)"
+            raise DurabilityError(msg)
+
+    good, bad = {"u": "a", "i": 1}, {"u": "b", "i": "one"}
+    poller = _AckingPoller([[good, bad] * 100, []])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(destinations_module.PersistDestination, "put", put_then_timeout)
+        ing = Ingestor(layer, poller, key=lambda e: e["u"], check=_int_check())
+        ing.run()
+    assert isinstance(ing.error, DurabilityError)
+    assert puts == [50] and poller.acked == [] and ing.abandoned == 100, (puts, ing.abandoned)
+    assert layer.stats()["persisted"] == 50 and len(layer.dead_letters.list()) == 50
+
+
+def test_a_check_that_raises_after_the_source_failed_still_ends(ft_config: FTConfig) -> None:
+    """The source raised with 3 records held (not yet persisted); the final attempt's check raises: ingest
+    ends (the source's error kept), the 3 abandoned, the check run once."""
+    from ftlayer.errors import IngestCheckError
+
+    layer = _layer(ft_config)
+    calls: list[int] = []
+
+    def broken(payloads: Any) -> dict[int, str]:
+        calls.append(len(payloads))
+        msg = "broken"
+        raise ValueError(msg)
+
+    class Failing:
+        def __init__(self) -> None:
+            self.polls = 0
+
+        def poll(self) -> Any:
+            self.polls += 1
+            if self.polls == 1:
+                return [{"i": 1}, {"i": 2}, {"i": 3}]  # held: no idle poll, linger not over
+            msg = "the source's connection closed"
+            raise OSError(msg)
+
+    ing = Ingestor(layer, Failing(), check=broken, linger_s=60.0)
+    thread = threading.Thread(target=ing.run, daemon=True)
+    thread.start()
+    thread.join(20)
+    assert ing.done, "ingest did not end"
+    assert isinstance(ing.error, OSError) and not isinstance(ing.error, IngestCheckError)
+    assert calls == [3] and ing.abandoned == 3 and layer.stats()["persisted"] == 0
 
 
 @pytest.mark.parametrize("with_unpackable", [False, True], ids=["all-pack", "one-unpackable"])
