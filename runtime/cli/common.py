@@ -5,8 +5,10 @@ Contract:
 - Configuration comes from :meth:`ftlayer.config.FTConfig.load`: defaults, the
   TOML file (``--config`` / ``$FTLAYER_CONFIG`` / ``./ftlayer.toml``),
   ``FTLAYER_*`` environment variables, then the command-line options, which win.
-- Operator commands only talk to a server that is configured. They never start
-  an embedded server: a fresh one would show an empty namespace and mislead.
+- Operator commands talk to the server that is configured. With none, ``status``,
+  ``dlq`` and ``sources`` read the state of a topology run here that has ended
+  (:mod:`runtime.cli.stopped_state`); they never start an empty embedded server,
+  which would show an empty namespace and mislead.
 - Nothing here prints or raises a password: URLs pass through
   :func:`ftlayer.store.connection.mask_url`, and Redis errors are re-raised as
   :class:`CLIError` naming the masked URL.
@@ -175,7 +177,7 @@ def embedded_url_hint(config: FTConfig) -> str:
     if config.state_temporary or config.embedded_data_dir:
         return ""
     try:
-        found = sorted(Path(config.state_dir).glob("*/redis/url"))[:3]
+        found = sorted(Path(config.state_dir).expanduser().glob("*/redis/url"))[:3]
         notes = [f"{path} says {path.read_text().strip()}" for path in found]
     except OSError:
         return ""
@@ -185,15 +187,17 @@ def embedded_url_hint(config: FTConfig) -> str:
             f"while that program runs, pass it with --redis-url")
 
 
-def connect_configured(config: FTConfig, command: str) -> redis.Redis:
-    """A client for the configured server; :class:`CLIError` if no URL is configured."""
+def connect_configured(config: FTConfig, command: str, why: str = "") -> redis.Redis:
+    """A client for the configured server; :class:`CLIError` if no URL is configured (``why``: why no
+    stopped topology's state could be read instead)."""
     if not config.redis_url:
-        msg = (
-            f"no Redis URL configured: pass --redis-url or set FTLAYER_REDIS_URL (or redis_url in the "
-            f"config file). 'ftlayer {command}' starts an embedded server only on the state of a topology "
-            f"run here that is not running (<state_dir>/<topology>/redis/, one topology or --topology); "
-            f"a new empty one would show nothing{embedded_url_hint(config)}"
-        )
+        if why:
+            msg = (f"no Redis URL configured (pass --redis-url or set FTLAYER_REDIS_URL), and 'ftlayer {command}' "
+                   f"reads a topology's state here only once it has ended: {why}")
+        else:
+            msg = (f"no Redis URL configured: pass --redis-url or set FTLAYER_REDIS_URL (or redis_url in the "
+                   f"config file). 'ftlayer {command}' does not start an empty embedded server: it would show "
+                   f"nothing{embedded_url_hint(config)}")
         raise CLIError(msg)
     return client_for(config.redis_url, config.connect_timeout_s)
 
@@ -203,13 +207,14 @@ def connected(config: FTConfig, command: str, topology: str | None = None) -> It
     """The config (its ``redis_url`` set) and a client, for a command that reads a server: the configured
     one, else the state of the one topology here that is not running, served until the block ends
     (:mod:`runtime.cli.stopped_state`); :class:`CLIError` if neither."""
-    from runtime.cli.stopped_state import serve_stopped_state
+    from runtime.cli.stopped_state import StoppedState, serve_stopped_state
 
-    served = None if config.redis_url else serve_stopped_state(config, command, topology)
+    got = None if config.redis_url else serve_stopped_state(config, command, topology)
+    served = got if isinstance(got, StoppedState) else None
     try:
         if served is not None:
             config = config.replace(redis_url=served.url)
-        yield config, connect_configured(config, command)
+        yield config, connect_configured(config, command, got if isinstance(got, str) else "")
     finally:
         if served is not None:
             served.close()

@@ -210,8 +210,9 @@ _COMMANDS = {"list": cmd_list, "describe": cmd_describe, "reset": cmd_reset}
 
 def run_sources(args: argparse.Namespace) -> int:
     """Dispatch a ``sources`` subcommand. Returns the exit code."""
-    with connected(load_config(args), f"sources {args.sources_command}", getattr(args, "topology", None)) \
-            as (config, client), redis_errors(config):
+    topology = getattr(args, "topology", None) or getattr(args, "topology_name", None)  # list | describe, reset
+    with connected(load_config(args), f"sources {args.sources_command}", topology) as (config, client), \
+            redis_errors(config):
         return _COMMANDS[args.sources_command](args, config, client)
 
 

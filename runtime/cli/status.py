@@ -9,7 +9,8 @@ dead-lettered, requeued) as totals and per-second rates.
 
 Contract:
 
-- Read-only: it never writes a key and never starts an embedded server.
+- Read-only: it never writes a key. With no Redis URL it reads the state of a topology run here that
+  has ended (:mod:`runtime.cli.stopped_state`), never an empty embedded server.
 - Rates come from two samples ``--interval`` seconds apart (0 disables them),
   and in ``--watch`` mode from consecutive refreshes. A counter that went
   down (keys deleted) has no rate.
@@ -255,7 +256,8 @@ def add_parser(sub: Any) -> None:
         description=(
             "Per topology and source: pending records and the age of the oldest, failed records waiting "
             "for replay, dead letters, counters with recent rates, the bucket generation, and whether an "
-            "FT service holds the rotator lease. Read-only; never starts an embedded server."
+            "FT service holds the rotator lease. Read-only. With no Redis URL configured it reads the state of a "
+            "topology run in this directory that has ended (<state_dir>/<topology>/redis/)."
         ),
     )
     source_options(p)

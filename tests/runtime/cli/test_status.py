@@ -256,11 +256,13 @@ def test_with_no_url_the_error_points_at_the_embedded_server_a_topology_here_run
     try:
         server = state.embedded_server(FTConfig())  # what a tour run with the defaults starts
         FTLayer(FTConfig(redis_url=server.url), "tour", "events", num_channels=2).open()
-        for argv in (["status"], ["ingest", "tour", "events", "-"]):
+        for argv, says in ((["status"], f"topology 'tour' is running (process {os.getpid()} holds .ftlayer/tour; "
+                                        f"its server: {server.url})"),
+                           (["ingest", "tour", "events", "-"], f".ftlayer/tour/redis/url says {server.url}")):
             assert main(argv) == 2
             err = capsys.readouterr().err
             assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
-            assert f".ftlayer/tour/redis/url says {server.url}" in err, err
+            assert says in err, err
         assert main(["status", "--redis-url", server.url, "--interval", "0"]) == 0
         assert "tour/events" in capsys.readouterr().out
     finally:

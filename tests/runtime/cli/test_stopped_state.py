@@ -15,7 +15,7 @@ import pytest
 from ftlayer.config import FTConfig
 from ftlayer.servers.state_dir import TopologyState
 from runtime.cli.main import main
-from runtime.cli.stopped_state import _running
+from runtime.cli.stopped_state import _holder
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -28,8 +28,9 @@ PROGRAM = textwrap.dedent("""
     from runtime.driver.ingest import Ingestor
 
     topology = sys.argv[1]
-    state = TopologyState.open(FTConfig(), topology)
-    server = state.embedded_server(FTConfig())
+    config = FTConfig.load()  # the defaults and FTLAYER_* (FTLAYER_STATE_DIR), as a program's config
+    state = TopologyState.open(config, topology)
+    server = state.embedded_server(config)
     layer = FTLayer(FTConfig(redis_url=server.url), topology, "events", num_channels=2).open()
     records = [{"user": f"u{i}", "i": i} for i in range(20)] + [{"i": 20}]
     Ingestor(layer, records, key=lambda r: r["user"]).run()
@@ -75,7 +76,7 @@ def test_an_ended_topology_is_read_from_its_state_and_its_server_stops_after(her
     out, _ = capsys.readouterr()
     assert '"persisted": 20' in out and '"dead_lettered": 1' in out, out
     lock = here / ".ftlayer" / "tour" / "lock"
-    assert not _running(lock)  # released once the command ended
+    assert _holder(lock) is None  # released once the command ended
     pid_file = here / ".ftlayer" / "tour" / "redis" / "server.pid"
     assert not pid_file.exists()  # the command's server stopped (gracefully: it removes its pid file)
     # what a command changes is in the AOF for the next run: purge, then a fresh read shows none
@@ -88,23 +89,59 @@ def test_an_ended_topology_is_read_from_its_state_and_its_server_stops_after(her
 def test_with_two_ended_topologies_topology_picks_one(here: Path, capsys: Any) -> None:
     _run_program(here, "tour")
     _run_program(here, "other")
-    assert main(["dlq", "list"]) == 2  # which one? the error lists both URL notes
+    assert main(["dlq", "list"]) == 2  # which one?
     err = capsys.readouterr().err
-    assert "no Redis URL configured" in err and "--topology" in err, err
+    assert err.count("\n") == 1 and "topologies other, tour under .ftlayer are not running: pick one with " \
+        "--topology" in err, err
     assert main(["dlq", "list", "--topology", "other"]) == 0
     out, err = capsys.readouterr()
     assert "topology 'other' is not running" in err and "KeyError" in out
+    # sources describe and reset name the topology as an argument
+    assert main(["sources", "describe", "other", "events"]) == 0
+    assert "topology 'other' is not running" in capsys.readouterr().err
+    assert main(["dlq", "list", "--topology", "third"]) == 2
+    assert "no state of topology 'third' under .ftlayer" in capsys.readouterr().err
+
+
+def test_a_state_dir_with_a_tilde_is_found_as_the_program_finds_it(
+        here: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(here))
+    monkeypatch.setenv("FTLAYER_STATE_DIR", "~/ftstate")
+    subprocess.run([sys.executable, "-c", PROGRAM, "tour"], cwd=here, capture_output=True, text=True, timeout=120,
+                   check=True, env={**_clean_env(), "PYTHONPATH": str(ROOT), "HOME": str(here),
+                                    "FTLAYER_STATE_DIR": "~/ftstate"})
+    assert (here / "ftstate" / "tour" / "redis" / "appendonlydir").is_dir()
+    assert main(["dlq", "list"]) == 0
+    assert "KeyError" in capsys.readouterr().out
 
 
 def test_a_running_topology_keeps_its_own_server_and_the_error_says_where(here: Path, capsys: Any) -> None:
     _run_program(here, "tour")
+    _run_program(here, "older")
     state = TopologyState.open(FTConfig(), "tour")  # running again (this process holds its lock)
     try:
         server = state.embedded_server(FTConfig())
-        assert main(["dlq", "list"]) == 2
-        err = capsys.readouterr().err
-        assert f".ftlayer/tour/redis/url says {server.url}" in err and "serving its state" not in err, err
+        # the ended "older" is not shown instead of the running "tour"
+        for argv in (["dlq", "list"], ["status"], ["dlq", "list", "--topology", "tour"]):
+            assert main(argv) == 2
+            err = capsys.readouterr().err
+            assert f"topology 'tour' is running (process {os.getpid()} holds .ftlayer/tour; its server: " \
+                f"{server.url}): pass its URL with --redis-url" in err and "serving its state" not in err, err
         assert main(["dlq", "list", "--redis-url", server.url]) == 0
         assert "KeyError" in capsys.readouterr().out
     finally:
         state.close()
+
+
+def test_a_damaged_state_is_one_error_line_and_the_lock_is_released(here: Path, capsys: Any) -> None:
+    _run_program(here, "tour")
+    aof = here / ".ftlayer" / "tour" / "redis" / "appendonlydir"
+    for part in aof.glob("*.incr.aof"):
+        part.write_bytes(part.read_bytes() + b"*3\r\n$3\r\nSET\r\n$1\r\nk")  # a command cut short mid-file
+    manifest = next(aof.glob("*.manifest"))
+    manifest.write_text(manifest.read_text() + "garbage line\n")
+    assert main(["dlq", "list"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "the state of topology 'tour'" in err and "could not be served" in err and "valkey.log" in err, err
+    assert _holder(here / ".ftlayer" / "tour" / "lock") is None
