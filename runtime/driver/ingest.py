@@ -68,7 +68,9 @@ nothing read from the source is dropped while the process lives, unless
 one batch, never reported as persisted nor acked) is
 abandoned, logged and counted in ``Ingestor.abandoned``, unless Redis answers (and, in the
 'replicated' modes, a replica confirms) within ``stop_grace_s`` (5 s) of ``stop()``: the batch
-in hand is retried that long first. A record whose key selector
+in hand is retried that long first (a persist whose reply was lost may have reached the server:
+counted as abandoned, never acked, it is at worst a duplicate when the source sends it again, never
+a loss). A record whose key selector
 raises, whose value cannot be serialized, or (with ``check``) that the check
 refuses is never persisted for processing: it is handed to the destination's
 ``reject`` (FT on: a dead letter with the reason, ``ftlayer dlq`` shows it;
