@@ -18,7 +18,7 @@ Contract: for the DDL it accepts, the result equals ``StructType.fromDDL`` with 
 settings (keywords in any case; ``tests/runtime/spark/test_ddl.py`` compares the two on a real
 session). Anything else (an interval type, a decimal beyond 38 digits, a typo) raises
 :class:`DDLError` naming the position. :func:`parse_schema` is the entry point: with a SparkSession
-it asks Spark's parser (the session's settings apply), without one this parser. Pure.
+it asks Spark's parser (its SQL settings apply), without one this parser. Pure.
 """
 
 from __future__ import annotations
@@ -213,9 +213,9 @@ def parse_ddl(text: str) -> StructType:
 def parse_schema(schema: StructType | str) -> StructType:
     """A DDL string or StructType as a StructType; ConfigError for a DDL that is not a struct of columns.
 
-    With a SparkSession, a DDL string is Spark's parser's to read (it honours the session's settings,
-    such as ``spark.sql.timestampType``); with none (an ingest process), :func:`parse_ddl` reads it, and
-    what it does not read is refused with the position."""
+    With a SparkSession, a DDL string is Spark's parser's to read (with the SQL settings the JVM applies,
+    such as ``spark.sql.timestampType``, as ``read_stream`` always did); with none (an ingest process),
+    :func:`parse_ddl` reads it, and what it does not read is refused with the position."""
     from pyspark.errors import PySparkRuntimeError
     from pyspark.sql.types import StructType
 
