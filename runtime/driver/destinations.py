@@ -36,7 +36,7 @@ class BatchDestination(Protocol):
 
     def put(self, payloads: list[bytes], hashes: Sequence[int], channels: Sequence[int]) -> None:
         """Make a batch of packed values visible to the query (may raise FTLayerError: retried with backoff).
-        ``hashes`` and ``channels`` are lists or numpy ``int64`` arrays (``Ingestor._prepare``)."""
+        ``hashes`` and ``channels`` are lists or numpy ``int64`` arrays (``runtime.driver.ingest_batch.prepare``)."""
         ...
 
     def reject(self, value: Any, reason: str) -> None:
