@@ -11,8 +11,9 @@ the Spark job), yet it checks its records against the schema the query reads
   ``timestamp_ltz``, ``timestamp_ntz``;
 - ``array<T>``, ``map<K, V>``, ``struct<name: T, ...>`` (the colon optional), nested freely;
 - per field: a name (letters, digits, ``_``, not digits only; or any text in backquotes, ```` `` ````
-  for one), an optional ``:``, ``NOT NULL``, ``COMMENT '...'`` (kept as the field's ``comment``
-  metadata; a comment with escapes other than ``\\\\`` and ``\\'`` is left to Spark).
+  for one), an optional ``:``, ``NOT NULL``, ``COMMENT '...'`` or ``COMMENT "..."`` (kept as the
+  field's ``comment`` metadata; a comment with escapes other than ``\\\\``, ``\\'`` and ``\\"`` is
+  left to Spark).
 
 Contract: for the DDL it accepts, the result equals ``StructType.fromDDL`` with Spark's default
 settings (keywords in any case; ``tests/runtime/spark/test_ddl.py`` compares the two on a real
@@ -35,7 +36,9 @@ __all__ = ["DDLError", "parse_ddl", "parse_schema"]
 
 _NOT_SPACE = frozenset("\x1c\x1d\x1e\x1f\x85")  # spaces to Python's \s, not to Spark's lexer
 _MAX_PRECISION = 38  # Spark's DecimalType.MAX_PRECISION
-_TOKEN = re.compile(r"\s*(?:(`(?:[^`]|``)*`)|([A-Za-z_][A-Za-z0-9_]*|[0-9]+)|('(?:[^'\\]|\\.)*')|([<>(),:]))")
+# a word is Spark's IDENTIFIER or INTEGER_VALUE (letters, digits and _: digits only is a number), a string
+# is quoted with ' or " (backslash escapes inside)
+_TOKEN = re.compile(r"\s*(?:(`(?:[^`]|``)*`)|([A-Za-z0-9_]+)|('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")|([<>(),:]))")
 
 
 _READS = "the simple types, decimal(p, s), varchar(n), char(n), array, map, struct, NOT NULL, COMMENT"
@@ -134,8 +137,8 @@ class _Parser:
                 if kind != "string":
                     self._fail(at, "expected a quoted comment")
                 body = literal[1:-1]
-                if set(re.findall(r"\\(.)", body)) - {"\\", "'"}:  # Spark's own escapes (\n, \u0041, \%...)
-                    self._fail(at, "a comment with an escape other than \\\\ or \\'")
+                if set(re.findall(r"\\(.)", body)) - {"\\", "'", '"'}:  # Spark's own escapes (\n, \u0041, \%...)
+                    self._fail(at, "a comment with an escape other than \\\\, \\' or \\\"")
                 metadata["comment"] = re.sub(r"\\(.)", r"\1", body)
             out.append(StructField(name, dtype, nullable, metadata or None))
             token = self._peek()

@@ -47,6 +47,9 @@ CASES: dict[str, t.StructType] = {
                                                              {"comment": "it's \\ok"})]),
     "s struct<>, ``` ` int": t.StructType([t.StructField("s", t.StructType([])),
                                            t.StructField("` ", t.IntegerType())]),
+    '1a int, b2 string comment "dq", c int comment "say \\"x\\""': t.StructType([
+        t.StructField("1a", t.IntegerType()), t.StructField("b2", t.StringType(), True, {"comment": "dq"}),
+        t.StructField("c", t.IntegerType(), True, {"comment": 'say "x"'})]),
 }
 
 _SIMPLE = ["boolean", "tinyint", "byte", "smallint", "short", "int", "integer", "bigint", "long", "float", "real",
