@@ -283,25 +283,34 @@ def _int_check() -> Any:
     return SchemaCheck(StructType([StructField("i", LongType())]))
 
 
-def test_stop_during_an_outage_files_each_rejected_record_once(ft_config: FTConfig) -> None:
-    """The batch's put keeps failing until stop()'s grace runs out: its final attempt (``_finish``) reuses
-    what was prepared, so the 3 records set aside are dead-lettered once, not once per attempt."""
+def _stopped_while_down(layer: FTLayer, method: str) -> tuple[Ingestor, list[tuple[Any, ...]]]:
+    """Ingest ``_misfit_values()`` while ``PersistDestination.<method>`` ("put" or "reject") always fails
+    as an unreachable server does; stop() once it failed twice (grace 0.3 s). The Ingestor, and the
+    arguments of every failed call."""
     import redis
 
-    layer = _layer(ft_config)
-    puts: list[int] = []
+    calls: list[tuple[Any, ...]] = []
 
-    def down(_dest: Any, payloads: list[bytes], *_: Any) -> None:
-        puts.append(len(payloads))
+    def down(_dest: Any, *args: Any) -> None:
+        calls.append(args)
         raise redis.ConnectionError("the server is down")
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(destinations_module.PersistDestination, "put", down)
+        mp.setattr(destinations_module.PersistDestination, method, down)
         ing = Ingestor(layer, _misfit_values(), key=lambda e: e["u"], check=_int_check())
         ing.stop_grace_s = 0.3
         ing.start()
-        wait_until(lambda: len(puts) >= 2, 20, "the put to fail twice")
+        wait_until(lambda: len(calls) >= 2, 20, f"the {method} to fail twice")
         ing.stop(30)
+    return ing, calls
+
+
+def test_stop_during_an_outage_files_each_rejected_record_once(ft_config: FTConfig) -> None:
+    """The batch's put keeps failing until stop()'s grace runs out: its final attempt (``_finish``) reuses
+    what was prepared, so the 3 records set aside are dead-lettered once, not once per attempt."""
+    layer = _layer(ft_config)
+    ing, calls = _stopped_while_down(layer, "put")
+    puts = [len(args[0]) for args in calls]
     assert ing.done and ing.rejected == 3 and ing.ingested == 0 and ing.abandoned == 37, vars(ing)
     assert set(puts) == {37}  # every attempt sent the same 37 records: the prepared parts, reused
     reasons = sorted(d.reason for d in layer.dead_letters.list())
@@ -311,22 +320,8 @@ def test_stop_during_an_outage_files_each_rejected_record_once(ft_config: FTConf
 
 
 def test_a_dead_letter_that_never_gets_written_is_not_counted_as_rejected(ft_config: FTConfig) -> None:
-    import redis
-
     layer = _layer(ft_config)
-    tries: list[str] = []
-
-    def down(_dest: Any, _value: Any, reason: str) -> None:
-        tries.append(reason)
-        raise redis.ConnectionError("the server is down")
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(destinations_module.PersistDestination, "reject", down)
-        ing = Ingestor(layer, _misfit_values(), key=lambda e: e["u"], check=_int_check())
-        ing.stop_grace_s = 0.3
-        ing.start()
-        wait_until(lambda: len(tries) >= 2, 20, "the dead letter to fail twice")
-        ing.stop(30)
+    ing, _ = _stopped_while_down(layer, "reject")
     assert ing.done and ing.rejected == 0 and ing.ingested == 0 and ing.abandoned == 40, vars(ing)
     assert layer.stats()["persisted"] == 0 and layer.dead_letters.list() == []
 
