@@ -119,8 +119,6 @@ def arrow_schema(schema: StructType) -> Any:
     return to_arrow_schema(schema, timezone="UTC")
 
 
-_arrow_schema = arrow_schema
-
 
 def decode_batch(raw: Any, schema: StructType, source: str) -> tuple[Any, list[int], dict[int, str]]:
     """Decode one FT source page (``pyarrow.RecordBatch`` of the raw source schema).
@@ -131,13 +129,13 @@ def decode_batch(raw: Any, schema: StructType, source: str) -> tuple[Any, list[i
     (:func:`decode_rows`): the same result either way.
     """
     fields = user_fields(schema)
-    arrow_schema = _arrow_schema(schema)
+    arrow = arrow_schema(schema)
     names = [f.name for f in fields.fields]
-    types = [arrow_schema.field(n).type for n in names]
+    types = [arrow.field(n).type for n in names]
     columns = _bulk_columns(raw, fields, types, [_converter(f.dataType) for f in fields.fields])
     if columns is None:
         return decode_rows(raw, schema, source)
-    batch = _assemble(raw, schema, arrow_schema, dict(zip(names, columns, strict=True)), keep=None, source=source)
+    batch = _assemble(raw, schema, arrow, dict(zip(names, columns, strict=True)), keep=None, source=source)
     return batch, raw.column("sid").to_pylist(), {}
 
 
@@ -148,8 +146,8 @@ def decode_rows(raw: Any, schema: StructType, source: str) -> tuple[Any, list[in
 
     fields = user_fields(schema)
     names = [f.name for f in fields.fields]
-    arrow_schema = _arrow_schema(schema)
-    types = [arrow_schema.field(n).type for n in names]
+    arrow = arrow_schema(schema)
+    types = [arrow.field(n).type for n in names]
     convs = [_converter(f.dataType) for f in fields.fields]
     sids: list[int] = raw.column("sid").to_pylist()
     bad: dict[int, str] = {}
@@ -189,7 +187,7 @@ def decode_rows(raw: Any, schema: StructType, source: str) -> tuple[Any, list[in
                     rows[i] = None
         columns.append(col)
     keep = [i for i, r in enumerate(rows) if r is not None]
-    batch = _assemble(raw, schema, arrow_schema, dict(zip(names, columns, strict=True)), keep=keep, source=source)
+    batch = _assemble(raw, schema, arrow, dict(zip(names, columns, strict=True)), keep=keep, source=source)
     return batch, [sids[i] for i in keep], bad
 
 
@@ -228,7 +226,7 @@ def _bulk_columns(raw: Any, fields: StructType, types: list[Any], convs: list[Ca
     return out
 
 
-def _assemble(raw: Any, schema: StructType, arrow_schema: Any, by_name: dict[str, Any], *, keep: list[int] | None,
+def _assemble(raw: Any, schema: StructType, arrow: Any, by_name: dict[str, Any], *, keep: list[int] | None,
               source: str) -> Any:
     """The output batch: rows ``keep`` (None: all) of the user columns, and the metadata column where
     ``schema`` has it."""
@@ -241,9 +239,9 @@ def _assemble(raw: Any, schema: StructType, arrow_schema: Any, by_name: dict[str
             column = pa.StructArray.from_arrays(
                 [raw.column("sid"), raw.column("origin"), raw.column("replay"), raw.column("key_hash"),
                  pa.repeat(pa.scalar(source, pa.string()), raw.num_rows), lineage_column(raw)],
-                fields=list(arrow_schema.field(METADATA_COLUMN).type),
+                fields=list(arrow.field(METADATA_COLUMN).type),
             )
         else:
             column = by_name[f.name]
         out_cols.append(column if idx is None else column.take(idx))
-    return pa.RecordBatch.from_arrays(out_cols, schema=arrow_schema)
+    return pa.RecordBatch.from_arrays(out_cols, schema=arrow)
