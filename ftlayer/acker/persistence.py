@@ -41,7 +41,7 @@ from ftlayer.acker.channels import check_channel_count
 from ftlayer.errors import ChannelCountMismatchError, FrameError, InvalidArgumentError
 from ftlayer.records.chunks import MAX_DRAWS, PackedChunk, pack_chunks, pending_spans, rekey_chunk
 from ftlayer.records.frames import NO_CHANNEL, SemiDeserializedRecord, SemiDeserializedSerializer
-from ftlayer.records.span_arrays import checked_span_arrays
+from ftlayer.records.span_arrays import chunk_span_arrays
 from ftlayer.scripting.lua_script import STATE_KEYS, LuaScript
 from ftlayer.scripting.script_bounds import (
     CALL_MAX_BYTES,
@@ -128,7 +128,10 @@ class PendingSpans(NamedTuple):
     ``blob``: the chunks' frames joined once; ``starts``, ``lengths`` and ``sids`` (``int64``
     arrays, read order): each pending record's frame in ``blob`` and its source record id;
     ``vouched`` (bool array): True where the record's chunk CRC matched
-    (``ftlayer.records.chunk_crc``), so its frame's own CRC need not be checked again.
+    (``ftlayer.records.chunk_crc``), so its frame's own CRC need not be checked again;
+    ``columns``: per chunk with records read, in read order, ``(fingerprint, body, rows, n)`` of
+    its columns section (``ftlayer.records.chunk_columns``: the pending records are rows ``rows``
+    of the section's ``n``), or None unless every such chunk has a sound one.
     """
 
     blob: bytes
@@ -136,6 +139,7 @@ class PendingSpans(NamedTuple):
     lengths: Any
     sids: Any
     vouched: Any
+    columns: tuple[tuple[bytes, memoryview, Any, int], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -189,17 +193,24 @@ class ChannelBatch:
 
         parts: list[bytes] = []
         found: list[tuple[Any, Any, Any, Any]] = []
+        columns: list[tuple[bytes, memoryview, Any, int]] | None = []
         offset = 0
         for key, state, blob in self.chunks:
-            sids, starts, ends, sound = checked_span_arrays(key, state, blob, self.cuts.get(key))
-            found.append((sids, starts + offset, ends - starts, np.full(sids.size, sound)))
+            got = chunk_span_arrays(key, state, blob, self.cuts.get(key))
+            found.append((got.sids, got.starts + offset, got.ends - got.starts, np.full(got.sids.size, got.vouched)))
             parts.append(blob)
             offset += len(blob)
+            if columns is not None and got.sids.size:
+                if got.section is None:
+                    columns = None  # the page is decoded from its frames
+                else:
+                    columns.append((*got.section, got.rows, got.n))
         if not found:
             empty = np.zeros(0, dtype=np.int64)
             return PendingSpans(b"", empty, empty, empty, np.zeros(0, dtype=bool))
         sids, starts, lengths, vouched = (np.concatenate(column) for column in zip(*found, strict=True))
-        return PendingSpans(b"".join(parts), starts, lengths, sids, vouched)
+        return PendingSpans(b"".join(parts), starts, lengths, sids, vouched,
+                            tuple(columns) if columns else None)
 
     def records(self) -> list[SemiDeserializedRecord]:
         """The frames decoded (payloads stay msgpack bytes)."""

@@ -33,6 +33,7 @@ from ftlayer.config import FTConfig
 from ftlayer.errors import ChunkIdInUseError, ConfigError, InvalidIdError
 from ftlayer.facade.shard import Shard, by_shard, shard_ids, split_by_shard
 from ftlayer.keyspace.keys import SourceKeys
+from ftlayer.records.chunk_columns import attach_columns
 from ftlayer.records.chunk_encoding import encode_source_chunks
 from ftlayer.records.chunks import PackedChunk, shard_of, sid_at
 from ftlayer.records.delta_arrays import DeltaArrays
@@ -261,11 +262,15 @@ class FTLayer:
         return self.persist_chunks(self.new_chunks(payloads, key_hashes, channels))
 
     def new_chunks(
-        self, payloads: Sequence[bytes], key_hashes: Sequence[int], channels: Sequence[int],
+        self, payloads: Sequence[bytes], key_hashes: Sequence[int], channels: Sequence[int], *,
+        columns: Any = None,
     ) -> list[PackedChunk]:
-        """New source records as packed chunks under freshly drawn ids (see :meth:`persist_new`)."""
-        return encode_source_chunks(self.source_id, payloads, key_hashes, channels, num_shards=self.num_shards,
-                                    among=self.ingest_shards)
+        """New source records as packed chunks under freshly drawn ids (see :meth:`persist_new`);
+        with ``columns`` (the values as a ``pyarrow.RecordBatch``, row ``i`` for payload ``i``) each
+        chunk keeps its records' rows after its frames (``ftlayer.records.chunk_columns``)."""
+        chunks = encode_source_chunks(self.source_id, payloads, key_hashes, channels, num_shards=self.num_shards,
+                                      among=self.ingest_shards)
+        return chunks if columns is None else attach_columns(chunks, channels, columns)
 
     def write_shards(self, worker: int, workers: int) -> list[int]:
         """Let this process file new records only in its share of the shards: ingest worker

@@ -27,6 +27,14 @@ chance, or leaves it and changes the covered bytes or the stored CRC: either way
 (CRC-32 catches every burst of up to 32 bits; anything else passes with probability 2**-32, the
 same bound a frame's own CRC gives), so the reader falls back to the per-frame checks, which find
 the damaged frame (or none, if only the trailer was hit).
+
+**A columns section may follow the trailer** (:mod:`ftlayer.records.chunk_columns`: the chunk's records
+as Arrow columns, written at ingest for a source with a schema), found from the value's end by its
+footer ``fingerprint (8) | crc u32 | length u32 | "FTc1"``. :func:`split_trailer` accepts it only
+whole (magic and length adding up exactly to the value's end) and after a matching trailer, and
+checks the section's own CRC apart: a damaged section costs the columns (the frames are decoded
+instead), never the frames' vouching. :func:`vouches` (the exact trailer alone) is what code
+before columnar chunks checked: it sees a columnar chunk as unvouched and checks every frame.
 """
 
 from __future__ import annotations
@@ -34,10 +42,14 @@ from __future__ import annotations
 import struct
 import zlib
 
-__all__ = ["CHUNK_CRC_BYTES", "trailer", "vouches"]
+__all__ = ["CHUNK_CRC_BYTES", "COLUMNS_FOOTER", "COLUMNS_MAGIC", "split_trailer", "trailer", "vouches"]
 
 #: Bytes of the trailer after a chunk's entries.
 CHUNK_CRC_BYTES = 4
+#: The last 4 bytes of a chunk's frames value that ends with a columns section.
+COLUMNS_MAGIC = b"FTc1"
+#: A columns section's fixed end: its schema's fingerprint, its body's CRC-32 and length, the magic.
+COLUMNS_FOOTER = struct.Struct(">8sII4s")
 _U32 = struct.Struct(">I")
 
 
@@ -55,3 +67,25 @@ def vouches(frames: bytes | memoryview, end: int) -> bool:
     view = memoryview(frames)
     stored: int = _U32.unpack_from(view, end)[0]
     return zlib.crc32(view[:end]) == stored
+
+
+def split_trailer(frames: bytes | memoryview, end: int) -> tuple[bool, tuple[bytes, memoryview] | None]:
+    """For a chunk's frames value whose ``n`` entries' walk ended at byte ``end``: whether its CRC
+    trailer vouches for the entries (as :func:`vouches`, a columns section after it allowed), and
+    that section as ``(fingerprint, body)`` if it is sound (None: no section, or its CRC fails)."""
+    view = memoryview(frames)
+    size = len(view)
+    rest = size - end - CHUNK_CRC_BYTES
+    if rest < 0 or 0 < rest < COLUMNS_FOOTER.size:
+        return False, None
+    section = None
+    if rest:
+        fingerprint, crc, length, magic = COLUMNS_FOOTER.unpack_from(view, size - COLUMNS_FOOTER.size)
+        if magic != COLUMNS_MAGIC or length != rest - COLUMNS_FOOTER.size:
+            return False, None  # not a section ftlayer wrote: every frame is checked on its own
+        body = view[end + CHUNK_CRC_BYTES : end + CHUNK_CRC_BYTES + length]
+        section = (fingerprint, body) if zlib.crc32(body) == crc else None
+    stored: int = _U32.unpack_from(view, end)[0]
+    if zlib.crc32(view[:end]) != stored:
+        return False, None
+    return True, section

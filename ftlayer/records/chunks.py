@@ -47,7 +47,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ftlayer.errors import FrameError, InvalidIdError
-from ftlayer.records.chunk_crc import trailer, vouches
+from ftlayer.records.chunk_crc import CHUNK_CRC_BYTES, split_trailer, trailer
 from ftlayer.records.ids import new_ids
 
 __all__ = [
@@ -324,8 +324,8 @@ def pack_record_chunks(
 def rekey_chunk(chunk: PackedChunk, num_shards: int = 1) -> PackedChunk:
     """The same chunk under a fresh random chunk id in the same shard: each frame's source record
     id (and CRC) rewritten, holes and ack values unchanged; a chunk CRC that vouched for the frames
-    is computed again (one that did not is left as it was). For a persist refused because the id
-    was in use."""
+    is computed again (one that did not is left as it was), and a columns section after it kept
+    (``ftlayer.records.chunk_columns``: values only). For a persist refused because the id was in use."""
     blob = bytearray(chunk.blob)
     _, n, _, _, flen = CHUNK_IN_HEADER.unpack_from(blob)
     base = new_chunk_bases(1, shard_of(sid_at(chunk.key, 0), num_shards), num_shards)[0]
@@ -335,14 +335,14 @@ def rekey_chunk(chunk: PackedChunk, num_shards: int = 1) -> PackedChunk:
     frames = memoryview(blob)[start : start + flen]
     spans = frame_spans(frames, n)
     end = spans[-1][1] if spans else 0
-    sealed = vouches(frames, end)
+    sealed, _ = split_trailer(frames, end)  # a columns section after the trailer stays as it is
     for i, (lo, hi) in enumerate(spans):
         if hi - lo >= 48:
             struct.pack_into(">q", frames, lo + 8, base | i)
             crc = zlib.crc32(frames[lo + 48 : hi], zlib.crc32(frames[lo + 4 : lo + 44]))
             _U32.pack_into(frames, lo + 44, crc)
     if sealed:
-        frames[end:] = trailer(frames[:end])
+        frames[end : end + CHUNK_CRC_BYTES] = trailer(frames[:end])
     frames.release()
     return PackedChunk(key, bytes(blob), tuple(base | index_of(sid) for sid in chunk.sids))
 

@@ -14,18 +14,19 @@ count raises ``IndexError``, as ``pending_spans`` does.
 
 :func:`checked_span_arrays` gives the same arrays and whether the chunk's CRC trailer
 (:mod:`ftlayer.records.chunk_crc`) vouches for its frames: one ``zlib.crc32`` over the chunk, after
-the walk that finds where its entries end.
+the walk that finds where its entries end; :func:`chunk_span_arrays` adds the chunk's columns
+section (``ftlayer.records.chunk_columns``) and the pending records' indexes, for a columnar read.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, NamedTuple
 
-from ftlayer.records.chunk_crc import vouches
+from ftlayer.records.chunk_crc import split_trailer
 from ftlayer.records.chunks import ChunkState, frame_spans, sid_at
 
-__all__ = ["checked_span_arrays", "pending_span_arrays"]
+__all__ = ["ChunkSpans", "checked_span_arrays", "chunk_span_arrays", "pending_span_arrays"]
 
 _U32 = struct.Struct(">I")
 
@@ -55,12 +56,33 @@ def pending_span_arrays(key: bytes, state: bytes, frames: bytes | memoryview,
 def checked_span_arrays(key: bytes, state: bytes, frames: bytes | memoryview,
                         cut: tuple[int, int] | None = None) -> tuple[Any, Any, Any, bool]:
     """:func:`pending_span_arrays` and whether the chunk's CRC trailer vouches for every frame of
-    the chunk (``ftlayer.records.chunk_crc.vouches``: False for a chunk without one, or a damaged one)."""
-    return _span_arrays(key, state, frames, cut, check=True)
+    the chunk (``ftlayer.records.chunk_crc.split_trailer``: False for a chunk without one, or a damaged one)."""
+    return _span_arrays(key, state, frames, cut, check=True)[:4]
+
+
+class ChunkSpans(NamedTuple):
+    """:func:`checked_span_arrays` of one chunk, and what a columnar read needs: ``section``, the
+    chunk's sound columns section ``(fingerprint, body)`` (``ftlayer.records.chunk_columns``) or
+    None; ``rows``, the index in the chunk of each pending record returned (``int64``); ``n``, the
+    chunk's record count."""
+
+    sids: Any
+    starts: Any
+    ends: Any
+    vouched: bool
+    section: tuple[bytes, memoryview] | None
+    rows: Any
+    n: int
+
+
+def chunk_span_arrays(key: bytes, state: bytes, frames: bytes | memoryview,
+                      cut: tuple[int, int] | None = None) -> ChunkSpans:
+    """:func:`checked_span_arrays` with the chunk's columns section (see :class:`ChunkSpans`)."""
+    return ChunkSpans(*_span_arrays(key, state, frames, cut, check=True))
 
 
 def _span_arrays(key: bytes, state: bytes, frames: bytes | memoryview, cut: tuple[int, int] | None, *,
-                 check: bool) -> tuple[Any, Any, Any, bool]:
+                 check: bool) -> tuple[Any, Any, Any, bool, tuple[bytes, memoryview] | None, Any, int]:
     import numpy as np
 
     st = ChunkState.parse(state)
@@ -81,5 +103,6 @@ def _span_arrays(key: bytes, state: bytes, frames: bytes | memoryview, cut: tupl
         keep &= (index > cut[0]) & (index <= cut[1])
     at = np.flatnonzero(keep)
     # the CRC only for a chunk with records to read (the walk must have ended where the entries end)
-    sound = check and bounds is not None and at.size > 0 and vouches(frames, bounds[n])
-    return np.int64(sid_at(key, 0)) | index[at], starts[at], ends[at], sound
+    sound, section = (split_trailer(frames, bounds[n]) if check and bounds is not None and at.size > 0
+                      else (False, None))
+    return np.int64(sid_at(key, 0)) | index[at], starts[at], ends[at], sound, section, at, n

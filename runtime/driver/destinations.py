@@ -34,9 +34,10 @@ class BatchDestination(Protocol):
     max_pending: int  # ingest waits while pending_count() is at least this
     label: str  # for logs
 
-    def put(self, payloads: list[bytes], hashes: Sequence[int], channels: Sequence[int]) -> None:
+    def put(self, payloads: list[bytes], hashes: Sequence[int], channels: Sequence[int], columns: Any = None) -> None:
         """Make a batch of packed values visible to the query (may raise FTLayerError: retried with backoff).
-        ``hashes`` and ``channels`` are lists or numpy ``int64`` arrays (``runtime.driver.ingest_batch.prepare``)."""
+        ``hashes`` and ``channels`` are lists or numpy ``int64`` arrays; ``columns``, the values as a
+        record batch when a schema check decoded them, else None (``runtime.driver.ingest_batch.prepare``)."""
         ...
 
     def reject(self, value: Any, reason: str) -> None:
@@ -64,7 +65,7 @@ class PersistDestination:
         self._rejecting: tuple[Any, str, SemiDeserializedRecord] | None = None  # a reject being retried
         self._putting: tuple[list[bytes], list[PackedChunk]] | None = None  # a batch being retried
 
-    def put(self, payloads: list[bytes], hashes: Sequence[int], channels: Sequence[int]) -> None:
+    def put(self, payloads: list[bytes], hashes: Sequence[int], channels: Sequence[int], columns: Any = None) -> None:
         # hot path: chunks straight from the parts; channels come from the source's partitioner.
         # Ingest retries a failed put with the same payloads list: reuse its chunks (same ids), so
         # a call that reached the server before its reply was lost files nothing twice (its token),
@@ -74,7 +75,7 @@ class PersistDestination:
         if held is not None and held[0] is payloads:
             chunks = held[1]
         else:
-            chunks = self.layer.new_chunks(payloads, hashes, channels)
+            chunks = self.layer.new_chunks(payloads, hashes, channels, columns=columns)
             self._putting = (payloads, chunks)
         self.layer.persist_chunks(chunks)  # re-keys in place a chunk whose id is in use
         self._putting = None

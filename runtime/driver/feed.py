@@ -356,7 +356,7 @@ class FeedDestination:
         self.label = label
         self.rejected = 0
 
-    def put(self, payloads: list[bytes], hashes: Sequence[int], channels: Sequence[int]) -> None:
+    def put(self, payloads: list[bytes], hashes: Sequence[int], channels: Sequence[int], columns: Any = None) -> None:
         # ingest may hand numpy arrays over: the loop below steps per row, cheaper over Python ints
         hashes = hashes if isinstance(hashes, list) else hashes.tolist()  # type: ignore[attr-defined]
         channels = channels if isinstance(channels, list) else channels.tolist()  # type: ignore[attr-defined]

@@ -295,10 +295,13 @@ class Ingestor:
         held = self._held
         if held is None or not held.holds(values):
             held = self._held = HeldBatch(values)
-        payloads, hashes, channels = prepare(held, key=self.key, check=self.check, channels_of=self._channels,
-                                             reject=self._reject)
+        payloads, hashes, channels, columns = prepare(held, key=self.key, check=self.check,
+                                                      channels_of=self._channels, reject=self._reject)
         if payloads:
-            self._retrying("persist", lambda: self.destination.put(payloads, hashes, channels))
+            # columns only when a check made them: a destination without columns keeps its 3-argument put
+            put = self.destination.put
+            self._retrying("persist", (lambda: put(payloads, hashes, channels)) if columns is None
+                           else (lambda: put(payloads, hashes, channels, columns=columns)))
             self.ingested += len(payloads)
             if self._pending_bound is not None:
                 self._pending_bound += len(payloads)

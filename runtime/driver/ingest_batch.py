@@ -16,6 +16,9 @@ Contract:
   all the batch's rejects written, in the batch's order. A check that raises writes none and
   raises :class:`~ftlayer.errors.IngestCheckError` (naming the batch's size), on every attempt:
   nothing of that batch is persisted or confirmed, and the Ingestor stops with it.
+- **Columns.** A check that decodes the values (a schema's, ``with_columns``) hands them on as a
+  record batch, one row per value persisted, in order; the chunks keep them
+  (``ftlayer.records.chunk_columns``) so the DataFrame path's read need not decode them again.
 - **Fast path.** A batch where every value packs, every key hashes and the check passes whole (the
   usual case) takes no Python step per value: the packing and hashing run by ``map`` in C and the
   hashes and channels stay numpy ``int64`` arrays up to the frames. Any failure sorts that batch
@@ -37,8 +40,9 @@ __all__ = ["HeldBatch", "Parts", "PayloadCheck", "prepare"]
 KeySelector = Callable[[Any], Any]
 # the packed payloads of a batch -> {index: reason} of those that must not be persisted
 PayloadCheck = Callable[[Sequence[bytes]], dict[int, str]]
-# (payloads, key hashes, channels): what a destination's put takes
-Parts = tuple[list[bytes], Sequence[int], Sequence[int]]
+# (payloads, key hashes, channels, columns): what a destination's put takes; columns is the record
+# batch of the values (row i: payload i) when the check decoded them (a schema), else None
+Parts = tuple[list[bytes], Sequence[int], Sequence[int], Any]
 # (value, None, reason) or (value, exception, "") -> the dead letter written (retried until it is)
 Reject = Callable[..., None]
 
@@ -59,9 +63,15 @@ class HeldBatch:
             len(values) == len(self.values) and all(map(operator.is_, values, self.values)))
 
 
-def _checked(check: PayloadCheck, payloads: Sequence[bytes]) -> dict[int, str]:
+def _checked(check: PayloadCheck, payloads: Sequence[bytes]) -> tuple[dict[int, str], Any]:
+    """``({index: reason}, columns)``: the misfits, and the values that fit as a record batch if the
+    check makes one (its ``with_columns``, a :class:`~runtime.spark.schema_check.SchemaCheck`), else None."""
     try:
-        return check(payloads)
+        with_columns = getattr(check, "with_columns", None)
+        if with_columns is not None:
+            bad, columns = with_columns(payloads)
+            return bad, columns
+        return check(payloads), None
     except Exception as exc:
         msg = f"the check of a batch of {len(payloads)} records at ingest failed: {type(exc).__name__}: {exc}"
         raise IngestCheckError(msg) from exc
@@ -76,9 +86,11 @@ def prepare(held: HeldBatch, *, key: KeySelector | None, check: PayloadCheck | N
     values = held.values
     if not held.rejected:
         fast = _fast(values, key)
-        if fast is not None and (check is None or not _checked(check, fast[0])):
-            held.parts = (fast[0], fast[1], channels_of(fast[1]))
-            return held.parts
+        if fast is not None:
+            bad, columns = ({}, None) if check is None else _checked(check, fast[0])
+            if not bad:
+                held.parts = (fast[0], fast[1], channels_of(fast[1]), columns)
+                return held.parts
     held.parts = _one_by_one(held, key, check, channels_of, reject)
     return held.parts
 
@@ -114,12 +126,13 @@ def _one_by_one(held: HeldBatch, key: KeySelector | None, check: PayloadCheck | 
             out.append((i, exc, ""))
             continue
         kept.append((i, packed, h))
+    columns = None
     if check is not None and kept:
-        misfits = _checked(check, [packed for _, packed, _ in kept])
+        misfits, columns = _checked(check, [packed for _, packed, _ in kept])
         out += [(kept[k][0], None, f"ingest: does not fit the schema: {why}") for k, why in misfits.items()]
         kept = [entry for k, entry in enumerate(kept) if k not in misfits]
     for i, error, reason in sorted(out, key=operator.itemgetter(0)):
         reject(held.values[i], error, reason=reason)
         held.rejected.add(i)
     hashes = [h for _, _, h in kept]
-    return [packed for _, packed, _ in kept], hashes, channels_of(hashes)
+    return [packed for _, packed, _ in kept], hashes, channels_of(hashes), columns

@@ -2,7 +2,8 @@
 
 A read task reads its channel's stream ids ``(start, end]`` in each shard (start exclusive,
 end inclusive) in pages, skipping records no longer pending, and yields one
-``pyarrow.RecordBatch`` per page (:mod:`runtime.spark.arrow_codec`). A re-run batch (same start
+``pyarrow.RecordBatch`` per page (:mod:`runtime.spark.arrow_codec`), with the columns sections
+of the page's chunks where every one has one (``ftlayer.records.chunk_columns``). A re-run batch (same start
 and end) therefore reads the same records minus those completed or failed in the meantime. The
 read never acks or XORs anything; the one thing it writes is a fail, for a stored frame that
 fails its checks (a CRC mismatch): that record goes to the dead-letter queue with the reason,
@@ -27,18 +28,20 @@ from runtime.spark.batch_holds import HOLD_SET_MARGIN_S
 from runtime.spark.ft_offsets import START_ID, Position, compare_ids
 from runtime.spark.ft_options import MAX_READ_PAGE_ENTRIES, FTSourceOptions
 
-__all__ = ["READ_TARGET_RECORDS", "read_range"]
+__all__ = ["READ_TARGET_RECORDS", "read_pages"]
 
 READ_TARGET_RECORDS = 10_000  # records per server-side read call that paging aims at
 
 
-def read_range(layer: FTLayer, opts: FTSourceOptions, c: int, shard: int, after: str, *, until: str,
-               tag: str | None = None, notes_skips: bool = False) -> Iterator[Any]:
+def read_pages(layer: FTLayer, opts: FTSourceOptions, c: int, shard: int, after: str, *, until: str,
+               tag: str | None = None, notes_skips: bool = False) -> Iterator[tuple[Any, Any]]:
     """Arrow batches (SOURCE_ROW) of the still-pending records of stream ids ``(after, until]`` of
     channel ``c``'s stream in ``shard`` (either bound may be a position inside an entry), read in
-    pages. With ``tag`` (the micro-batch), each read call files what it read under the batch's
-    hold; with ``notes_skips`` (the DataFrame path, which settles a batch at Spark's commit) it
-    also notes the records of the range no longer pending."""
+    pages, each with the columns sections of its records' chunks (``PendingSpans.columns``: None
+    unless every chunk of the page has one; the typed read's columnar path,
+    :mod:`runtime.spark.stored_columns`). With ``tag`` (the micro-batch), each read call files what
+    it read under the batch's hold; with ``notes_skips`` (the DataFrame path, which settles a batch
+    at Spark's commit) it also notes the records of the range no longer pending."""
     if compare_ids(until, after) <= 0:
         return
     page = opts.read_page_entries
@@ -68,7 +71,8 @@ def read_range(layer: FTLayer, opts: FTSourceOptions, c: int, shard: int, after:
         spans = batch.spans()
         sids = spans.sids
         if len(sids):
-            yield from _arrow(layer, spans)
+            for raw in _arrow(layer, spans):
+                yield raw, (spans.columns if raw.num_rows == len(sids) else None)
         if not batch.last_id or (not batch.skip and compare_ids(batch.last_id, until) >= 0):
             return
         after, skip = batch.last_id, batch.skip
@@ -87,7 +91,7 @@ def _arrow(layer: FTLayer, spans: PendingSpans) -> list[Any]:
     the channel goes on. A frame whose chunk CRC matched (``spans.vouched``) skips its own CRC (a
     chunk whose CRC does not match, or that has none, has every frame checked, and the slow path
     below checks every frame of the page alone)."""
-    blob, starts, lengths, sids, vouched = spans
+    blob, starts, lengths, sids, vouched = spans.blob, spans.starts, spans.lengths, spans.sids, spans.vouched
     try:
         return [spans_to_record_batch(blob, starts, lengths, vouched)]
     except FrameError:

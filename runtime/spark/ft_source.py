@@ -60,7 +60,7 @@ from runtime.spark.arrow_codec import SOURCE_SCHEMA_DDL
 from runtime.spark.batch_holds import HOLD_SET_MARGIN_S, BatchHolds
 from runtime.spark.channel_source import ChannelPartition
 from runtime.spark.ft_batch_ends import Offset, capped_end, entry_chunks
-from runtime.spark.ft_channel_read import read_range
+from runtime.spark.ft_channel_read import read_pages
 from runtime.spark.ft_offsets import START_ID, Position, compare_ids
 from runtime.spark.ft_offsets import max_id as _max_id
 from runtime.spark.ft_offsets import min_id as _min_id
@@ -237,10 +237,15 @@ class FTStreamReader(FTStreamsReader):
     def read(self, partition: FTPartition) -> Iterator[Any]:  # type: ignore[override]
         """Arrow record batches (SOURCE_ROW) of the still-pending records of ``(start, end]`` of one
         channel, of each shard."""
+        for raw, _ in self.pages(partition):
+            yield raw
+
+    def pages(self, partition: FTPartition) -> Iterator[tuple[Any, Any]]:
+        """:meth:`read`'s batches, each with its chunks' columns sections (``read_pages``)."""
         freeze_worker_heap(self.opts.freeze_worker_heap)
         tag = getattr(partition, "tag", None)
         for shard, after, until in partition.ranges:
-            yield from read_range(self.layer, self.opts, partition.channel, shard, after, until=until, tag=tag,
+            yield from read_pages(self.layer, self.opts, partition.channel, shard, after, until=until, tag=tag,
                                   notes_skips=self.NOTES_SKIPS)
 
     def commit(self, end: Offset) -> None:

@@ -52,6 +52,7 @@ from pyspark.sql.types import (
 from ftlayer.errors import SerializationError
 from ftlayer.records.lineage import LINEAGE_CHARS, lineage_hex
 from runtime.spark.arrow_codec import payload_run
+from runtime.spark.stored_columns import stored_columns
 from serialization.payload import unpack_payload, unpack_run
 from serialization.payload_columns_fast import unpack_run_columns
 
@@ -120,19 +121,24 @@ def arrow_schema(schema: StructType) -> Any:
 
 
 
-def decode_batch(raw: Any, schema: StructType, source: str) -> tuple[Any, list[int], dict[int, str]]:
+def decode_batch(raw: Any, schema: StructType, source: str, sections: Any = None
+                 ) -> tuple[Any, list[int], dict[int, str]]:
     """Decode one FT source page (``pyarrow.RecordBatch`` of the raw source schema).
 
     Returns ``(batch, emitted sids, bad {sid: reason})``: ``batch`` has the
     columns of ``schema`` (in order) for the records that fit, ``emitted`` their
-    source record ids in row order. The bulk path if the whole page fits, else the row path
-    (:func:`decode_rows`): the same result either way.
+    source record ids in row order. The page's stored columns if its chunks have them for this
+    schema (``sections``: ``PendingSpans.columns``, :mod:`runtime.spark.stored_columns`), else the
+    bulk path if the whole page fits, else the row path (:func:`decode_rows`): the same result
+    every way.
     """
     fields = user_fields(schema)
     arrow = arrow_schema(schema)
     names = [f.name for f in fields.fields]
     types = [arrow.field(n).type for n in names]
-    columns = _bulk_columns(raw, fields, types, [_converter(f.dataType) for f in fields.fields])
+    columns = stored_columns(sections, arrow_schema(fields)) if sections else None
+    if columns is None:
+        columns = _bulk_columns(raw, fields, types, [_converter(f.dataType) for f in fields.fields])
     if columns is None:
         return decode_rows(raw, schema, source)
     batch = _assemble(raw, schema, arrow, dict(zip(names, columns, strict=True)), keep=None, source=source)

@@ -18,6 +18,9 @@ Contract of :class:`SchemaCheck`:
   never fails a record for its shape; one that reads it with another schema still checks at read.
 - the metadata column ``_ftlayer`` (``ftlayer.with_metadata``) is not part of the check: ingest
   gives every record its metadata.
+- the values that fit, decoded, are kept: :meth:`SchemaCheck.with_columns` hands them to ingest,
+  which stores them with their chunks (``ftlayer.records.chunk_columns``), and a query that reads
+  with the same schema takes them from there instead of decoding the payloads again.
 - cost: the read's decode, once more, per batch at ingest (its bulk path, about 1.3 µs a
   three-column record on this project's VM, when the whole batch fits; record by record when one
   does not). Sources without a schema pay nothing.
@@ -28,7 +31,7 @@ Contract of :class:`SchemaCheck`:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ftlayer.errors import ConfigError
 from runtime.spark.payload_columns import arrow_schema, decode_batch, user_fields
@@ -60,16 +63,22 @@ class SchemaCheck:
             raise ConfigError(msg) from exc
 
     def __call__(self, payloads: Sequence[bytes]) -> dict[int, str]:
+        return self.with_columns(payloads)[0]
+
+    def with_columns(self, payloads: Sequence[bytes]) -> tuple[dict[int, str], Any]:
+        """``(misfits, columns)``: the misfits as ``__call__`` gives them, and the values that fit as
+        the read decodes them (a ``pyarrow.RecordBatch`` of the schema's columns, in order), which
+        ingest keeps in their chunks (``ftlayer.records.chunk_columns``)."""
         import pyarrow as pa
 
         if not payloads:
-            return {}
+            return {}, None
         # a page as the FT source reads it, with each payload's position in the batch as its "sid"
         raw = pa.RecordBatch.from_arrays(
             [pa.array(range(len(payloads)), type=pa.int64()), pa.array(payloads, type=pa.binary())],
             names=["sid", "payload"])
-        _, _, bad = decode_batch(raw, self.schema, "")
-        return {index: reason.removeprefix(_SAME_WORDS) for index, reason in bad.items()}
+        columns, _, bad = decode_batch(raw, self.schema, "")
+        return {index: reason.removeprefix(_SAME_WORDS) for index, reason in bad.items()}, columns
 
     def __repr__(self) -> str:
         return f"SchemaCheck({self.schema.simpleString()})"

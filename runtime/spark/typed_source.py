@@ -9,6 +9,9 @@ always does). Offsets, partitions, paging and commit are those of
 
 What ``read()`` adds, per page of a channel:
 
+- the values come from the page's chunks' columns sections when the source was ingested with
+  this schema (``ftlayer.records.chunk_columns``, :mod:`runtime.spark.stored_columns`): no
+  payload is unpacked; otherwise from the payloads;
 - records whose value does not fit the schema are failed at once (one flush
   call, reason naming the column): they are replayed with backoff and then
   dead-lettered, and never reach Spark; the query goes on;
@@ -88,8 +91,8 @@ class TypedStreamReader(FTStreamReader):
         tag = getattr(partition, "tag", None)
         layer = self.layer
         source = f"{self.opts.topology}/{self.opts.source}"
-        for raw in super().read(partition):
-            batch, emitted, bad = decode_batch(raw, self.schema, source)
+        for raw, sections in self.pages(partition):
+            batch, emitted, bad = decode_batch(raw, self.schema, source, sections)
             if bad:
                 layer.xor({}, fails=bad)
             if tag is not None:

@@ -203,6 +203,36 @@ def test_a_schema_given_at_ingest_dead_letters_a_misfit_before_any_read(run: Cal
     assert all(x.startswith("ingest: does not fit the schema: column 'i' (bigint)") for x in reasons), reasons
 
 
+def test_the_read_hands_spark_the_columns_kept_at_ingest(run: Callable[..., Run]) -> None:
+    """A source ingested with the query's schema keeps each chunk's values as Arrow columns
+    (ftlayer.records.chunk_columns), and the read hands Spark those instead of decoding the payloads.
+    Shown with chunks whose columns hold other values than their payloads (i + 10,000; no real
+    writer does that): the query sees the columns' values, every type of SCHEMA intact, in Spark's
+    executors with the schema Spark hands the reader."""
+    from ftlayer.records.keyhash import key_hash, pmod
+    from runtime.spark.ddl import parse_schema
+    from runtime.spark.schema_check import SchemaCheck
+    from serialization.payload import pack_payload
+
+    r = run(600)
+    records = _records(600)
+    shifted = [{**rec, "i": rec["i"] + 10_000} for rec in records]
+    bad, columns = SchemaCheck(parse_schema(SCHEMA)).with_columns([pack_payload(v) for v in shifted])
+    assert not bad
+    hashes = [key_hash(rec["user"]) for rec in records]
+    layer = r.handle.layer
+    chunks = layer.new_chunks([pack_payload(v) for v in records], hashes, [pmod(h, 2) for h in hashes],
+                              columns=columns)
+    assert layer.persist_chunks(chunks) == 600
+    rows, write = _collector()
+    r.start(r.df.select("i", "user", "tags", "ts"), write, records=[])
+    r.finish()
+    got = sorted(rows, key=lambda row: row["i"])
+    assert [row["i"] for row in got] == list(range(10_000, 10_600))
+    assert [(row["user"], row["tags"], int(row["ts"].timestamp())) for row in got] == \
+        [(rec["user"], rec["tags"], rec["ts"]) for rec in records]
+
+
 def test_map_in_pandas_isolates_poison_rows(run: Callable[..., Run]) -> None:
     r = run(800, max_replays=0)
 

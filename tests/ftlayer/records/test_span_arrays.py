@@ -57,12 +57,14 @@ def test_channel_batch_spans_are_the_pending_frames_in_read_order(chunk_list: li
     unique = list({key: (key, state, frames) for key, state, frames in chunk_list}.values())
     cut_of = {key: data.draw(cuts) for key, _, _ in unique}
     batch = ChannelBatch(0, "1-0", unique, cuts={k: c for k, c in cut_of.items() if c is not None})
-    blob, starts, lengths, sids, vouched = batch.spans()
+    spans = batch.spans()
+    blob, starts, lengths, sids, vouched = spans.blob, spans.starts, spans.lengths, spans.sids, spans.vouched
     want_sids, want_frames = batch.pending()
     assert sids.tolist() == want_sids
     assert [blob[s : s + n] for s, n in zip(starts.tolist(), lengths.tolist(), strict=True)] == want_frames
     assert blob == b"".join(frames for _, _, frames in unique)
     assert not vouched.any()  # no chunk here ends with a chunk CRC
+    assert spans.columns is None  # nor with a columns section
 
 
 def test_a_sound_chunk_with_settled_records_and_a_hole() -> None:

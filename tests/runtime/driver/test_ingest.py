@@ -291,7 +291,7 @@ def _stopped_while_down(layer: FTLayer, method: str) -> tuple[Ingestor, list[tup
 
     calls: list[tuple[Any, ...]] = []
 
-    def down(_dest: Any, *args: Any) -> None:
+    def down(_dest: Any, *args: Any, **_columns: Any) -> None:
         calls.append(args)
         raise redis.ConnectionError("the server is down")
 
@@ -336,9 +336,9 @@ def test_a_durability_error_stops_ingest_and_sends_nothing_after_it(ft_config: F
     real_put = destinations_module.PersistDestination.put
     puts: list[int] = []
 
-    def put_then_timeout(dest: Any, payloads: list[bytes], hashes: Any, channels: Any) -> None:
+    def put_then_timeout(dest: Any, payloads: list[bytes], hashes: Any, channels: Any, columns: Any = None) -> None:
         puts.append(len(payloads))
-        real_put(dest, payloads, hashes, channels)
+        real_put(dest, payloads, hashes, channels, columns)
         if len(puts) == 1:
             msg = "WAITAOF timed out (waitaof_timeout_ms)"
             raise DurabilityError(msg)

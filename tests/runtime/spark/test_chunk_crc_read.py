@@ -59,7 +59,8 @@ def expected_rows(chunks: list[tuple[bytes, bytes, bytes]]) -> list[dict[str, An
 
 def read(chunks: list[tuple[bytes, bytes, bytes]]) -> tuple[list[dict[str, Any]], list[bool]]:
     """The read step of the FT source: spans (with the chunk CRCs checked), then the Arrow batch."""
-    blob, starts, lengths, _sids, vouched = ChannelBatch(0, "1-0", chunks).spans()
+    spans = ChannelBatch(0, "1-0", chunks).spans()
+    blob, starts, lengths, vouched = spans.blob, spans.starts, spans.lengths, spans.vouched
     return spans_to_record_batch(blob, starts, lengths, vouched).to_pylist(), vouched.tolist()
 
 
