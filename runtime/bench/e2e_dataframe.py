@@ -8,6 +8,10 @@ The same pipeline in DataFrame operations for every variant, on N small click re
 - ``ft-on``: ``ftlayer.ingest`` of a generator (persist before visible, a driver thread) and
   ``ftlayer.read_stream`` (typed columns decoded from msgpack in the Python source), with
   ``foreachBatch(ftlayer.acking(fn))``; timed until every record is acked.
+- ``ft-on-columnar``: ``ft-on`` with the schema also given to ingest (``handle.ingest(...,
+  schema=SCHEMA)``): each record is checked and decoded there, its chunk keeps the values as Arrow
+  columns (:mod:`ftlayer.records.chunk_columns`), and the read hands Spark those instead of
+  unpacking each payload.
 - ``ft-off``: the same ingest and ``read_stream``, but a plain ``foreachBatch(fn)``: records are
   persisted and read, never acked (the run's timeout is longer than the run, so none replays;
   the namespace is deleted afterwards). The difference to ``ft-on`` is the cost of acking (both
@@ -64,8 +68,9 @@ class _Counter:
             self.rows += n
 
 
-def run_dataframe(spark: Any, config: FTConfig, records: int, *, ft_on: bool) -> Run:
-    """One FT-on or FT-off run of the DataFrame pipeline over a fresh namespace."""
+def run_dataframe(spark: Any, config: FTConfig, records: int, *, ft_on: bool, columnar: bool = False) -> Run:
+    """One FT-on or FT-off run of the DataFrame pipeline over a fresh namespace; with ``columnar`` the
+    records are ingested with the query's schema, so their chunks keep them as Arrow columns."""
     import ftlayer
     from runtime.dataframe import sources
 
@@ -78,7 +83,7 @@ def run_dataframe(spark: Any, config: FTConfig, records: int, *, ft_on: bool) ->
     counter = _Counter()
     kept = sum(1 for i in range(records) if i % 10 != 3)
     start = time.perf_counter()
-    ingestor = handle.ingest(make_value(i, 0) for i in range(records))
+    ingestor = handle.ingest((make_value(i, 0) for i in range(records)), schema=SCHEMA if columnar else None)
     df = _ops(ftlayer.read_stream(spark, "benchdf", "events", schema=SCHEMA, config=cfg, num_channels=2))
     fn: Callable[[Any, int], None] = ftlayer.acking(counter, config=cfg) if ft_on else counter
     query = df.writeStream.foreachBatch(fn).trigger(processingTime="100 milliseconds").start()
@@ -90,7 +95,7 @@ def run_dataframe(spark: Any, config: FTConfig, records: int, *, ft_on: bool) ->
         stop_query(query, BENCH_STOP_GRACE_S)
         handle.stop()
         _drop_namespace(cfg)
-    return Run("ft-on" if ft_on else "ft-off", records, elapsed)
+    return Run(("ft-on-columnar" if columnar else "ft-on") if ft_on else "ft-off", records, elapsed)
 
 
 def _drop_namespace(cfg: FTConfig) -> None:
@@ -150,18 +155,21 @@ def bench_e2e_dataframe(spark: Any, config: FTConfig, records: int, repeats: int
     variant had warmed less; each variant gets the same discarded round, so none is favoured."""
     variants: dict[str, Callable[[], Run]] = {
         "ft-on": lambda: run_dataframe(spark, config, records, ft_on=True),
+        "ft-on-columnar": lambda: run_dataframe(spark, config, records, ft_on=True, columnar=True),
         "ft-off": lambda: run_dataframe(spark, config, records, ft_on=False),
         "plain": lambda: run_plain(spark, records),
         "python-source": lambda: run_python_source(spark, records),
     }
     warm = records
     run_dataframe(spark, config, warm, ft_on=True)
+    run_dataframe(spark, config, warm, ft_on=True, columnar=True)
     run_dataframe(spark, config, warm, ft_on=False)
     run_plain(spark, warm)
     run_python_source(spark, warm)
     rates: dict[str, list[float]] = {name: [] for name in variants}
     on_off: list[float] = []
     on_plain: list[float] = []
+    columnar_plain: list[float] = []
     on_python: list[float] = []
     python_plain: list[float] = []
     names = list(variants)
@@ -172,6 +180,7 @@ def bench_e2e_dataframe(spark: Any, config: FTConfig, records: int, repeats: int
             rates[name].append(rate)
         on_off.append(got["ft-on"] / got["ft-off"])
         on_plain.append(got["ft-on"] / got["plain"])
+        columnar_plain.append(got["ft-on-columnar"] / got["plain"])
         on_python.append(got["ft-on"] / got["python-source"])
         python_plain.append(got["python-source"] / got["plain"])
         if on_round is not None:
@@ -182,6 +191,8 @@ def bench_e2e_dataframe(spark: Any, config: FTConfig, records: int, repeats: int
         "records_per_s": {name: summary(v) for name, v in rates.items()},
         "ft_on_vs_off_ratio": summary(on_off),
         "ft_on_vs_plain_ratio": summary(on_plain),
+        # the same, the records ingested with the query's schema: read from their chunks' columns
+        "ft_on_columnar_vs_plain_ratio": summary(columnar_plain),
         # the reference (runtime.bench.python_source): what any Python source costs, and ftlayer's own part
         "python_source_vs_plain_ratio": summary(python_plain),
         "ft_on_vs_python_source_ratio": summary(on_python),

@@ -159,13 +159,16 @@ def _on_spark(url: str, selected: list[str], args: argparse.Namespace) -> dict[s
         from runtime.bench.e2e_dataframe import bench_e2e_dataframe
 
         records = args.e2e_dataframe_records
-        _say(f"e2e_dataframe: {records:,} records, {args.e2e_repeats} alternating rounds of ft-on / ft-off / plain")
+        _say(f"e2e_dataframe: {records:,} records, {args.e2e_repeats} alternating rounds of ft-on / "
+             "ft-on-columnar / ft-off / plain / python-source")
         summary["e2e_dataframe"] = bench_e2e_dataframe(
             spark, cfg, records, args.e2e_repeats,
             on_round=lambda r, got: _say(f"  round {r + 1}: " + ", ".join(
                 f"{k} {v:,.0f}/s" for k, v in got.items())))
         summary["ft_on_vs_plain_ratio_dataframe"] = round(
             summary["e2e_dataframe"]["ft_on_vs_plain_ratio"]["median"], 3)
+        summary["ft_on_columnar_vs_plain_ratio_dataframe"] = round(
+            summary["e2e_dataframe"]["ft_on_columnar_vs_plain_ratio"]["median"], 3)
     if "effectively-once" in selected:
         from runtime.bench.effectively_once import bench_effectively_once
 
