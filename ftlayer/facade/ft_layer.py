@@ -270,7 +270,7 @@ class FTLayer:
         chunk keeps its records' rows after its frames (``ftlayer.records.chunk_columns``)."""
         chunks = encode_source_chunks(self.source_id, payloads, key_hashes, channels, num_shards=self.num_shards,
                                       among=self.ingest_shards)
-        return chunks if columns is None else attach_columns(chunks, channels, columns)
+        return chunks if columns is None else attach_columns(chunks, channels, columns, list(map(len, payloads)))
 
     def write_shards(self, worker: int, workers: int) -> list[int]:
         """Let this process file new records only in its share of the shards: ingest worker

@@ -29,11 +29,15 @@ same bound a frame's own CRC gives), so the reader falls back to the per-frame c
 the damaged frame (or none, if only the trailer was hit).
 
 **A columns section may follow the trailer** (:mod:`ftlayer.records.chunk_columns`: the chunk's records
-as Arrow columns, written at ingest for a source with a schema), found from the value's end by its
-footer ``fingerprint (8) | crc u32 | length u32 | "FTc1"``. :func:`split_trailer` accepts it only
-whole (magic and length adding up exactly to the value's end) and after a matching trailer, and
-checks the section's own CRC apart: a damaged section costs the columns (the frames are decoded
-instead), never the frames' vouching. :func:`vouches` (the exact trailer alone) is what code
+as Arrow columns, written at ingest for a source with a schema): ``ipc | edges | footer``, where
+``edges`` are the ``n + 1`` entry boundaries (u32 big-endian: 0, the end of entry 0, ..., ``end``)
+and the footer ``fingerprint (8) | crc u32 | ipc length u32 | edges length u32 | "FTc1"``, the CRC
+being ``zlib.crc32(ipc | edges)``. It is found from the value's end. :func:`split_trailer` (after a
+walk) accepts it only whole (magic and lengths adding up exactly to the value's end) and after a
+matching trailer, and checks the section's own CRC apart: a damaged section costs the columns (the
+frames are decoded instead), never the frames' vouching. :func:`section_edges` reads a sound
+section's edges instead of walking the ``n`` length prefixes, which is what lets a columnar read
+skip the one Python step per record left. :func:`vouches` (the exact trailer alone) is what code
 before columnar chunks checked: it sees a columnar chunk as unvouched and checks every frame.
 """
 
@@ -41,15 +45,17 @@ from __future__ import annotations
 
 import struct
 import zlib
+from typing import Any
 
-__all__ = ["CHUNK_CRC_BYTES", "COLUMNS_FOOTER", "COLUMNS_MAGIC", "split_trailer", "trailer", "vouches"]
+__all__ = ["CHUNK_CRC_BYTES", "COLUMNS_FOOTER", "COLUMNS_MAGIC", "section_edges", "split_trailer", "trailer", "vouches"]
 
 #: Bytes of the trailer after a chunk's entries.
 CHUNK_CRC_BYTES = 4
 #: The last 4 bytes of a chunk's frames value that ends with a columns section.
 COLUMNS_MAGIC = b"FTc1"
-#: A columns section's fixed end: its schema's fingerprint, its body's CRC-32 and length, the magic.
-COLUMNS_FOOTER = struct.Struct(">8sII4s")
+#: A columns section's fixed end: its schema's fingerprint, the CRC-32 of its IPC body and edges, their
+#: lengths, the magic.
+COLUMNS_FOOTER = struct.Struct(">8sIII4s")
 _U32 = struct.Struct(">I")
 
 
@@ -69,23 +75,62 @@ def vouches(frames: bytes | memoryview, end: int) -> bool:
     return zlib.crc32(view[:end]) == stored
 
 
+def _section(view: memoryview, n: int | None) -> tuple[bytes, int, int, int] | None:
+    """``(fingerprint, section start, ipc length, edges length)`` of a value's columns section whose
+    footer adds up (magic, lengths within the value, edges for ``n`` entries if given) and whose CRC
+    matches; None otherwise. The entries' trailer is the 4 bytes before the section's start."""
+    size = len(view)
+    if size < COLUMNS_FOOTER.size + CHUNK_CRC_BYTES:
+        return None
+    fingerprint, crc, ipc_len, edges_len, magic = COLUMNS_FOOTER.unpack_from(view, size - COLUMNS_FOOTER.size)
+    start = size - COLUMNS_FOOTER.size - ipc_len - edges_len
+    if magic != COLUMNS_MAGIC or start < CHUNK_CRC_BYTES or edges_len % 4:
+        return None
+    if n is not None and edges_len != 4 * (n + 1):
+        return None
+    if zlib.crc32(view[start : size - COLUMNS_FOOTER.size]) != crc:
+        return None
+    return fingerprint, start, ipc_len, edges_len
+
+
 def split_trailer(frames: bytes | memoryview, end: int) -> tuple[bool, tuple[bytes, memoryview] | None]:
     """For a chunk's frames value whose ``n`` entries' walk ended at byte ``end``: whether its CRC
     trailer vouches for the entries (as :func:`vouches`, a columns section after it allowed), and
-    that section as ``(fingerprint, body)`` if it is sound (None: no section, or its CRC fails)."""
+    that section as ``(fingerprint, ipc body)`` if it is sound (None: no section, or a damaged one)."""
     view = memoryview(frames)
-    size = len(view)
-    rest = size - end - CHUNK_CRC_BYTES
+    rest = len(view) - end - CHUNK_CRC_BYTES
     if rest < 0 or 0 < rest < COLUMNS_FOOTER.size:
         return False, None
     section = None
     if rest:
-        fingerprint, crc, length, magic = COLUMNS_FOOTER.unpack_from(view, size - COLUMNS_FOOTER.size)
-        if magic != COLUMNS_MAGIC or length != rest - COLUMNS_FOOTER.size:
+        _, _, ipc_len, edges_len, magic = COLUMNS_FOOTER.unpack_from(view, len(view) - COLUMNS_FOOTER.size)
+        if magic != COLUMNS_MAGIC or ipc_len + edges_len != rest - COLUMNS_FOOTER.size:
             return False, None  # not a section ftlayer wrote: every frame is checked on its own
-        body = view[end + CHUNK_CRC_BYTES : end + CHUNK_CRC_BYTES + length]
-        section = (fingerprint, body) if zlib.crc32(body) == crc else None
+        found = _section(view, None)
+        if found is not None:
+            section = (found[0], view[found[1] : found[1] + found[2]])
     stored: int = _U32.unpack_from(view, end)[0]
     if zlib.crc32(view[:end]) != stored:
         return False, None
     return True, section
+
+
+def section_edges(frames: bytes | memoryview, n: int) -> tuple[Any, tuple[bytes, memoryview]] | None:
+    """For a chunk of ``n`` records with a sound columns section and a matching CRC trailer before
+    it: the entries' ``n + 1`` boundaries (an ``int64`` array, read from the section, no walk) and the
+    section as ``(fingerprint, ipc body)``. None if any of that does not hold (the caller walks)."""
+    import numpy as np
+
+    view = memoryview(frames)
+    found = _section(view, n)
+    if found is None:
+        return None
+    fingerprint, start, ipc_len, edges_len = found
+    end = start - CHUNK_CRC_BYTES
+    edges = np.frombuffer(view[start + ipc_len : start + ipc_len + edges_len], dtype=">u4").astype(np.int64)
+    if edges[0] != 0 or edges[-1] != end or (n and int(np.diff(edges).min()) < 4):
+        return None
+    stored: int = _U32.unpack_from(view, end)[0]
+    if zlib.crc32(view[:end]) != stored:
+        return None
+    return edges, (fingerprint, view[start : start + ipc_len])

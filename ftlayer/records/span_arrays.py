@@ -23,7 +23,7 @@ from __future__ import annotations
 import struct
 from typing import Any, NamedTuple
 
-from ftlayer.records.chunk_crc import split_trailer
+from ftlayer.records.chunk_crc import section_edges, split_trailer
 from ftlayer.records.chunks import ChunkState, frame_spans, sid_at
 
 __all__ = ["ChunkSpans", "checked_span_arrays", "chunk_span_arrays", "pending_span_arrays"]
@@ -90,8 +90,13 @@ def _span_arrays(key: bytes, state: bytes, frames: bytes | memoryview, cut: tupl
     if len(st.settled) * 8 < n:
         msg = f"chunk {key.hex()}: a settled bitmap of {len(st.settled)} bytes for {n} records"
         raise IndexError(msg)
-    bounds = _bounds(frames, n)
-    if bounds is None:  # a damaged length: the frames' own checks name the records it hides
+    # a columnar chunk whose CRCs match carries its entries' edges: no walk (ftlayer.records.chunk_crc)
+    found = section_edges(frames, n) if check and n else None
+    bounds = None if found is not None else _bounds(frames, n)
+    if found is not None:
+        edges = found[0]
+        starts, ends = edges[:-1], edges[1:]
+    elif bounds is None:  # a damaged length: the frames' own checks name the records it hides
         pairs = np.asarray(frame_spans(frames, n), dtype=np.int64).reshape(n, 2)
         starts, ends = pairs[:, 0], pairs[:, 1]
     else:
@@ -103,6 +108,9 @@ def _span_arrays(key: bytes, state: bytes, frames: bytes | memoryview, cut: tupl
         keep &= (index > cut[0]) & (index <= cut[1])
     at = np.flatnonzero(keep)
     # the CRC only for a chunk with records to read (the walk must have ended where the entries end)
-    sound, section = (split_trailer(frames, bounds[n]) if check and bounds is not None and at.size > 0
-                      else (False, None))
+    if found is not None:
+        sound, section = at.size > 0, (found[1] if at.size > 0 else None)
+    else:
+        sound, section = (split_trailer(frames, bounds[n]) if check and bounds is not None and at.size > 0
+                          else (False, None))
     return np.int64(sid_at(key, 0)) | index[at], starts[at], ends[at], sound, section, at, n

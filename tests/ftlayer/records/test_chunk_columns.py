@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ftlayer.records.chunk_columns import attach_columns, columns_section, read_columns, schema_fingerprint
-from ftlayer.records.chunk_crc import COLUMNS_FOOTER, split_trailer, vouches
+from ftlayer.records.chunk_crc import COLUMNS_FOOTER, section_edges, split_trailer, vouches
 from ftlayer.records.chunk_encoding import encode_source_chunks
 from ftlayer.records.chunks import frame_spans, rekey_chunk
 from ftlayer.records.frames import SemiDeserializedSerializer
@@ -27,7 +27,7 @@ def _batch(values: list[int]) -> pa.RecordBatch:
 def _columnar(channels: list[int]) -> tuple[list[bytes], list]:
     payloads = [pack_payload({"i": i, "name": f"n{i}"}) for i in range(len(channels))]
     chunks = encode_source_chunks(3, payloads, list(range(len(channels))), channels)
-    return payloads, attach_columns(chunks, channels, _batch(list(range(len(channels)))))
+    return payloads, attach_columns(chunks, channels, _batch(list(range(len(channels)))), list(map(len, payloads)))
 
 
 @settings(max_examples=60, deadline=None)
@@ -45,6 +45,12 @@ def test_each_chunk_holds_the_values_of_its_own_frames_in_index_order(channels: 
         assert fingerprint == schema_fingerprint(SCHEMA)
         got = read_columns(body, SCHEMA, chunk.records)
         assert got is not None
+        # the section's edges are the walk's, so the read need not walk
+        found = section_edges(frames, chunk.records)
+        assert found is not None
+        walked = frame_spans(frames, chunk.records)
+        assert found[0].tolist() == [0, *[hi for _, hi in walked]]
+        assert found[1][0] == fingerprint and bytes(found[1][1]) == bytes(body)
         in_frames = [unpack_payload(_SER.decode(frames[lo:hi]).payload)["i"]
                      for lo, hi in frame_spans(frames, chunk.records)]
         assert got.column("i").to_pylist() == in_frames
@@ -58,6 +64,7 @@ def test_a_chunk_without_columns_reads_as_before() -> None:
     end = entries_end(frames, 10)
     assert split_trailer(frames, end) == (True, None)
     assert vouches(frames, end)
+    assert section_edges(frames, 10) is None
 
 
 def test_older_code_sees_a_columnar_chunk_as_unvouched_and_checks_each_frame() -> None:
@@ -72,6 +79,14 @@ def test_a_damaged_section_costs_the_columns_not_the_frames() -> None:
     end = entries_end(bytes(frames), 20)
     frames[end + 4 + 10] ^= 0x40  # a byte of the section's body
     assert split_trailer(bytes(frames), end) == (True, None)
+    assert section_edges(bytes(frames), 20) is None  # the read walks instead
+
+
+def test_a_section_whose_edges_disagree_with_the_trailer_is_not_used_for_edges() -> None:
+    _, chunks = _columnar([0] * 8)
+    frames = stored_frames(chunks[0])
+    assert section_edges(frames, 8) is not None
+    assert section_edges(frames, 7) is None  # another record count: the edges do not add up
 
 
 @pytest.mark.parametrize("where", ["entry", "magic", "length"])
@@ -79,11 +94,12 @@ def test_damage_outside_the_body_unvouches_the_chunk(where: str) -> None:
     _, chunks = _columnar([0] * 20)
     frames = bytearray(stored_frames(chunks[0]))
     end = entries_end(bytes(frames), 20)
-    at = {"entry": 60, "magic": len(frames) - 1, "length": len(frames) - 5}[where]
+    at = {"entry": 60, "magic": len(frames) - 1, "length": len(frames) - 9}[where]
     frames[at] ^= 0x01
     vouched, section = split_trailer(bytes(frames), end)
     assert not vouched
     assert section is None
+    assert section_edges(bytes(frames), 20) is None
 
 
 def test_a_value_too_short_for_a_footer_is_not_vouched() -> None:
@@ -104,8 +120,8 @@ def test_a_rekeyed_chunk_keeps_its_section_and_its_vouching() -> None:
 
 
 def test_a_section_read_with_another_row_count_or_garbage_is_refused() -> None:
-    section = columns_section(_batch([1, 2, 3]), schema_fingerprint(SCHEMA))
-    body = section[: -COLUMNS_FOOTER.size]
+    section = columns_section(_batch([1, 2, 3]), [0, 50, 100, 150], schema_fingerprint(SCHEMA))
+    body = section[: -COLUMNS_FOOTER.size - 16]
     assert read_columns(body, SCHEMA, 3) is not None
     assert read_columns(body, SCHEMA, 4) is None
     assert read_columns(b"\x00" * 40, SCHEMA, 3) is None
@@ -122,5 +138,5 @@ def test_fingerprints_tell_schemas_apart() -> None:
 def test_columns_that_do_not_match_the_batch_are_refused() -> None:
     payloads = [pack_payload({"i": i}) for i in range(4)]
     chunks = encode_source_chunks(3, payloads, list(range(4)), [0] * 4)
-    with pytest.raises(ValueError, match="3 rows of columns for a batch of 4 records"):
-        attach_columns(chunks, [0] * 4, _batch([0, 1, 2]))
+    with pytest.raises(ValueError, match="3 rows of columns and 4 payload sizes for a batch of 4 records"):
+        attach_columns(chunks, [0] * 4, _batch([0, 1, 2]), list(map(len, payloads)))
