@@ -168,7 +168,8 @@ class Topology:
             from runtime.spark.schema_check import SchemaCheck
 
             try:
-                check = SchemaCheck(parse_schema(schema))
+                # no columns kept: the stages unpack each payload into a Python value anyway
+                check = SchemaCheck(parse_schema(schema), keep_columns=False)
             except ConfigError as exc:
                 msg = f"topology {self.name!r}, source {name!r}: schema: {exc}"
                 raise TopologyError(msg) from exc

@@ -51,8 +51,9 @@ class SchemaCheck:
     ``"ingest: does not fit the schema: <reason>"`` and persists the others.
     """
 
-    def __init__(self, schema: StructType) -> None:
+    def __init__(self, schema: StructType, *, keep_columns: bool = True) -> None:
         self.schema = user_fields(schema)
+        self.keep_columns = keep_columns
         if not self.schema.fields:
             msg = f"a schema checked at ingest needs at least one column besides _ftlayer; got {schema.simpleString()}"
             raise ConfigError(msg)
@@ -68,7 +69,9 @@ class SchemaCheck:
     def with_columns(self, payloads: Sequence[bytes]) -> tuple[dict[int, str], Any]:
         """``(misfits, columns)``: the misfits as ``__call__`` gives them, and the values that fit as
         the read decodes them (a ``pyarrow.RecordBatch`` of the schema's columns, in order), which
-        ingest keeps in their chunks (``ftlayer.records.chunk_columns``)."""
+        ingest keeps in their chunks (``ftlayer.records.chunk_columns``); columns None if the check
+        was made with ``keep_columns=False`` (a Topology source: its stages take Python values, so
+        columns would only cost Redis memory)."""
         import numpy as np
         import pyarrow as pa
 
@@ -83,7 +86,8 @@ class SchemaCheck:
                                                               pa.py_buffer(b"".join(payloads))])
         raw = pa.RecordBatch.from_arrays([pa.array(np.arange(n, dtype=np.int64)), column], names=["sid", "payload"])
         columns, _, bad = decode_batch(raw, self.schema, "")
-        return {index: reason.removeprefix(_SAME_WORDS) for index, reason in bad.items()}, columns
+        return ({index: reason.removeprefix(_SAME_WORDS) for index, reason in bad.items()},
+                columns if self.keep_columns else None)
 
     def __repr__(self) -> str:
         return f"SchemaCheck({self.schema.simpleString()})"

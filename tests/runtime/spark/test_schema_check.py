@@ -12,6 +12,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 from ftlayer.errors import ConfigError
 from ftlayer.records.frames import encode_source_frames
 from runtime.spark.arrow_codec import frames_to_record_batch
+from runtime.spark.ddl import parse_schema
 from runtime.spark.payload_columns import METADATA_COLUMN, decode_batch, metadata_type
 from runtime.spark.schema_check import SchemaCheck
 from serialization.payload import pack_payload
@@ -78,3 +79,24 @@ def test_the_check_refuses_exactly_what_the_read_leaves_out(values: list[Any]) -
     assert {read_sids.index(sid) for sid in read_bad} == set(check_bad)
     for sid, reason in read_bad.items():
         assert reason.endswith(check_bad[read_sids.index(sid)])
+
+
+def test_the_values_that_fit_come_back_as_the_columns_ingest_keeps() -> None:
+    check = SchemaCheck(parse_schema("i long, user string"))
+    payloads = [pack_payload({"i": 1, "user": "a"}), pack_payload({"i": "x", "user": "b"}),
+                pack_payload({"i": 3, "user": None})]
+    bad, columns = check.with_columns(payloads)
+    assert list(bad) == [1]
+    assert columns.to_pylist() == [{"i": 1, "user": "a"}, {"i": 3, "user": None}]
+    # a Topology source keeps none: its stages take Python values (runtime.topology)
+    assert SchemaCheck(parse_schema("i long, user string"), keep_columns=False).with_columns(payloads)[1] is None
+
+
+def test_a_topology_source_with_a_schema_keeps_no_columns() -> None:
+    from ftlayer.config import FTConfig
+    from runtime.topology import Topology
+
+    topo = Topology("t", FTConfig())
+    topo.source("clicks", [], schema="i long")
+    (source,) = topo._graph.sources
+    assert source.check is not None and source.check.keep_columns is False
