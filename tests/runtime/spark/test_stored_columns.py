@@ -54,11 +54,16 @@ def parse(ddl: str) -> Any:
     return parse_schema(ddl)
 
 
-def read_rows(ft_config: FTConfig, schema: str = SCHEMA) -> list[dict[str, Any]]:
+def _reader(ft_config: FTConfig, schema: str, **extra: str) -> TypedStreamReader:
     options = {"redis_url": ft_config.redis_url, "namespace": ft_config.namespace, "topology": TOPO,
-               "source": SRC, "num_channels": str(CHANNELS)}
+               "source": SRC, "num_channels": str(CHANNELS), **extra}
     reader = FTDataSource(options).streamReader(with_metadata(schema))
     assert isinstance(reader, TypedStreamReader)
+    return reader
+
+
+def read_rows(ft_config: FTConfig, schema: str = SCHEMA) -> list[dict[str, Any]]:
+    reader = _reader(ft_config, schema)
     start = reader.initialOffset()
     end = reader.latestOffset(start, reader.getDefaultReadLimit())
     rows = [r for p in reader.partitions(start, end) for b in reader.read(p) for r in b.to_pylist()]
@@ -116,3 +121,18 @@ def test_ingest_with_a_schema_files_columns_that_read_back(layer: FTLayer, ft_co
     assert all(p.columns is not None for p in pages if len(p.sids))
     rows = read_rows(ft_config)
     assert [(r["i"], r["name"]) for r in rows] == [(v["i"], v["name"]) for v in _values(200)]
+
+
+def test_batches_cut_inside_chunks_read_each_stored_row_once(layer: FTLayer, ft_config: FTConfig) -> None:
+    # 37 records a batch: the batches' bounds fall inside chunks (positions within an entry)
+    file_chunks(layer, _values(300), _values(300, shift=1000))
+    reader = _reader(ft_config, SCHEMA, max_records_per_batch="37")
+    start, got, batches = reader.initialOffset(), [], 0
+    while True:
+        end = reader.latestOffset(start, reader.getDefaultReadLimit())
+        if end == start:
+            break
+        got += [r["i"] for p in reader.partitions(start, end) for b in reader.read(p) for r in b.to_pylist()]
+        start, batches = end, batches + 1
+    assert batches >= 300 // 37
+    assert sorted(got) == [1000 + i for i in range(300)]
