@@ -67,8 +67,10 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
               "API); default none: round-robin", metavar="FIELD"),
     EnvOption("ingest", "--schema", "FTLAYER_INGEST_SCHEMA", "str", None,
               "Spark DDL of the columns the query reads (\"i long, user string, ts timestamp\"): a record that "
-              "does not fit is dead-lettered here at once with the reason naming its column, never persisted "
-              "(as ftlayer.ingest(..., schema=...)); default none: checked only when read", metavar="DDL"),
+              "does not fit is dead-lettered here at once with the reason naming its column, never persisted, "
+              "and the others are kept as Arrow columns too, which a query reading with this schema takes "
+              "without decoding (as ftlayer.ingest(..., schema=...)); default none: checked only when read",
+              metavar="DDL"),
     EnvOption("ingest", "--format", "FTLAYER_INGEST_FORMAT", "str", "json",
               "json: each line (with --mqtt: each message's payload) is a JSON value; text: a string record",
               choices=("json", "text")),

@@ -114,8 +114,10 @@ class SourceHandle:
         With ``schema`` (the columns the queries read, as ``read_stream`` takes them) each record is
         checked against it at ingest: one that does not fit is dead-lettered at once with the reason
         naming its column (``ingest: does not fit the schema: ...``), never persisted for processing,
-        so no read fails it and no replay is spent on it (:mod:`runtime.spark.schema_check`). A DDL
-        string is read by Spark's parser when a SparkSession exists, else by ftlayer's own
+        so no read fails it and no replay is spent on it (:mod:`runtime.spark.schema_check`). The
+        records that fit are kept as Arrow columns too, which a query reading with the same schema
+        takes without unpacking the payloads (:mod:`ftlayer.records.chunk_columns`; Redis holds both).
+        A DDL string is read by Spark's parser when a SparkSession exists, else by ftlayer's own
         (:func:`runtime.spark.ddl.parse_schema`)."""
         check = None
         if schema is not None:
