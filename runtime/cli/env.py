@@ -71,6 +71,9 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
               "and the others are kept as Arrow columns too, which a query reading with this schema takes "
               "without decoding (as ftlayer.ingest(..., schema=...)); default none: checked only when read",
               metavar="DDL"),
+    EnvOption("ingest", "--no-columns", "FTLAYER_INGEST_NO_COLUMNS", "flag", None,
+              "with --schema: check the records only, keep no Arrow columns of them (less Redis memory; a "
+              "query then decodes each payload)"),
     EnvOption("ingest", "--format", "FTLAYER_INGEST_FORMAT", "str", "json",
               "json: each line (with --mqtt: each message's payload) is a JSON value; text: a string record",
               choices=("json", "text")),

@@ -168,7 +168,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         raise CLIError(msg)
     # text lines (files, MQTT payloads) are strings, unless the topic makes each record a dict
     as_text = args.format == "text" and not (args.mqtt and (args.topic_field or args.key_topic))
-    check = _schema_check(args.schema, as_text)
+    check = _schema_check(args.schema, as_text, keep_columns=not args.no_columns)
     channels = args.num_channels or config.num_channels
     layer = FTLayer(config, args.topology, args.source, num_channels=channels).open()
     shards = layer.write_shards(*worker) if worker[1] > 1 else list(range(layer.num_shards))
@@ -191,10 +191,14 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     return _run(ingestor, source_label="files", resumed=source.skipped_offsets)
 
 
-def _schema_check(ddl: str | None, as_text: bool) -> PayloadCheck | None:
+def _schema_check(ddl: str | None, as_text: bool, *, keep_columns: bool = True) -> PayloadCheck | None:
     """``--schema``: the check of each record against it (:mod:`runtime.spark.schema_check`), or None; a
-    schema that does not parse, or that no text line could fit, is a bad option (before Redis is touched)."""
+    schema that does not parse, or that no text line could fit, is a bad option (before Redis is touched),
+    and so is ``--no-columns`` without it."""
     if not ddl:
+        if not keep_columns:
+            msg = "--no-columns says what to keep of the records --schema checks: give --schema too, or drop it"
+            raise CLIError(msg)
         return None
     from pyspark.sql.types import CharType, StringType, VarcharType
 
@@ -202,7 +206,7 @@ def _schema_check(ddl: str | None, as_text: bool) -> PayloadCheck | None:
     from runtime.spark.schema_check import SchemaCheck
 
     try:
-        check = SchemaCheck(parse_schema(ddl))
+        check = SchemaCheck(parse_schema(ddl), keep_columns=keep_columns)
     except ConfigError as exc:
         msg = f"--schema: {exc}"
         raise CLIError(msg) from exc

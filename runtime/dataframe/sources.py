@@ -108,7 +108,7 @@ class SourceHandle:
         self._observed: Any = None  # the session whose listeners watch this source
 
     def ingest(self, records: Any, *, key: KeySelector | None = None, partitioning: str | None = None,
-               schema: StructType | str | None = None) -> Ingestor:
+               schema: StructType | str | None = None, keep_columns: bool = True) -> Ingestor:
         """Start persisting ``records`` (any ingest source) in a driver thread; returns the Ingestor.
 
         With ``schema`` (the columns the queries read, as ``read_stream`` takes them) each record is
@@ -116,14 +116,17 @@ class SourceHandle:
         naming its column (``ingest: does not fit the schema: ...``), never persisted for processing,
         so no read fails it and no replay is spent on it (:mod:`runtime.spark.schema_check`). The
         records that fit are kept as Arrow columns too, which a query reading with the same schema
-        takes without unpacking the payloads (:mod:`ftlayer.records.chunk_columns`; Redis holds both).
-        A DDL string is read by Spark's parser when a SparkSession exists, else by ftlayer's own
-        (:func:`runtime.spark.ddl.parse_schema`)."""
+        takes without unpacking the payloads (:mod:`ftlayer.records.chunk_columns`; Redis holds both);
+        ``keep_columns=False`` checks only. A DDL string is read by Spark's parser when a SparkSession
+        exists, else by ftlayer's own (:func:`runtime.spark.ddl.parse_schema`)."""
         check = None
         if schema is not None:
             from runtime.spark.schema_check import SchemaCheck
 
-            check = SchemaCheck(parse_schema(schema))
+            check = SchemaCheck(parse_schema(schema), keep_columns=keep_columns)
+        elif not keep_columns:
+            msg = "keep_columns=False says what to keep of the records a schema checks: give schema= too"
+            raise ConfigError(msg)
         ingestor = Ingestor(self.layer, records, key=key, partitioning=partitioning, check=check).start()
         self.ingestors.append(ingestor)
         return ingestor
@@ -264,11 +267,13 @@ def register_format(spark: SparkSession) -> None:
 
 def ingest(topology: str, source_name: str, records: Any, *, config: FTConfig | None = None,
            num_channels: int | None = None, key: KeySelector | None = None,
-           partitioning: str | None = None, spark: Any = None, schema: StructType | str | None = None) -> Ingestor:
+           partitioning: str | None = None, spark: Any = None, schema: StructType | str | None = None,
+           keep_columns: bool = True) -> Ingestor:
     """Persist ``records`` into a source from a driver thread, independent of any query; with ``schema``,
-    a record that does not fit it is dead-lettered at ingest (:meth:`SourceHandle.ingest`)."""
+    a record that does not fit it is dead-lettered at ingest, and the others are kept as Arrow columns
+    too unless ``keep_columns=False`` (:meth:`SourceHandle.ingest`)."""
     handle = source(topology, source_name, config=config, num_channels=num_channels, spark=spark)
-    return handle.ingest(records, key=key, partitioning=partitioning, schema=schema)
+    return handle.ingest(records, key=key, partitioning=partitioning, schema=schema, keep_columns=keep_columns)
 
 
 def stop_all() -> None:

@@ -104,6 +104,25 @@ def test_a_schema_dead_letters_each_line_that_does_not_fit_at_ingest(
     reasons = sorted(d.reason for d in layer.list_dead_letters())
     assert reasons[0].startswith("ingest: does not fit the schema: column 'i' (bigint): "), reasons
     assert reasons[1] == "ingest: does not fit the schema: column 'i' is not nullable and the value is missing"
+    # the records that fit are kept as Arrow columns as well, for a query that reads with this schema
+    assert all(p.columns is not None for p in _pages(layer))
+
+
+def _pages(layer: Any) -> list[Any]:
+    pages = [layer.read_channel(c).spans() for c in range(layer.num_channels)]
+    return [p for p in pages if len(p.sids)]
+
+
+def test_no_columns_checks_the_schema_and_keeps_no_columns(
+        tmp_path: Path, redis_server_url: str, namespace: str) -> None:
+    f = tmp_path / "events.jsonl"
+    _write(f, 0, 50)
+    rc, out = _run("clicks", "events", str(f), "--schema", "i bigint, user string", "--no-columns",
+                   url=redis_server_url, ns=namespace)
+    assert rc == 0, out
+    assert "persisted 50, dead-lettered 0" in out, out
+    pages = _pages(_layer(redis_server_url, namespace))
+    assert pages and all(p.columns is None for p in pages)
 
 
 def test_text_lines_fit_a_schema_of_one_string_column(redis_server_url: str, namespace: str) -> None:
@@ -123,6 +142,7 @@ def test_text_lines_fit_a_schema_of_one_string_column(redis_server_url: str, nam
     (["--schema", "n long", "--format", "text"], "ftlayer: error: --schema struct<n:bigint>: --format text"),
     (["--schema", "d decimal(39)"], "ftlayer: error: --schema: cannot read the schema 'd decimal(39)' at position 2: "
                                     "decimal(39, 0): the precision must be 1 to 38"),
+    (["--no-columns"], "ftlayer: error: --no-columns says what to keep of the records --schema checks"),
 ])
 def test_a_schema_that_cannot_be_used_is_one_error_line_and_nothing_is_registered(
         args: list[str], error: str, tmp_path: Path, redis_server_url: str, namespace: str) -> None:

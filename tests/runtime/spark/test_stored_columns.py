@@ -136,3 +136,26 @@ def test_batches_cut_inside_chunks_read_each_stored_row_once(layer: FTLayer, ft_
         start, batches = end, batches + 1
     assert batches >= 300 // 37
     assert sorted(got) == [1000 + i for i in range(300)]
+
+
+def test_the_api_keeps_columns_unless_told_not_to(ft_config: FTConfig, redis_client: redis.Redis) -> None:
+    import time
+
+    from ftlayer.errors import ConfigError
+    from runtime.dataframe import sources
+
+    for keep in (True, False):
+        handle = sources.source(TOPO, f"keep{int(keep)}", config=ft_config, num_channels=CHANNELS)
+        try:
+            ingestor = handle.ingest(_values(60), schema=SCHEMA, keep_columns=keep)
+            deadline = time.monotonic() + 60
+            while not ingestor.done and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert ingestor.ingested == 60
+            pages = [p for p in (handle.layer.read_channel(c).spans() for c in range(CHANNELS)) if len(p.sids)]
+            assert pages and all((p.columns is not None) is keep for p in pages)
+            if not keep:
+                with pytest.raises(ConfigError, match="keep_columns=False says what to keep"):
+                    handle.ingest([], keep_columns=False)
+        finally:
+            handle.stop()
