@@ -1,5 +1,5 @@
-"""The DataFrame e2e benchmark at a tiny size: four variants measured (the Python-source reference too), ratios
-per round."""
+"""The DataFrame e2e benchmark at a tiny size: five variants measured (the columnar ingest and the Python-source
+reference too), ratios per round."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.spark
 
 
-def test_four_variants_side_by_side(spark: Any, redis_server_url: str) -> None:
+def test_five_variants_side_by_side(spark: Any, redis_server_url: str) -> None:
     cfg = FTConfig(redis_url=redis_server_url, max_pending=50_000, timeout_s=120.0)
     got = bench_e2e_dataframe(spark, cfg, 3000, 1)
-    assert set(got["records_per_s"]) == {"ft-on", "ft-off", "plain", "python-source"}
+    assert set(got["records_per_s"]) == {"ft-on", "ft-on-columnar", "ft-off", "plain", "python-source"}
     for variant in got["records_per_s"].values():
         assert variant["median"] > 0
-    for ratio in ("ft_on_vs_plain_ratio", "ft_on_vs_off_ratio", "python_source_vs_plain_ratio",
-                  "ft_on_vs_python_source_ratio"):
+    for ratio in ("ft_on_vs_plain_ratio", "ft_on_columnar_vs_plain_ratio", "ft_on_vs_off_ratio",
+                  "python_source_vs_plain_ratio", "ft_on_vs_python_source_ratio"):
         assert got[ratio]["median"] > 0, ratio
 
 
@@ -45,8 +45,10 @@ def test_the_python_source_reference_yields_the_rows_of_the_other_variants(spark
     assert rows == [(i, make_value(i, 0)["user"], make_value(i, 0)["page"]) for i in range(120001)]
 
 
-def test_ft_on_run_acks_every_record_and_leaves_no_keys(spark: Any, redis_server_url: str) -> None:
+@pytest.mark.parametrize("columnar", [False, True])
+def test_ft_on_run_acks_every_record_and_leaves_no_keys(spark: Any, redis_server_url: str, columnar: bool) -> None:
     cfg = FTConfig(redis_url=redis_server_url, max_pending=50_000, timeout_s=120.0)
-    run = run_dataframe(spark, cfg, 2000, ft_on=True)
+    run = run_dataframe(spark, cfg, 2000, ft_on=True, columnar=columnar)
     assert run.records == 2000 and run.rate > 0
+    assert run.variant == ("ft-on-columnar" if columnar else "ft-on")
     assert not list(client_for(redis_server_url).scan_iter(match="benchdf*", count=1000))
