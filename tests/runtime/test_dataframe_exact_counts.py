@@ -56,9 +56,12 @@ def _wait(what: str, cond: Any, timeout_s: float = WAIT_S) -> None:
 def test_a_windowed_count_with_failures_kills_and_timeouts_equals_the_true_count(
     spark: Any, ft_config: FTConfig, tmp_path: Path, backoff_s: float,
 ) -> None:
-    # the first batch's hold ends 3 s after it was planned; its records then time out within
-    # about 3 s: 0 s backoff files their copies at once, 2 s leaves them waiting in `failed`
-    cfg = ft_config.replace(timeout_s=2.0, num_buckets=3, max_batch_s=3.0, replay_backoff_initial_s=backoff_s,
+    # the first batch's hold ends 6 s after it was planned; its records then time out within
+    # about 3 s: 0 s backoff files their copies at once, 2 s leaves them waiting in `failed`. The
+    # hold must outlast the batch's reads, the retry of the killed task's included: a record that
+    # times out before a read of its partition is noted by that read and rightly not completed late
+    # (a full suite on 2 cores once took over 3 s to reach the kill, and late_completions was 0)
+    cfg = ft_config.replace(timeout_s=2.0, num_buckets=3, max_batch_s=6.0, replay_backoff_initial_s=backoff_s,
                             replay_backoff_max_s=max(backoff_s, 1.0), max_replays=5)
     name = "xc" + uuid.uuid4().hex[:8]
     marks = tmp_path / "marks"
