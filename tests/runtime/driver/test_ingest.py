@@ -354,6 +354,15 @@ def test_a_durability_error_stops_ingest_and_sends_nothing_after_it(ft_config: F
     assert layer.stats()["persisted"] == 50 and len(layer.dead_letters.list()) == 50
 
 
+def _raising_check(calls: list[int], message: str) -> Any:
+    """A payload check that notes each batch's size in ``calls``, then raises ValueError(message)."""
+    def broken(payloads: Any) -> dict[int, str]:
+        calls.append(len(payloads))
+        raise ValueError(message)
+
+    return broken
+
+
 def test_a_check_that_raises_after_the_source_failed_still_ends(ft_config: FTConfig) -> None:
     """The source raised with 3 records held (not yet persisted); the final attempt's check raises: ingest
     ends (the source's error kept), the 3 abandoned, the check run once."""
@@ -361,11 +370,7 @@ def test_a_check_that_raises_after_the_source_failed_still_ends(ft_config: FTCon
 
     layer = _layer(ft_config)
     calls: list[int] = []
-
-    def broken(payloads: Any) -> dict[int, str]:
-        calls.append(len(payloads))
-        msg = "broken"
-        raise ValueError(msg)
+    broken = _raising_check(calls, "broken")
 
     class Failing:
         def __init__(self) -> None:
@@ -394,11 +399,7 @@ def test_a_check_that_raises_stops_ingest_with_nothing_persisted_confirmed_or_de
 
     layer = _layer(ft_config)
     calls: list[int] = []
-
-    def broken(payloads: Any) -> dict[int, str]:
-        calls.append(len(payloads))
-        msg = "the schema cannot be built"
-        raise ValueError(msg)
+    broken = _raising_check(calls, "the schema cannot be built")
 
     first: list[Any] = [{"i": i} for i in range(10)]
     if with_unpackable:
