@@ -17,14 +17,16 @@ a columnar chunk appends one *columns section*::
 chunk's ``n`` records in index order; ``edges`` the ``n + 1`` boundaries of the entries (u32
 big-endian), so a reader finds each frame without walking the length prefixes; ``fingerprint``
 names the Arrow schema the values were written with (:func:`schema_fingerprint`: 8 bytes of
-BLAKE2b over the serialized schema); ``crc`` is ``zlib.crc32(ipc | edges)``; all big-endian. The
+BLAKE2b over the serialized schema: names, types, nullability and field metadata, such as a Spark
+``COMMENT`` or a ``char``/``varchar`` length); ``crc`` is ``zlib.crc32(ipc | edges)``; all big-endian. The
 section is found from the end of the value (``chunk_crc.section_edges``, ``chunk_crc.split_trailer``),
 so every walker of the ``n`` entries (the Lua, ``frame_spans``) is unchanged.
 
 **Contract.**
 
-- *Only where the frames are vouched for.* The section is appended only to a chunk whose frames
-  end with their CRC; ``split_trailer`` finds it only after a matching CRC trailer. Older code
+- *Only where the frames are vouched for.* :func:`attach_columns` takes chunks as
+  ``encode_source_chunks`` makes them, whose frames end with their CRC (it does not check that);
+  ``split_trailer`` finds a section only after a matching CRC trailer. Older code
   sees a value whose trailer no longer lies 4 bytes before the end and checks every frame's own CRC:
   slower, never wrong. A chunk re-keyed because its id was in use keeps its section (the section
   holds values only: ids are the chunk's base plus the row).
@@ -33,7 +35,10 @@ so every walker of the ``n`` entries (the Lua, ``frame_spans``) is unchanged.
   a length that does not add up, or a row count other than the chunk's is ignored and the frames are
   decoded instead (the result is the same; only the cost differs).
 - *Cost.* In Redis, the columns' bytes beside the payloads' (for small records about three
-  quarters as much again) and 4 bytes of edges per record; at ingest, a ``take`` and one
+  quarters as much again) and 4 bytes of edges per record; a chunk whose section would take more
+  than :data:`SECTION_MAX_FACTOR` times its entries' bytes (plus 4 KiB) (Arrow's fixed-width values against
+  msgpack's small ints: an array of small ints takes about 8 times) keeps none and is read from its
+  payloads; at ingest, a ``take`` and one
   ``serialize`` per chunk (about 0.1 to 0.3 µs a record); at read, one ``read_record_batch`` per
   chunk in place of a length-prefix walk and a msgpack unpack per record.
 - *Never a substitute for the frames' checks.* The frames' CRC trailer still vouches for ids, key
@@ -52,7 +57,14 @@ from ftlayer.records.chunk_crc import COLUMNS_FOOTER, COLUMNS_MAGIC
 from ftlayer.records.chunks import CHUNK_IN_HEADER, PackedChunk
 from ftlayer.records.frames import BODY_FIXED_SIZE
 
-__all__ = ["attach_columns", "columns_section", "read_columns", "schema_fingerprint"]
+__all__ = ["SECTION_MAX_FACTOR", "SECTION_SLACK_BYTES", "attach_columns", "columns_section", "read_columns",
+           "schema_fingerprint"]
+
+#: A chunk keeps its columns section only while the section takes at most this many times its entries'
+#: bytes, plus :data:`SECTION_SLACK_BYTES` (an IPC message's own few hundred bytes, which a chunk of a
+#: few records would otherwise exceed).
+SECTION_MAX_FACTOR = 2
+SECTION_SLACK_BYTES = 4096
 
 
 def schema_fingerprint(schema: Any) -> bytes:
@@ -105,7 +117,12 @@ def attach_columns(chunks: Sequence[PackedChunk], channels: Sequence[int], colum
             rows = columns.take(pa.array(order[start:end]))
         edges = np.zeros(end - start + 1, dtype=np.int64)
         np.cumsum(entry_sizes[start:end], out=edges[1:])
-        out.append(_with_section(chunk, columns_section(rows, edges, fingerprint)))
+        section = columns_section(rows, edges, fingerprint)
+        # a chunk's frames are bounded (CHUNK_MAX_BYTES), its columns only by its values: fixed-width
+        # Arrow values can take 8 times the msgpack bytes (an array of small ints), so past this a chunk
+        # is kept without columns, read from its payloads
+        out.append(_with_section(chunk, section)
+                   if len(section) <= SECTION_MAX_FACTOR * int(edges[-1]) + SECTION_SLACK_BYTES else chunk)
         start = end
     return out
 

@@ -34,11 +34,17 @@ as Arrow columns, written at ingest for a source with a schema): ``ipc | edges |
 and the footer ``fingerprint (8) | crc u32 | ipc length u32 | edges length u32 | "FTc1"``, the CRC
 being ``zlib.crc32(ipc | edges)``. It is found from the value's end. :func:`split_trailer` (after a
 walk) accepts it only whole (magic and lengths adding up exactly to the value's end) and after a
-matching trailer, and checks the section's own CRC apart: a damaged section costs the columns (the
-frames are decoded instead), never the frames' vouching. :func:`section_edges` reads a sound
-section's edges instead of walking the ``n`` length prefixes, which is what lets a columnar read
-skip the one Python step per record left. :func:`vouches` (the exact trailer alone) is what code
-before columnar chunks checked: it sees a columnar chunk as unvouched and checks every frame.
+matching trailer, and checks the section's own CRC apart: damage inside the section's IPC body or
+edges costs the columns only (the frames are decoded instead); damage to its footer's magic or
+lengths makes the value one ftlayer did not write, and the frames lose their vouching too (every
+frame is checked on its own: slower, never wrong). The footer's fingerprint is covered by no CRC: a
+damaged one turns the section off (a match with another schema's is a 2**-64 chance).
+:func:`section_edges` reads a sound section's edges instead of walking the ``n`` length prefixes,
+which is what lets a columnar read skip the one Python step per record left; it takes them only
+where every edge lands on the length prefix of an entry that ends at the next edge (one array step),
+so edges that disagree with the frames cost the walk, never a frame. :func:`vouches` (the exact
+trailer alone) is what code before columnar chunks checked: it sees a columnar chunk as unvouched
+and checks every frame.
 """
 
 from __future__ import annotations
@@ -117,8 +123,9 @@ def split_trailer(frames: bytes | memoryview, end: int) -> tuple[bool, tuple[byt
 
 def section_edges(frames: bytes | memoryview, n: int) -> tuple[Any, tuple[bytes, memoryview]] | None:
     """For a chunk of ``n`` records with a sound columns section and a matching CRC trailer before
-    it: the entries' ``n + 1`` boundaries (an ``int64`` array, read from the section, no walk) and the
-    section as ``(fingerprint, ipc body)``. None if any of that does not hold (the caller walks)."""
+    it: the entries' ``n + 1`` boundaries (an ``int64`` array, read from the section, no walk, each
+    checked against the length prefix found there) and the section as ``(fingerprint, ipc body)``.
+    None if any of that does not hold (the caller walks)."""
     import numpy as np
 
     view = memoryview(frames)
@@ -130,6 +137,12 @@ def section_edges(frames: bytes | memoryview, n: int) -> tuple[Any, tuple[bytes,
     edges = np.frombuffer(view[start + ipc_len : start + ipc_len + edges_len], dtype=">u4").astype(np.int64)
     if edges[0] != 0 or edges[-1] != end or (n and int(np.diff(edges).min()) < 4):
         return None
+    if n:  # each edge must be where the walk would put it: the entry there is its length prefix and body
+        entries = np.frombuffer(view[:end], dtype=np.uint8)
+        prefix = entries[edges[:-1, None] + np.arange(4)].astype(np.int64)
+        lengths = (prefix[:, 0] << 24) | (prefix[:, 1] << 16) | (prefix[:, 2] << 8) | prefix[:, 3]
+        if not np.array_equal(lengths, np.diff(edges) - 4):
+            return None
     stored: int = _U32.unpack_from(view, end)[0]
     if zlib.crc32(view[:end]) != stored:
         return None

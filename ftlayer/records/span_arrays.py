@@ -63,8 +63,8 @@ def checked_span_arrays(key: bytes, state: bytes, frames: bytes | memoryview,
 class ChunkSpans(NamedTuple):
     """:func:`checked_span_arrays` of one chunk, and what a columnar read needs: ``section``, the
     chunk's sound columns section ``(fingerprint, body)`` (``ftlayer.records.chunk_columns``) or
-    None; ``rows``, the index in the chunk of each pending record returned (``int64``); ``n``, the
-    chunk's record count."""
+    None (also when no record of the chunk is returned); ``rows``, the index in the chunk of each
+    pending record returned (``int64``); ``n``, the chunk's record count."""
 
     sids: Any
     starts: Any

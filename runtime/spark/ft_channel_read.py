@@ -38,7 +38,8 @@ def read_pages(layer: FTLayer, opts: FTSourceOptions, c: int, shard: int, after:
     """Arrow batches (SOURCE_ROW) of the still-pending records of stream ids ``(after, until]`` of
     channel ``c``'s stream in ``shard`` (either bound may be a position inside an entry), read in
     pages, each with the columns sections of its records' chunks (``PendingSpans.columns``: None
-    unless every chunk of the page has one; the typed read's columnar path,
+    unless every chunk of the page has one, and None for a page whose damaged frames were left out;
+    the typed read's columnar path,
     :mod:`runtime.spark.stored_columns`). With ``tag`` (the micro-batch), each read call files what
     it read under the batch's hold; with ``notes_skips`` (the DataFrame path, which settles a batch
     at Spark's commit) it also notes the records of the range no longer pending."""

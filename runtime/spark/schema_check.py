@@ -69,9 +69,9 @@ class SchemaCheck:
     def with_columns(self, payloads: Sequence[bytes]) -> tuple[dict[int, str], Any]:
         """``(misfits, columns)``: the misfits as ``__call__`` gives them, and the values that fit as
         the read decodes them (a ``pyarrow.RecordBatch`` of the schema's columns, in order), which
-        ingest keeps in their chunks (``ftlayer.records.chunk_columns``); columns None if the check
-        was made with ``keep_columns=False`` (a Topology source: its stages take Python values, so
-        columns would only cost Redis memory)."""
+        ingest keeps in their chunks (``ftlayer.records.chunk_columns``); columns None for no payloads,
+        or if the check was made with ``keep_columns=False`` (a Topology source: its stages take Python
+        values, so columns would only cost Redis memory)."""
         import numpy as np
         import pyarrow as pa
 

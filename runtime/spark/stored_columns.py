@@ -8,25 +8,19 @@ payload (:func:`runtime.spark.payload_columns.decode_batch`'s other paths).
 Contract of :func:`stored_columns`: it returns the user columns exactly as the bulk decode of the
 page's payloads would (the section was made by that decode at ingest, with the same schema, which
 its fingerprint names), or None, and the caller decodes the payloads. None when any chunk of the
-page has no section, one written with another schema (another column, type or nullability, or a
-``spark.sql.timestampType`` that makes another Arrow type), one that does not parse or holds a
-row count other than its chunk's. No Python step per record.
+page has no section, one written with another schema (another column, type, nullability or field
+metadata such as a ``COMMENT``, or a ``spark.sql.timestampType`` that makes another Arrow type), one
+that does not parse or holds a row count other than its chunk's. No Python step per record.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import Any
 
 from ftlayer.records.chunk_columns import read_columns, schema_fingerprint
 
 __all__ = ["stored_columns"]
-
-
-@lru_cache(maxsize=16)
-def _fingerprint(schema: Any) -> bytes:
-    return schema_fingerprint(schema)
 
 
 def stored_columns(sections: Sequence[tuple[bytes, Any, Any, int]] | None, schema: Any) -> list[Any] | None:
@@ -38,7 +32,9 @@ def stored_columns(sections: Sequence[tuple[bytes, Any, Any, int]] | None, schem
 
     if not sections:
         return None
-    want = _fingerprint(schema)
+    # not cached by schema: pyarrow's Schema equality ignores field metadata (Spark's COMMENT and
+    # char/varchar), which the fingerprint covers, so a cache would give one schema the other's
+    want = schema_fingerprint(schema)
     parts = []
     for fingerprint, body, rows, n in sections:
         if fingerprint != want:

@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 from ftlayer.records.chunk_columns import attach_columns, columns_section, read_columns, schema_fingerprint
 from ftlayer.records.chunk_crc import COLUMNS_FOOTER, section_edges, split_trailer, vouches
 from ftlayer.records.chunk_encoding import encode_source_chunks
-from ftlayer.records.chunks import frame_spans, rekey_chunk
+from ftlayer.records.chunks import frame_spans, pending_spans, rekey_chunk
 from ftlayer.records.frames import SemiDeserializedSerializer
+from ftlayer.records.span_arrays import chunk_span_arrays
 from serialization.payload import pack_payload, unpack_payload
-from tests.ftlayer.records.test_chunk_crc import entries_end, stored_frames
+from tests.ftlayer.records.test_chunk_crc import all_pending, entries_end, stored_frames
 
 _SER = SemiDeserializedSerializer()
 SCHEMA = pa.schema([pa.field("i", pa.int64()), pa.field("name", pa.string())])
@@ -87,6 +88,38 @@ def test_a_section_whose_edges_disagree_with_the_trailer_is_not_used_for_edges()
     frames = stored_frames(chunks[0])
     assert section_edges(frames, 8) is not None
     assert section_edges(frames, 7) is None  # another record count: the edges do not add up
+
+
+def test_edges_that_disagree_with_the_length_prefixes_are_not_used() -> None:
+    """Edges whose CRC is sound but which do not land on the entries (a writer that got the payload sizes
+    wrong): the reader walks, so every frame keeps its own span and stays readable."""
+    values = [{"i": i, "name": "x" * (10 * (i % 3))} for i in range(6)]
+    payloads = [pack_payload(v) for v in values]
+    chunk = encode_source_chunks(3, payloads, list(range(6)), [0] * 6)[0]
+    sizes = list(map(len, payloads))
+    sizes[0], sizes[1] = sizes[1], sizes[0]  # the same total, other boundaries
+    frames = stored_frames(attach_columns([chunk], [0] * 6, pa.RecordBatch.from_pylist(values, schema=SCHEMA),
+                                          sizes)[0])
+    assert section_edges(frames, 6) is None
+    spans = chunk_span_arrays(chunk.key, all_pending(6), frames)
+    assert list(zip(spans.sids.tolist(), spans.starts.tolist(), spans.ends.tolist(), strict=True)) == list(
+        pending_spans(chunk.key, all_pending(6), frames))
+    assert [unpack_payload(_SER.decode(frames[a:b]).payload) for a, b in frame_spans(frames, 6)] == values
+
+
+def test_a_chunk_whose_columns_would_dwarf_its_frames_keeps_none() -> None:
+    """Arrays of small ints: 1 byte each in msgpack, 8 in Arrow. Such a chunk is filed as it is (its
+    trailer vouches, no section: read from its payloads); one of small scalar records keeps its columns."""
+    wide = pa.schema([pa.field("l", pa.list_(pa.int64()))])
+    values = [{"l": [k % 100] * 200} for k in range(30)]
+    payloads = [pack_payload(v) for v in values]
+    chunk = encode_source_chunks(3, payloads, list(range(30)), [0] * 30)[0]
+    kept = attach_columns([chunk], [0] * 30, pa.RecordBatch.from_pylist(values, schema=wide), list(map(len, payloads)))
+    assert kept[0].blob == chunk.blob
+    frames = stored_frames(kept[0])
+    assert vouches(frames, entries_end(frames, 30)) and section_edges(frames, 30) is None
+    _, small = _columnar([0] * 30)
+    assert split_trailer(stored_frames(small[0]), entries_end(stored_frames(small[0]), 30))[1] is not None
 
 
 @pytest.mark.parametrize("where", ["entry", "magic", "length"])

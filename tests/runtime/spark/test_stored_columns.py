@@ -36,13 +36,15 @@ def _values(n: int, shift: int = 0) -> list[dict[str, Any]]:
     return [{"i": i + shift, "name": f"n{i + shift}"} for i in range(n)]
 
 
-def file_chunks(layer: FTLayer, values: list[dict[str, Any]], sections: list[dict[str, Any]] | None) -> None:
-    """``values`` filed as ingest files them, with ``sections`` (the same count) as their columns."""
+def file_chunks(layer: FTLayer, values: list[dict[str, Any]], sections: list[dict[str, Any]] | None,
+                ddl: str = SCHEMA) -> None:
+    """``values`` filed as ingest files them, with ``sections`` (the same count) as their columns,
+    written with the schema ``ddl``."""
     payloads = [pack_payload(v) for v in values]
     hashes = [key_hash(v["name"]) for v in values]
     columns = None
     if sections is not None:
-        bad, columns = SchemaCheck(parse(SCHEMA)).with_columns([pack_payload(v) for v in sections])
+        bad, columns = SchemaCheck(parse(ddl)).with_columns([pack_payload(v) for v in sections])
         assert not bad
     chunks = layer.new_chunks(payloads, hashes, [pmod(h, CHANNELS) for h in hashes], columns=columns)
     assert layer.persist_chunks(chunks) == len(values)
@@ -86,6 +88,22 @@ def test_another_schema_decodes_the_payloads(layer: FTLayer, ft_config: FTConfig
     stamps = read_rows(ft_config, "i timestamp, name string")
     assert [r["i"].timestamp() for r in sorted(stamps, key=lambda r: r["name"])] == sorted(
         [float(v["i"]) for v in _values(50)], key=lambda f: f"n{int(f)}")
+
+
+def test_a_comment_is_part_of_the_schema_whatever_a_worker_read_before(layer: FTLayer, ft_config: FTConfig) -> None:
+    """A COMMENT becomes Arrow field metadata, which the fingerprint covers and pyarrow's Schema equality
+    ignores: each read takes the sections written with its own schema only, in any order in one process."""
+    commented = "i long COMMENT 'the id', name string"
+    file_chunks(layer, _values(40), _values(40, shift=1000))
+    assert [r["i"] for r in read_rows(ft_config)] == [v["i"] for v in _values(40, shift=1000)]
+    assert [r["i"] for r in read_rows(ft_config, commented)] == [v["i"] for v in _values(40)]  # the payloads
+
+
+def test_a_commented_schema_reads_its_own_sections_after_a_plain_read(layer: FTLayer, ft_config: FTConfig) -> None:
+    commented = "i long COMMENT 'the id', name string"
+    file_chunks(layer, _values(40), _values(40, shift=1000), ddl=commented)
+    assert [r["i"] for r in read_rows(ft_config)] == [v["i"] for v in _values(40)]  # the payloads
+    assert [r["i"] for r in read_rows(ft_config, commented)] == [v["i"] for v in _values(40, shift=1000)]
 
 
 def test_chunks_without_columns_read_from_their_payloads(layer: FTLayer, ft_config: FTConfig) -> None:
