@@ -17,9 +17,9 @@ a columnar chunk appends one *columns section*::
 chunk's ``n`` records in index order; ``edges`` the ``n + 1`` boundaries of the entries (u32
 big-endian), so a reader finds each frame without walking the length prefixes; ``fingerprint``
 names the Arrow schema the values were written with (:func:`schema_fingerprint`: 8 bytes of
-BLAKE2b over the serialized schema: names, types, nullability and field metadata, such as a Spark
-``COMMENT`` or a ``char``/``varchar`` length); ``crc`` is ``zlib.crc32(ipc | edges)``; all big-endian. The
-section is found from the end of the value (``chunk_crc.section_edges``, ``chunk_crc.split_trailer``),
+BLAKE2b over the serialized schema: names, types, nullability and field metadata, such as a
+Spark ``COMMENT`` or a ``char``/``varchar`` length); ``crc`` is ``zlib.crc32(ipc | edges)``; all
+big-endian. The section is found from the end of the value (``chunk_crc.section_edges``, ``chunk_crc.split_trailer``),
 so every walker of the ``n`` entries (the Lua, ``frame_spans``) is unchanged.
 
 **Contract.**
@@ -35,12 +35,12 @@ so every walker of the ``n`` entries (the Lua, ``frame_spans``) is unchanged.
   a length that does not add up, or a row count other than the chunk's is ignored and the frames are
   decoded instead (the result is the same; only the cost differs).
 - *Cost.* In Redis, the columns' bytes beside the payloads' (for small records about three
-  quarters as much again) and 4 bytes of edges per record; a chunk whose section would take more
-  than :data:`SECTION_MAX_FACTOR` times its entries' bytes (plus 4 KiB) (Arrow's fixed-width values against
-  msgpack's small ints: an array of small ints takes about 8 times) keeps none and is read from its
-  payloads; at ingest, a ``take`` and one
-  ``serialize`` per chunk (about 0.1 to 0.3 µs a record); at read, one ``read_record_batch`` per
-  chunk in place of a length-prefix walk and a msgpack unpack per record.
+  quarters as much again) and 4 bytes of edges per record. A chunk whose section would take more
+  than :data:`SECTION_MAX_FACTOR` times its entries' bytes, plus 4 KiB, keeps none and is read from
+  its payloads: Arrow's values are fixed-width where msgpack's small ints take a byte, so an array of
+  small ints takes about 8 times. At ingest, a ``take`` and one ``serialize`` per chunk (about 0.1 to
+  0.3 µs a record); at read, one ``read_record_batch`` per chunk in place of a length-prefix walk and
+  a msgpack unpack per record.
 - *Never a substitute for the frames' checks.* The frames' CRC trailer still vouches for ids, key
   hashes and every byte Lua copies out.
 - pure: no Redis; pyarrow is imported by the functions that use it.
