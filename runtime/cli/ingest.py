@@ -200,7 +200,7 @@ def _schema_check(ddl: str | None, as_text: bool, *, keep_columns: bool = True) 
             msg = "--no-columns says what to keep of the records --schema checks: give --schema too, or drop it"
             raise CLIError(msg)
         return None
-    from pyspark.sql.types import CharType, StringType, VarcharType
+    from pyspark.sql.types import BinaryType, CharType, StringType, VarcharType
 
     from runtime.spark.ddl import parse_schema
     from runtime.spark.schema_check import SchemaCheck
@@ -211,9 +211,11 @@ def _schema_check(ddl: str | None, as_text: bool, *, keep_columns: bool = True) 
         msg = f"--schema: {exc}"
         raise CLIError(msg) from exc
     fields = check.schema.fields
-    if as_text and (len(fields) != 1 or not isinstance(fields[0].dataType, (StringType, VarcharType, CharType))):
+    text_types = (StringType, VarcharType, CharType, BinaryType)  # a str converts to binary as its UTF-8 bytes
+    if as_text and (len(fields) != 1 or not isinstance(fields[0].dataType, text_types)):
         msg = (f"--schema {check.schema.simpleString()}: --format text makes each record a string, which fits "
-               "only one string column (every record would be dead-lettered): give one, or read the records as JSON")
+               "only one string or binary column (every record would be dead-lettered): give one, or read the "
+               "records as JSON")
         raise CLIError(msg)
     return check
 

@@ -52,6 +52,7 @@ from pyspark.sql.types import (
 from ftlayer.errors import SerializationError
 from ftlayer.records.lineage import LINEAGE_CHARS, lineage_hex
 from runtime.spark.arrow_codec import payload_run
+from runtime.spark.lossy_ints import fractions
 from runtime.spark.stored_columns import stored_columns
 from serialization.payload import unpack_payload, unpack_run
 from serialization.payload_columns_fast import unpack_run_columns
@@ -161,15 +162,23 @@ def decode_rows(raw: Any, schema: StructType, source: str) -> tuple[Any, list[in
     for sid, payload in zip(sids, raw.column("payload").to_pylist(), strict=True):
         try:
             value = unpack_payload(payload)
-            row = [value.get(n) for n in names] if isinstance(value, dict) else [value]
-            if len(row) != len(names):  # zip(strict=True) below would say so less clearly
-                bad[sid] = f"payload is a {type(value).__name__}, not a dict of the {len(names)} columns"
-                rows.append(None)
-                continue
-            rows.append([v if c is None or v is None else c(v) for v, c in zip(row, convs, strict=True)])
-        except Exception as exc:  # a value that does not unpack or convert: this record only
+        except Exception as exc:  # a payload that does not unpack: this record only
             bad[sid] = f"payload does not fit the schema: {type(exc).__name__}: {exc}"
             rows.append(None)
+            continue
+        row = [value.get(n) for n in names] if isinstance(value, dict) else [value]
+        if len(row) != len(names):  # zip(strict=True) below would say so less clearly
+            bad[sid] = f"payload is a {type(value).__name__}, not a dict of the {len(names)} columns"
+            rows.append(None)
+            continue
+        for j, (field, conv) in enumerate(zip(fields.fields, convs, strict=True)):
+            if conv is not None and row[j] is not None:
+                try:  # a timestamp or date given as a number or a string
+                    row[j] = conv(row[j])
+                except Exception as exc:  # this record only, named by its column
+                    bad[sid] = _misfit(field, exc)
+                    break
+        rows.append(None if sid in bad else row)
     columns: list[Any] = []
     for j, (field, typ) in enumerate(zip(fields.fields, types, strict=True)):
         values = [None if r is None else r[j] for r in rows]
@@ -181,11 +190,14 @@ def decode_rows(raw: Any, schema: StructType, source: str) -> tuple[Any, list[in
                 try:
                     pa.array([v], type=typ)
                 except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
-                    bad.setdefault(sids[i], f"column {field.name!r} ({field.dataType.simpleString()}): "
-                                            f"{type(exc).__name__}: {exc}")
+                    bad.setdefault(sids[i], _misfit(field, exc))
                     rows[i] = None
             values = [None if r is None else r[j] for r in rows]
             col = pa.array(values, type=typ)
+        for i in fractions(values, typ):
+            bad.setdefault(sids[i], f"column {field.name!r} ({field.dataType.simpleString()}): {values[i]!r} "
+                                    "holds a float with a fraction, which an integer type keeps only with loss")
+            rows[i] = None
         if not field.nullable:
             for i, v in enumerate(values):
                 if v is None and rows[i] is not None:
@@ -226,10 +238,16 @@ def _bulk_columns(raw: Any, fields: StructType, types: list[Any], convs: list[Ca
             column = pa.array(got, type=typ)
         except (pa.ArrowException, TypeError, ValueError, OverflowError, OSError):  # the row path names it
             return None
-        if column.null_count and not field.nullable:
+        # a null in a non-nullable column, or a float with a fraction pyarrow took as an int (2.5 as 2):
+        # the row path names the record
+        if (column.null_count and not field.nullable) or fractions(got, typ):
             return None
         out.append(column)
     return out
+
+
+def _misfit(field: StructField, exc: Exception) -> str:
+    return f"column {field.name!r} ({field.dataType.simpleString()}): {type(exc).__name__}: {exc}"
 
 
 def _assemble(raw: Any, schema: StructType, arrow: Any, by_name: dict[str, Any], *, keep: list[int] | None,

@@ -57,6 +57,13 @@ class SchemaCheck:
         if not self.schema.fields:
             msg = f"a schema checked at ingest needs at least one column besides _ftlayer; got {schema.simpleString()}"
             raise ConfigError(msg)
+        seen: set[str] = set()
+        for name in self.schema.names:  # a record's keys name one column each (Spark's own parser allows twins)
+            if name in seen:
+                msg = (f"the schema {self.schema.simpleString()} names the column {name!r} twice: "
+                       "a record's key fills one column")
+                raise ConfigError(msg)
+            seen.add(name)
         try:  # what the read hands Spark: a schema Arrow cannot hold is refused now, not at the first batch
             arrow_schema(self.schema)
         except Exception as exc:

@@ -24,7 +24,7 @@ from ftlayer.config import FTConfig
 from ftlayer.facade.ft_layer import FTLayer
 from ftlayer.records.frames import SemiDeserializedSerializer
 from runtime.driver.file_source import LinesSource, offset_file
-from serialization.payload import unpack_payload
+from serialization.payload import pack_payload, unpack_payload
 
 CHANNELS = 4
 
@@ -134,6 +134,14 @@ def test_text_lines_fit_a_schema_of_one_string_column(redis_server_url: str, nam
     assert sorted(_persisted_values(_layer(redis_server_url, namespace))) == ["alpha", "beta"]
 
 
+@pytest.mark.parametrize("ddl", ["line string", "line binary not null"])
+def test_text_lines_are_a_schema_of_one_string_or_binary_column(ddl: str) -> None:
+    from runtime.cli.ingest import _schema_check
+
+    check = _schema_check(ddl, True)  # every line fits (a str converts to binary as its UTF-8 bytes)
+    assert check is not None and check([pack_payload("a line"), pack_payload("é")]) == {}
+
+
 @pytest.mark.parametrize(("args", "error"), [
     (["--schema", "i lng"], "ftlayer: error: --schema: cannot read the schema 'i lng' at position 2: unknown or "
                             "unsupported type 'lng'"),
@@ -143,6 +151,8 @@ def test_text_lines_fit_a_schema_of_one_string_column(redis_server_url: str, nam
     (["--schema", "d decimal(39)"], "ftlayer: error: --schema: cannot read the schema 'd decimal(39)' at position 2: "
                                     "decimal(39, 0): the precision must be 1 to 38"),
     (["--no-columns"], "ftlayer: error: --no-columns says what to keep of the records --schema checks"),
+    (["--schema", "a int, a string"], "ftlayer: error: --schema: the schema struct<a:int,a:string> names the "
+                                      "column 'a' twice"),
 ])
 def test_a_schema_that_cannot_be_used_is_one_error_line_and_nothing_is_registered(
         args: list[str], error: str, tmp_path: Path, redis_server_url: str, namespace: str) -> None:

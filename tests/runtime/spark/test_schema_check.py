@@ -36,6 +36,40 @@ def test_records_that_fit_pass_and_each_misfit_is_named_by_position() -> None:
     assert bad[2] == "payload is a str, not a dict of the 3 columns"
     assert bad[3] == "column 'i' is not nullable and the value is missing"
     assert "ValueError" in bad[5] and "not a time" in bad[5], bad[5]
+    assert bad[5].startswith("column 'ts' (timestamp): "), bad[5]  # named by its column
+
+
+@pytest.mark.parametrize("stamp", ["not a date", float("nan"), 10**13])
+def test_a_timestamp_that_does_not_convert_is_named_by_its_column(stamp: Any) -> None:
+    bad = SchemaCheck(parse_schema("i bigint, t timestamp"))([pack_payload({"i": 1, "t": stamp})])
+    assert list(bad) == [0] and bad[0].startswith("column 't' (timestamp): "), bad
+
+
+def test_a_float_with_a_fraction_does_not_fit_an_integer_column_at_any_depth() -> None:
+    """pyarrow converts 2.5 into an integer column as 2 without an error: the check and the read refuse it."""
+    check = SchemaCheck(parse_schema("i bigint, xs array<int>, s struct<n: smallint>, m map<string, bigint>"))
+    values: list[Any] = [
+        {"i": 2.5}, {"i": 1, "xs": [1, 2.5]}, {"i": 1, "s": {"n": 0.5}}, {"i": 1, "m": {"k": 1.25}},
+        {"i": 2.0, "xs": [3.0], "s": {"n": 4.0}, "m": {"k": 5.0}},  # whole floats convert exactly: they fit
+        {"i": 7, "xs": [1], "s": {"n": 1}, "m": {"k": 1}},
+    ]
+    bad, columns = check.with_columns([pack_payload(v) for v in values])
+    assert sorted(bad) == [0, 1, 2, 3], bad
+    assert bad[0].startswith("column 'i' (bigint): 2.5 holds a float with a fraction"), bad[0]
+    assert bad[1].startswith("column 'xs' (array<int>)") and bad[3].startswith("column 'm' (map<string,bigint>)")
+    assert columns.column("i").to_pylist() == [2, 7]
+    # the read of the same frames leaves the same records out, with the same reasons
+    payloads = [pack_payload(v) for v in values]
+    raw = frames_to_record_batch(encode_source_frames(0, list(range(1, 13)), [7] * 6, payloads, [0] * 6))
+    read_sids = raw.column("sid").to_pylist()
+    _, kept, read_bad = decode_batch(raw, check.schema, "t/s")
+    assert kept == read_sids[4:]
+    assert {read_sids.index(sid): reason for sid, reason in read_bad.items()} == bad
+
+
+def test_a_schema_that_names_a_column_twice_is_refused_when_the_check_is_made() -> None:
+    with pytest.raises(ConfigError, match="names the column 'a' twice"):
+        SchemaCheck(parse_schema("a int, a string"))
 
 
 def test_a_batch_that_fits_gives_nothing() -> None:
