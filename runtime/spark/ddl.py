@@ -34,7 +34,10 @@ if TYPE_CHECKING:
 
 __all__ = ["DDLError", "parse_ddl", "parse_schema"]
 
-_NOT_SPACE = frozenset("\x1c\x1d\x1e\x1f\x85")  # spaces to Python's \s, not to Spark's lexer
+_NOT_SPACE = frozenset("\x1c\x1d\x1e\x1f\x85\u2029")  # spaces to Python's \s, not to Spark's lexer
+# words Spark's lexer reads as number literals (1L, 1S, 1Y, 1e5, 1D, 1F, 1BD, 1e5D ...), never as a name
+_NUMBER_WORD = re.compile(r"\d+(?:[LSY]|(?:E\d+)?(?:D|F|BD)|E\d+)", re.IGNORECASE)
+_MAX_INT = 2**31 - 1  # a char/varchar length is a Java int
 _MAX_PRECISION = 38  # Spark's DecimalType.MAX_PRECISION
 # a word is Spark's IDENTIFIER or INTEGER_VALUE (letters, digits and _: digits only is a number), a string
 # is quoted with ' or " (backslash escapes inside)
@@ -122,6 +125,8 @@ class _Parser:
             kind, name, at = self._take()
             if kind not in ("word", "name") or (kind == "word" and name.isdigit()):
                 self._fail(at, f"expected a column name, found {name!r}")
+            if kind == "word" and _NUMBER_WORD.fullmatch(name):
+                self._fail(at, f"expected a column name, found {name!r}, a number to Spark (quote it: `{name}`)")
             token = self._peek()
             if token is not None and token[0] == "punct" and token[1] == ":":
                 self.i += 1
@@ -178,6 +183,8 @@ class _Parser:
         if name in ("varchar", "char"):
             self._expect("(")
             length = self._int()
+            if length > _MAX_INT:
+                self._fail(at, f"{name}({length}): the length must be at most {_MAX_INT}")
             self._expect(")")
             return t.VarcharType(length) if name == "varchar" else t.CharType(length)
         if name == "array":

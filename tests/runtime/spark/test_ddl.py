@@ -80,6 +80,13 @@ def test_every_simple_type_in_any_case(name: str) -> None:
     ("1 int", "position 0: expected a column name, found '1'"),
     ("i\x1clong", "position 1: a control character"),
     ("a int comment 'x\\ny'", "position 14: a comment with an escape other than"),
+    # what Spark's lexer reads as a number, not a name (Spark refuses these as ParseException)
+    ("1L int", "position 0: expected a column name, found '1L', a number to Spark"),
+    ("s struct<1e5: int>", "position 9: expected a column name, found '1e5', a number to Spark"),
+    *((f"{w} int", f"position 0: expected a column name, found {w!r}, a number") for w in
+      ("1l", "12E3", "1D", "1BD", "1Y", "1S", "1F", "1e5bd")),
+    ("a\u2029int", "position 1: a control character"),
+    ("v varchar(99999999999)", "position 2: varchar(99999999999): the length must be at most 2147483647"),
 ])
 def test_what_it_does_not_read_is_named_by_position(ddl: str, where: str) -> None:
     with pytest.raises(DDLError, match=re.escape(f"cannot read the schema {ddl!r} at {where}")) as info:
