@@ -197,7 +197,8 @@ def _schema_check(ddl: str | None, as_text: bool, *, keep_columns: bool = True) 
     and so is ``--no-columns`` without it."""
     if not ddl:
         if not keep_columns:
-            msg = "--no-columns says what to keep of the records --schema checks: give --schema too, or drop it"
+            msg = ("--no-columns (or FTLAYER_INGEST_NO_COLUMNS) says what to keep of the records --schema checks: "
+                   "give --schema too, or drop it (unset FTLAYER_INGEST_NO_COLUMNS if it comes from there)")
             raise CLIError(msg)
         return None
     from pyspark.sql.types import BinaryType, CharType, StringType, VarcharType

@@ -10,8 +10,13 @@ Contract of :func:`decode_batch` (used by the typed FT source's ``read()``):
   non-nullable field, a payload that does not unpack) makes that record *bad*:
   it is left out of the batch and reported with a reason naming the column, so
   the caller can fail that record alone (replayed, then dead-lettered);
-- timestamps may be given as ``datetime``, epoch seconds (int or float) or ISO
-  8601 strings; dates as ``date`` or ISO strings. Naive datetimes are UTC.
+- a timestamp column's value may be a ``datetime``, epoch seconds (int or float) or an
+  ISO 8601 string; a date column's a ``date`` or an ISO string. Naive datetimes are UTC.
+  Inside an array, map or struct, Arrow converts them itself: a ``datetime`` or an int
+  (microseconds), and an ISO string does not fit;
+- a float with a fraction does not fit an integer type, at any depth
+  (:mod:`runtime.spark.lossy_ints`: pyarrow would take ``2.5`` as ``2``); a whole one
+  (``2.0``) does.
 - the metadata column :data:`METADATA_COLUMN` (if the schema has it) is
   ``struct<sid, origin, replay, key_hash, source, lineage>`` of the record; ``lineage``
   is the record's lineage id (``ftlayer.records.lineage``: the same on every replay).

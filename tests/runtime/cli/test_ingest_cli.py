@@ -150,7 +150,8 @@ def test_text_lines_are_a_schema_of_one_string_or_binary_column(ddl: str) -> Non
     (["--schema", "n long", "--format", "text"], "ftlayer: error: --schema struct<n:bigint>: --format text"),
     (["--schema", "d decimal(39)"], "ftlayer: error: --schema: cannot read the schema 'd decimal(39)' at position 2: "
                                     "decimal(39, 0): the precision must be 1 to 38"),
-    (["--no-columns"], "ftlayer: error: --no-columns says what to keep of the records --schema checks"),
+    (["--no-columns"], "ftlayer: error: --no-columns (or FTLAYER_INGEST_NO_COLUMNS) says what to keep of the "
+                       "records --schema checks"),
     (["--schema", "a int, a string"], "ftlayer: error: --schema: the schema struct<a:int,a:string> names the "
                                       "column 'a' twice"),
 ])
