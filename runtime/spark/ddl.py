@@ -209,12 +209,19 @@ class _Parser:
 
 
 def parse_ddl(text: str) -> StructType:
-    """``text`` (Spark DDL of a struct's columns) as a ``StructType``, as ``StructType.fromDDL`` gives it;
-    :class:`DDLError` naming the position for what this parser does not read (module notes)."""
+    """``text`` (Spark DDL of a struct's columns, or those columns as one ``struct<...>`` type, which Spark
+    also takes) as a ``StructType``, as ``StructType.fromDDL`` gives it; :class:`DDLError` naming the
+    position for what this parser does not read (module notes)."""
     from pyspark.sql.types import StructType
 
     parser = _Parser(text)
-    fields = parser.fields(None)
+    first = parser._peek()
+    if (first is not None and first[0] == "word" and first[1].lower() == "struct" and len(parser.tokens) > 1
+            and parser.tokens[1][:2] == ("punct", "<")):
+        whole = parser.type()  # the columns written as one struct type, struct<a: int, ...>, as Spark takes them
+        fields = list(whole.fields) if isinstance(whole, StructType) else []
+    else:
+        fields = parser.fields(None)
     if parser.i != len(parser.tokens):
         parser._fail(parser.tokens[parser.i][2], f"unexpected {parser.tokens[parser.i][1]!r}")
     return StructType(fields)

@@ -50,6 +50,11 @@ CASES: dict[str, t.StructType] = {
     '1a int, b2 string comment "dq", c int comment "say \\"x\\""': t.StructType([
         t.StructField("1a", t.IntegerType()), t.StructField("b2", t.StringType(), True, {"comment": "dq"}),
         t.StructField("c", t.IntegerType(), True, {"comment": 'say "x"'})]),
+    # the columns as one struct type, which Spark's fromDDL also takes; a column named struct still reads
+    " STRUCT<a: int, `b c` array<int> NOT NULL>": t.StructType([
+        t.StructField("a", t.IntegerType()), t.StructField("b c", t.ArrayType(t.IntegerType()), False)]),
+    "struct<>": t.StructType([]),
+    "struct int, b int": t.StructType([t.StructField("struct", t.IntegerType()), t.StructField("b", t.IntegerType())]),
 }
 
 _SIMPLE = ["boolean", "tinyint", "byte", "smallint", "short", "int", "integer", "bigint", "long", "float", "real",
@@ -86,6 +91,7 @@ def test_every_simple_type_in_any_case(name: str) -> None:
     *((f"{w} int", f"position 0: expected a column name, found {w!r}, a number") for w in
       ("1l", "12E3", "1D", "1BD", "1Y", "1S", "1F", "1e5bd")),
     ("a\u2029int", "position 1: a control character"),
+    ("struct<a: int>, b int", "position 14: unexpected ','"),
     ("v varchar(99999999999)", "position 2: varchar(99999999999): the length must be at most 2147483647"),
 ])
 def test_what_it_does_not_read_is_named_by_position(ddl: str, where: str) -> None:
