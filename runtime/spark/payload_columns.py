@@ -181,7 +181,7 @@ def decode_rows(raw: Any, schema: StructType, source: str) -> tuple[Any, list[in
                 try:  # a timestamp or date given as a number or a string
                     row[j] = conv(row[j])
                 except Exception as exc:  # this record only, named by its column
-                    bad[sid] = _misfit(field, exc)
+                    bad[sid] = _misfit(field, f"{type(exc).__name__}: {exc}")
                     break
         rows.append(None if sid in bad else row)
     columns: list[Any] = []
@@ -195,13 +195,13 @@ def decode_rows(raw: Any, schema: StructType, source: str) -> tuple[Any, list[in
                 try:
                     pa.array([v], type=typ)
                 except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
-                    bad.setdefault(sids[i], _misfit(field, exc))
+                    bad.setdefault(sids[i], _misfit(field, f"{type(exc).__name__}: {exc}"))
                     rows[i] = None
             values = [None if r is None else r[j] for r in rows]
             col = pa.array(values, type=typ)
         for i in fractions(values, typ):
-            bad.setdefault(sids[i], f"column {field.name!r} ({field.dataType.simpleString()}): {values[i]!r} "
-                                    "holds a float with a fraction, which an integer type keeps only with loss")
+            bad.setdefault(sids[i], _misfit(field, f"{values[i]!r} holds a float with a fraction, which an integer "
+                                                   "type keeps only with loss"))
             rows[i] = None
         if not field.nullable:
             for i, v in enumerate(values):
@@ -251,8 +251,9 @@ def _bulk_columns(raw: Any, fields: StructType, types: list[Any], convs: list[Ca
     return out
 
 
-def _misfit(field: StructField, exc: Exception) -> str:
-    return f"column {field.name!r} ({field.dataType.simpleString()}): {type(exc).__name__}: {exc}"
+def _misfit(field: StructField, what: str) -> str:
+    """A misfit's reason, named by its column."""
+    return f"column {field.name!r} ({field.dataType.simpleString()}): {what}"
 
 
 def _assemble(raw: Any, schema: StructType, arrow: Any, by_name: dict[str, Any], *, keep: list[int] | None,
