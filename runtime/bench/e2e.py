@@ -5,6 +5,10 @@ records (or 1 KiB payloads) -> map -> key_by(user) -> map -> a sink that
 discards. Variants alternate inside one process (one SparkSession), each is
 repeated, and the figure is records per second from ``start()`` until the
 last record was processed (query start-up included in every variant alike).
+Beside it, each variant's CPU per record over the same span: every process of
+the machine (the JVM, Python workers, a source's runner, Redis, the driver),
+from ``/proc/stat`` (:class:`runtime.bench.common.Stopwatch`). On two cores
+these jobs keep busy, a ratio of rates follows the inverse ratio of CPU.
 
 - ``ft-on``: the ftlayer Topology with status on (persist, XOR, ack).
 - ``ft-off``: the same Topology with status off (no persistence, no XOR).
@@ -35,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
-from runtime.bench.common import BENCH_STOP_GRACE_S, as_shipped, summary
+from runtime.bench.common import BENCH_STOP_GRACE_S, Stopwatch, as_shipped, summary
 from runtime.driver.query_stop import stop_query
 from runtime.sinks import CallableSink
 from runtime.spark.worker_heap import freeze_worker_heap
@@ -73,10 +77,17 @@ class Run:
     # the run's stop interrupted a running micro-batch (a rate source always has the next one):
     # Spark then discards the Python workers of its killed tasks (see bench_e2e)
     interrupted: bool = False
+    # the machine's busy CPU seconds over the same span as ``seconds`` (None without /proc/stat)
+    cpu_s: float | None = None
 
     @property
     def rate(self) -> float:
         return self.records / self.seconds
+
+    @property
+    def cpu_us_per_record(self) -> float | None:
+        """The machine's busy CPU per record over the run, in microseconds (None without /proc/stat)."""
+        return None if self.cpu_s is None else self.cpu_s * 1e6 / self.records
 
 
 def run_ftlayer(spark: Any, config: FTConfig, records: int, payload_bytes: int, *, ft_on: bool) -> Run:
@@ -90,17 +101,17 @@ def run_ftlayer(spark: Any, config: FTConfig, records: int, payload_bytes: int, 
     # each run its own checkpoint: runs share the topology name, and a ':temp:' state dir is one
     # per process, so the default checkpoint would carry one run's offsets into the next
     checkpoint = tempfile.mkdtemp(prefix="ftlayer-bench-e2e-")
-    start = time.perf_counter()
+    watch = Stopwatch()
     query = topo.start(spark, trigger_interval_s=0.1, checkpoint_location=checkpoint)
     try:
         if not query.await_drained(3600, poll_s=0.05):
             msg = f"bench run ({'ft-on' if ft_on else 'ft-off'}) did not drain"
             raise RuntimeError(msg)
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = watch.read()
     finally:
         query.stop()
         shutil.rmtree(checkpoint, ignore_errors=True)
-    return Run("ft-on" if ft_on else "ft-off", records, elapsed)
+    return Run("ft-on" if ft_on else "ft-off", records, elapsed, cpu_s=cpu)
 
 
 def run_plain(spark: Any, records: int, payload_bytes: int, *, frozen: bool = False,
@@ -148,7 +159,7 @@ def run_plain(spark: Any, records: int, payload_bytes: int, *, frozen: bool = Fa
         .repartition(2, "user")
         .mapInArrow(op2, "count long")
     )
-    start = time.perf_counter()
+    watch = Stopwatch()
     query = df.writeStream.format("noop").trigger(processingTime="100 milliseconds").start()
     try:
         done = 0
@@ -159,28 +170,46 @@ def run_plain(spark: Any, records: int, payload_bytes: int, *, frozen: bool = Fa
             if failure is not None:
                 raise failure
             time.sleep(0.01)
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = watch.read()
     finally:
         quiet = stop_query(query, BENCH_STOP_GRACE_S)
     name = ("python" if python_source else "plain") + ("-frozen" if frozen else "")
-    return Run(name, done, elapsed, interrupted=not quiet)
+    return Run(name, done, elapsed, interrupted=not quiet, cpu_s=cpu)
+
+
+def cpu_per_record(rounds: list[dict[str, Run]]) -> dict[str, Any]:
+    """``cpu_us_per_record``: each variant's machine CPU per record over its rounds (median, min, max),
+    with how it was measured; empty where ``/proc/stat`` gave none (not Linux)."""
+    per: dict[str, list[float]] = {}
+    for got in rounds:
+        for name, run in got.items():
+            if run.cpu_us_per_record is not None:
+                per.setdefault(name, []).append(round(run.cpu_us_per_record, 3))
+    if not per:
+        return {}
+    return {
+        "cpu_us_per_record": {name: summary(v) for name, v in per.items()},
+        "cpu_method": "the machine's busy CPU (/proc/stat: every process, every core; idle and I/O wait "
+        "excluded) over the same span as the rate, / records; nothing else running",
+    }
 
 
 def alternate(variants: dict[str, Callable[[], Run]], repeats: int, *, prime: Callable[[], Any],
-              interrupted: bool = False, on_round: Any = None) -> tuple[list[dict[str, float]], int]:
-    """Run every variant ``repeats`` times, the order rotated each round; each round's records/s by
-    variant, and how many times ``prime`` ran: before any run that follows a run whose stop
-    interrupted a micro-batch (``interrupted``: the one before the first), untimed (see :func:`bench_e2e`)."""
+              interrupted: bool = False, on_round: Any = None) -> tuple[list[dict[str, Run]], int]:
+    """Run every variant ``repeats`` times, the order rotated each round; each round's runs by
+    variant (``on_round(r, runs)`` after each), and how many times ``prime`` ran: before any run that
+    follows a run whose stop interrupted a micro-batch (``interrupted``: the one before the first),
+    untimed (see :func:`bench_e2e`)."""
     names, rounds, primes = list(variants), [], 0
     for r in range(repeats):
-        got: dict[str, float] = {}
+        got: dict[str, Run] = {}
         for name in names[r % len(names):] + names[: r % len(names)]:
             if interrupted:
                 prime()
                 primes += 1
             run = variants[name]()
             interrupted = run.interrupted
-            got[name] = run.rate
+            got[name] = run
         rounds.append(got)
         if on_round is not None:
             on_round(r, got)
@@ -225,16 +254,18 @@ def bench_e2e(spark: Any, config: FTConfig, records: int, payload_bytes: int, re
         variants, repeats, prime=lambda: run_ftlayer(spark, config, min(records, PRIME_RECORDS), payload_bytes,
                                                      ft_on=False),
         interrupted=interrupted, on_round=on_round)
-    rates = {name: [got[name] for got in rounds] for name in variants}
-    on_off = [got["ft-on"] / got["ft-off"] for got in rounds]
-    on_plain = [got["ft-on"] / got["plain"] for got in rounds]
-    on_frozen = [got["ft-on"] / got["plain-frozen"] for got in rounds]
-    on_python = [got["ft-on"] / got["python-frozen"] for got in rounds]
-    python_plain = [got["python-frozen"] / got["plain-frozen"] for got in rounds]
+    rate_rounds = [{name: run.rate for name, run in got.items()} for got in rounds]
+    rates = {name: [got[name] for got in rate_rounds] for name in variants}
+    on_off = [got["ft-on"] / got["ft-off"] for got in rate_rounds]
+    on_plain = [got["ft-on"] / got["plain"] for got in rate_rounds]
+    on_frozen = [got["ft-on"] / got["plain-frozen"] for got in rate_rounds]
+    on_python = [got["ft-on"] / got["python-frozen"] for got in rate_rounds]
+    python_plain = [got["python-frozen"] / got["plain-frozen"] for got in rate_rounds]
     return {
         "records": records,
         "payload_bytes": payload_bytes,
         "records_per_s": {name: summary(v) for name, v in rates.items()},
+        **cpu_per_record(rounds),
         "ft_on_vs_off_ratio": summary(on_off),
         "ft_on_vs_plain_ratio": summary(on_plain),
         "ft_on_vs_plain_frozen_ratio": summary(on_frozen),

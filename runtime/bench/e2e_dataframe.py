@@ -29,20 +29,24 @@ The same pipeline in DataFrame operations for every variant, on N small click re
 Variants alternate inside one process (one SparkSession), each repeated after one discarded
 full-size warm-up round of each (see :func:`bench_e2e_dataframe`); records per second from
 ``start()`` until the last record, query start-up included alike. The ratios are per round.
+Beside the rates, each variant's CPU per record over the same span (``cpu_us_per_record``: the
+whole machine's busy CPU, :class:`runtime.bench.common.Stopwatch`), so that a ratio can be read
+against what each variant spends: ft-on's includes ingest (packing, hashing, persisting on the
+driver, and building the generator's records), the source's runner process, the read tasks, the
+acks and the Redis server.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
 from ftlayer.store.connection import client_for
-from runtime.bench.common import BENCH_STOP_GRACE_S, run_until, summary
-from runtime.bench.e2e import USERS, Run, make_value
+from runtime.bench.common import BENCH_STOP_GRACE_S, Stopwatch, run_until, summary
+from runtime.bench.e2e import USERS, Run, cpu_per_record, make_value
 from runtime.driver.query_stop import stop_query
 
 SCHEMA = "i long, user string, page string"
@@ -82,7 +86,7 @@ def run_dataframe(spark: Any, config: FTConfig, records: int, *, ft_on: bool, co
     handle = sources.source("benchdf", "events", config=cfg, num_channels=2)
     counter = _Counter()
     kept = sum(1 for i in range(records) if i % 10 != 3)
-    start = time.perf_counter()
+    watch = Stopwatch()
     ingestor = handle.ingest((make_value(i, 0) for i in range(records)), schema=SCHEMA if columnar else None)
     df = _ops(ftlayer.read_stream(spark, "benchdf", "events", schema=SCHEMA, config=cfg, num_channels=2))
     fn: Callable[[Any, int], None] = ftlayer.acking(counter, config=cfg) if ft_on else counter
@@ -90,12 +94,12 @@ def run_dataframe(spark: Any, config: FTConfig, records: int, *, ft_on: bool, co
     try:
         run_until(query, lambda: handle.stats()["acked"] >= records if ft_on
                   else (ingestor.done and counter.rows >= kept), 0.02)
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = watch.read()
     finally:
         stop_query(query, BENCH_STOP_GRACE_S)
         handle.stop()
         _drop_namespace(cfg)
-    return Run(("ft-on-columnar" if columnar else "ft-on") if ft_on else "ft-off", records, elapsed)
+    return Run(("ft-on-columnar" if columnar else "ft-on") if ft_on else "ft-off", records, elapsed, cpu_s=cpu)
 
 
 def _drop_namespace(cfg: FTConfig) -> None:
@@ -114,15 +118,15 @@ def run_plain(spark: Any, records: int) -> Run:
            .select(F.col("value").alias("i"),
                    F.concat(F.lit("user-"), (F.col("value") % USERS).cast("string")).alias("user"),
                    F.concat(F.lit("/p/"), (F.col("value") % 13).cast("string")).alias("page")))
-    start = time.perf_counter()
+    watch = Stopwatch()
     query = _ops(src).writeStream.foreachBatch(counter).trigger(processingTime="100 milliseconds").start()
     try:
         run_until(query, lambda: sum(int(p["numInputRows"]) for p in query.recentProgress) >= records)
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = watch.read()
         done = sum(int(p["numInputRows"]) for p in query.recentProgress)
     finally:
         stop_query(query, BENCH_STOP_GRACE_S)
-    return Run("plain", done, elapsed)
+    return Run("plain", done, elapsed, cpu_s=cpu)
 
 
 def run_python_source(spark: Any, records: int) -> Run:
@@ -134,14 +138,14 @@ def run_python_source(spark: Any, records: int) -> Run:
     counter = _Counter()
     src = spark.readStream.format(NAME).option("records", str(records)).load()
     kept = sum(1 for i in range(records) if i % 10 != 3)
-    start = time.perf_counter()
+    watch = Stopwatch()
     query = _ops(src).writeStream.foreachBatch(counter).trigger(processingTime="100 milliseconds").start()
     try:
         run_until(query, lambda: counter.rows >= kept)
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = watch.read()
     finally:
         stop_query(query, BENCH_STOP_GRACE_S)
-    return Run("python-source", records, elapsed)
+    return Run("python-source", records, elapsed, cpu_s=cpu)
 
 
 def bench_e2e_dataframe(spark: Any, config: FTConfig, records: int, repeats: int, *,
@@ -173,9 +177,11 @@ def bench_e2e_dataframe(spark: Any, config: FTConfig, records: int, repeats: int
     on_python: list[float] = []
     python_plain: list[float] = []
     names = list(variants)
+    runs: list[dict[str, Run]] = []
     for r in range(repeats):
         order = names[r % len(names):] + names[: r % len(names)]
-        got = {name: variants[name]().rate for name in order}
+        runs.append({name: variants[name]() for name in order})
+        got = {name: run.rate for name, run in runs[-1].items()}
         for name, rate in got.items():
             rates[name].append(rate)
         on_off.append(got["ft-on"] / got["ft-off"])
@@ -184,11 +190,12 @@ def bench_e2e_dataframe(spark: Any, config: FTConfig, records: int, repeats: int
         on_python.append(got["ft-on"] / got["python-source"])
         python_plain.append(got["python-source"] / got["plain"])
         if on_round is not None:
-            on_round(r, got)
+            on_round(r, runs[-1])
     return {
         "records": records,
         "pipeline": "withColumn, filter (10 % out), repartition by user, withColumn, foreachBatch count",
         "records_per_s": {name: summary(v) for name, v in rates.items()},
+        **cpu_per_record(runs),
         "ft_on_vs_off_ratio": summary(on_off),
         "ft_on_vs_plain_ratio": summary(on_plain),
         # the same, the records ingested with the query's schema: read from their chunks' columns

@@ -34,7 +34,9 @@ repeated) and reports medians with their spread:
   same Mosquitto; ``webhook_vs_raw_ratio``, ``mqtt_vs_raw_ratio`` (:mod:`runtime.bench.receivers`).
 - ``e2e``: FT on vs FT off vs hand-written Structured Streaming on the same
   topology and input, small records and 1 KiB payloads (:mod:`runtime.bench.e2e`), and the
-  same for a DataFrame pipeline (:mod:`runtime.bench.e2e_dataframe`).
+  same for a DataFrame pipeline (:mod:`runtime.bench.e2e_dataframe`); beside each variant's
+  records/s, the whole machine's CPU per record over the same span (``cpu_us_per_record``, from
+  ``/proc/stat``): on a machine these jobs keep busy, a ratio of rates follows the ratio of CPU.
 
 The summary is merged into ``<out>/results.json`` (``--out``, default ``./ftlayer-bench`` in the
 current directory; ``scripts/bench`` passes the checkout's ``docs/bench``), so
@@ -110,6 +112,13 @@ def _say(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
+def _runs_line(runs: dict[str, Any]) -> str:
+    """One e2e round: each variant's records/s and, where measured, the machine's CPU per record."""
+    return ", ".join(f"{name} {run.rate:,.0f}/s" + ("" if run.cpu_us_per_record is None
+                                                     else f" ({run.cpu_us_per_record:.1f} us CPU/record)")
+                     for name, run in runs.items())
+
+
 def _selected(args: argparse.Namespace) -> list[str]:
     names = list(args.which or []) or [s for s in _env("FTLAYER_BENCH", "all").split(",") if s]
     if "all" in names:
@@ -149,8 +158,7 @@ def _on_spark(url: str, selected: list[str], args: argparse.Namespace) -> dict[s
                  "plain-frozen")
             summary[label] = bench_e2e(
                 spark, cfg, records, payload, args.e2e_repeats,
-                on_round=lambda r, got: _say(f"  round {r + 1}: " + ", ".join(
-                    f"{k} {v:,.0f}/s" for k, v in got.items())))
+                on_round=lambda r, runs: _say(f"  round {r + 1}: {_runs_line(runs)}"))
         summary["ft_on_vs_off_ratio"] = round(summary["e2e_small"]["ft_on_vs_off_ratio"]["median"], 3)
         summary["ft_on_vs_plain_ratio"] = round(summary["e2e_small"]["ft_on_vs_plain_ratio"]["median"], 3)
         summary["ft_on_vs_plain_frozen_ratio"] = round(
@@ -163,8 +171,7 @@ def _on_spark(url: str, selected: list[str], args: argparse.Namespace) -> dict[s
              "ft-on-columnar / ft-off / plain / python-source")
         summary["e2e_dataframe"] = bench_e2e_dataframe(
             spark, cfg, records, args.e2e_repeats,
-            on_round=lambda r, got: _say(f"  round {r + 1}: " + ", ".join(
-                f"{k} {v:,.0f}/s" for k, v in got.items())))
+            on_round=lambda r, runs: _say(f"  round {r + 1}: {_runs_line(runs)}"))
         summary["ft_on_vs_plain_ratio_dataframe"] = round(
             summary["e2e_dataframe"]["ft_on_vs_plain_ratio"]["median"], 3)
         summary["ft_on_columnar_vs_plain_ratio_dataframe"] = round(

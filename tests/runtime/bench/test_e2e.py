@@ -23,6 +23,9 @@ def test_five_variants_side_by_side(spark: Any, redis_server_url: str) -> None:
     for ratio in ("ft_on_vs_off_ratio", "ft_on_vs_plain_ratio", "ft_on_vs_plain_frozen_ratio",
                   "python_frozen_vs_plain_frozen_ratio", "ft_on_vs_python_frozen_ratio"):
         assert got[ratio]["median"] > 0
+    # the machine's CPU per record beside each rate (Linux: /proc/stat)
+    assert set(got["cpu_us_per_record"]) == set(got["records_per_s"])
+    assert all(v["min"] > 0 for v in got["cpu_us_per_record"].values())
 
 
 def test_as_shipped_undoes_a_frozen_worker_heap() -> None:
@@ -58,4 +61,5 @@ def test_a_run_after_a_stop_that_killed_tasks_starts_on_primed_workers() -> None
     rounds, primes = alternate(variants, 2, prime=lambda: events.append("prime"), interrupted=True)
     assert events == ["prime", "ft-on", "ft-off", "plain", "prime", "plain-frozen",  # round 1
                       "prime", "ft-off", "plain", "prime", "plain-frozen", "prime", "ft-on"]  # rotated
-    assert primes == 5 and rounds == [dict.fromkeys(variants, 100.0)] * 2
+    assert primes == 5 and [{k: run.rate for k, run in got.items()} for got in rounds] == [
+        dict.fromkeys(variants, 100.0)] * 2

@@ -25,6 +25,9 @@ def test_five_variants_side_by_side(spark: Any, redis_server_url: str) -> None:
     for ratio in ("ft_on_vs_plain_ratio", "ft_on_columnar_vs_plain_ratio", "ft_on_vs_off_ratio",
                   "python_source_vs_plain_ratio", "ft_on_vs_python_source_ratio"):
         assert got[ratio]["median"] > 0, ratio
+    # the machine's CPU per record beside each rate (Linux: /proc/stat)
+    assert set(got["cpu_us_per_record"]) == set(got["records_per_s"])
+    assert all(v["min"] > 0 for v in got["cpu_us_per_record"].values())
 
 
 def test_the_python_source_reference_yields_the_rows_of_the_other_variants(spark: Any) -> None:
