@@ -27,6 +27,7 @@ from ftlayer.keyspace.keys import FORMAT_VERSION, SourceKeys, owner_key, sources
 from ftlayer.scripting.lua_script import LuaScript
 from ftlayer.store.connection import client_for, is_cluster, refresh_slots, ride_out
 from ftlayer.store.owner_record import new_owner_record
+from ftlayer.store.resp import pack_command
 
 Clock = Callable[[], float]
 T = TypeVar("T")
@@ -347,7 +348,8 @@ def evalsha(client: redis.Redis, script: Script, keys: list[str], args: list[Any
     within the client's outage budget), without its per-command metrics, event dispatch and
     response callbacks (EVALSHA has none), and without taking the connection from the pool and
     giving it back per call (redis-py 8 records metrics and dispatches an event at each). Ingest
-    pays these per persist, and a webhook's persist carries only a few requests."""
+    pays these per persist, and a webhook's persist carries only a few requests. A large argument
+    (PERSIST's chunks) is sent as it is, not copied into the packed command (:mod:`ftlayer.store.resp`)."""
     pool = client.connection_pool
     # a pool that limits its connections (a blocking pool, a max_connections a user set) could run
     # out with one kept per thread: such a pool lends one per call, as redis-py does
@@ -355,7 +357,8 @@ def evalsha(client: redis.Redis, script: Script, keys: list[str], args: list[Any
     conn = _pinned(pool) if keep else pool.get_connection()
 
     def once() -> Any:
-        conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        # packed here: hiredis's packer copies PERSIST's megabytes of chunks (ftlayer.store.resp)
+        conn.send_packed_command(pack_command(("EVALSHA", script.sha, len(keys), *keys, *args), conn.encoder.encode))
         return conn.read_response()
 
     try:
