@@ -27,7 +27,7 @@ from ftlayer.keyspace.keys import FORMAT_VERSION, SourceKeys, owner_key, sources
 from ftlayer.scripting.lua_script import LuaScript
 from ftlayer.store.connection import client_for, is_cluster, refresh_slots, ride_out
 from ftlayer.store.owner_record import new_owner_record
-from ftlayer.store.resp import pack_command
+from ftlayer.store.resp import carries_big_arg, pack_command
 
 Clock = Callable[[], float]
 T = TypeVar("T")
@@ -356,9 +356,14 @@ def evalsha(client: redis.Redis, script: Script, keys: list[str], args: list[Any
     keep = type(pool) is redis.ConnectionPool and pool.max_connections >= _KEEP_MIN_CONNECTIONS
     conn = _pinned(pool) if keep else pool.get_connection()
 
+    command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+    big = carries_big_arg(args)
+
     def once() -> Any:
-        # packed here: hiredis's packer copies PERSIST's megabytes of chunks (ftlayer.store.resp)
-        conn.send_packed_command(pack_command(("EVALSHA", script.sha, len(keys), *keys, *args), conn.encoder.encode))
+        if big:  # packed here: hiredis's packer copies PERSIST's megabytes of chunks (ftlayer.store.resp)
+            conn.send_packed_command(pack_command(command, conn.encoder.encode))
+        else:
+            conn.send_command(*command)
         return conn.read_response()
 
     try:

@@ -51,3 +51,34 @@ def test_evalsha_hands_a_large_argument_to_the_server_intact(redis_server_url: s
     big = bytes(range(256)) * ((2 << 20) // 256) + b"\r\n$-1\r\n"  # framing bytes inside the data
     assert evalsha(client, script, [], [b"a", big, "é" * 3]) == [b"a", big, "é".encode() * 3, 3]
     assert evalsha(client, script, [], [big, big, 7]) == [big, big, b"7", 3]
+
+
+@pytest.mark.parametrize(("args", "big"), [
+    ((), False), (("a" * BIG_ARG_BYTES, 7), False),  # text is not cut out: ftlayer's large arguments are bytes
+    ((b"x" * (BIG_ARG_BYTES - 1),), False), ((1, b"x" * BIG_ARG_BYTES), True),
+    ((bytearray(BIG_ARG_BYTES),), True), ((memoryview(b"x" * BIG_ARG_BYTES),), True),
+])
+def test_a_command_is_worth_cutting_only_with_a_large_bytes_argument(args: tuple[Any, ...], big: bool) -> None:
+    from ftlayer.store.resp import carries_big_arg
+
+    assert carries_big_arg(args) is big
+
+
+def test_evalsha_cuts_only_a_command_that_carries_a_large_argument(
+        redis_server_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ftlayer.store import source_store
+
+    cut: list[int] = []
+    real = source_store.pack_command
+
+    def counting(args: Any, encode: Any) -> list[Any]:
+        cut.append(len(args))
+        return real(args, encode)
+
+    monkeypatch.setattr(source_store, "pack_command", counting)
+    client = redis.Redis.from_url(redis_server_url)
+    script = client.register_script("return #ARGV[1]")
+    assert evalsha(client, script, [], [b"x" * 10]) == 10
+    assert cut == []  # a small command: redis-py's own packer
+    assert evalsha(client, script, [], [b"x" * BIG_ARG_BYTES]) == BIG_ARG_BYTES
+    assert cut == [4]
