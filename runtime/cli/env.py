@@ -160,7 +160,8 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
               "the pipeline under the faults: the Topology API, or a DataFrame pipeline (read_stream, "
               "ftlayer.udf, foreachBatch(acking)); dataframe runs fail-rate, kill-worker, kill-executor, poison, "
               "batch-fails, kill-driver, kill-redis, long-outage, delayed-acks, mixed, webhook-driver-kill, "
-              "mqtt-driver-kill, slow-sink, sink-outage and aggregate", choices=("topology", "dataframe")),
+              "webhook-driver-front-kill, mqtt-driver-kill, slow-sink, sink-outage and aggregate",
+              choices=("topology", "dataframe")),
     EnvOption("chaos", "--sink", "FTLAYER_CHAOS_SINK", "str", "lines",
               "where the pipeline writes: JSON lines (at-least-once: a replay shows as a duplicate), or an "
               "effectively-once sink keyed by lineage id (postgres, delta, redis); the report then counts what "
@@ -230,8 +231,9 @@ def ingest_option(dest: str) -> EnvOption:
 OTHER_ENV_VARS: tuple[tuple[str, str], ...] = (
     (CONFIG_FILE_ENV, "the ftlayer TOML config file (default ./ftlayer.toml if it exists)"),
     ("FTLAYER_BENCH", "ftlayer bench: the benchmarks to run when none is named, comma-separated"),
-    ("FTLAYER_CHAOS_DUPLICATE_FLUSH", "ftlayer chaos: =1 sends every flush twice (read in the process that "
-                                      "flushes; the duplicate-flush scenario sets it)"),
+    ("FTLAYER_CHAOS_DUPLICATE_FLUSH", "ftlayer chaos: =1 in the process that flushes sends every flush twice "
+                                      "(the duplicate-flushes scenario sets the Spark local property "
+                                      "ftlayer.chaos.duplicateFlush instead, for its own queries)"),
     ("FTLAYER_TEST_REDIS_URL", "tests: use this server instead of an embedded one"),
     ("FTLAYER_TEST_WORKERS", "scripts/test: pytest-xdist workers (default 4; 0 runs the tests in one process)"),
     ("FTLAYER_VENV", "scripts/*: the virtualenv to create or reuse"),

@@ -35,8 +35,8 @@ def _cmd_redis(args: argparse.Namespace) -> int:
 
     if args.cluster:
         return _cmd_redis_cluster(args)
-    # --data-dir, else FTLAYER_EMBEDDED_DATA_DIR / embedded_data_dir of the config file
-    data_dir = args.data_dir or FTConfig.load().embedded_data_dir or None
+    # --data-dir, else FTLAYER_EMBEDDED_DATA_DIR / embedded_data_dir of the config file (--config)
+    data_dir = args.data_dir or FTConfig.load(args.config).embedded_data_dir or None
     return run_foreground(data_dir=data_dir, port=args.port)
 
 
@@ -55,6 +55,9 @@ def _cmd_redis_cluster(args: argparse.Namespace) -> int:
 
     if args.port is not None:
         msg = "--port cannot be used with --cluster: every node takes a free port, and all are printed"
+        raise CLIError(msg)
+    if args.config is not None:
+        msg = "--config cannot be used with --cluster: the nodes' data directories come from --data-dir only"
         raise CLIError(msg)
     return run_cluster_foreground(data_dir=args.data_dir)
 
@@ -76,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_env_options(p_redis, "redis")
     p_redis.add_argument("--port", type=int, default=None, help="port; default a free one")
+    p_redis.add_argument(
+        "--config", default=None, metavar="PATH",
+        help="ftlayer TOML config file whose embedded_data_dir is the data directory when --data-dir is not "
+             "given; default ./ftlayer.toml if it exists [env FTLAYER_CONFIG]",
+    )
     p_redis.add_argument(
         "--cluster", action="store_true",
         help="run a test Valkey Cluster instead: 3 primaries with 1 replica each on free ports, AOF on; "

@@ -58,6 +58,12 @@ def test_connection_options_before_or_after_the_command(
     # a command that takes no connection option says so, with its usage
     code, _, err = _run(capsys, "--namespace", ns, "redis", "--port", "1")
     assert code == 2 and err.startswith("usage: ftlayer redis") and "--namespace does not apply to ftlayer redis" in err
+    # --config applies to redis (its embedded_data_dir), before or after the command: a missing file is named
+    for argv in (["--config", "/nonexistent/ft.toml", "redis"], ["redis", "--config", "/nonexistent/ft.toml"]):
+        code, _, err = _run(capsys, *argv)
+        assert code == 2 and "/nonexistent/ft.toml" in err and "does not apply" not in err, argv
+    code, _, err = _run(capsys, "redis", "--cluster", "--config", "x.toml")
+    assert code == 2 and "--config cannot be used with --cluster" in err
 
 
 def test_python_dash_m_ftlayer_is_the_same_command_line(redis_server_url: str) -> None:

@@ -99,6 +99,15 @@ def test_ftlayer_redis_honours_the_data_dir_env_and_sigterm_removes_its_temp_dir
     assert proc.wait(30) == 0
     assert given.exists()  # a given directory is kept (its AOF is the point)
 
+    # the config file's embedded_data_dir, named with --config before or after the command
+    from_file = tmp_path / "from-file"
+    config = tmp_path / "ft.toml"
+    config.write_text(f'[ftlayer]\nembedded_data_dir = "{from_file}"\n')
+    proc, _, data_dir = _redis_foreground(env, "--config", str(config))
+    assert data_dir == from_file.resolve()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+
     proc, _, data_dir = _redis_foreground(env)
     assert data_dir.parent == (tmp_path / "tmp").resolve() and data_dir.exists()
     proc.send_signal(signal.SIGTERM)
