@@ -104,7 +104,10 @@ def test_a_real_query_stopped_mid_batch_finishes_that_batch(spark: Any, tmp_path
             raise
 
     src = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 10).load()
-    query = (src.writeStream.foreachBatch(write).trigger(processingTime="200 milliseconds")
+    # a trigger far longer than an empty batch takes, even on a loaded machine: the query must idle
+    # between batches for stop_query to find its gap (ci89, 200 ms, a slow hour: batches ran back to
+    # back for the whole 30 s grace)
+    query = (src.writeStream.foreachBatch(write).trigger(processingTime="2 seconds")
              .option("checkpointLocation", str(tmp_path / "ckpt")).start())
     try:
         assert started.wait(60), "batch 1 never started"
