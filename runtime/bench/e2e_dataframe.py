@@ -46,7 +46,7 @@ from typing import Any
 from ftlayer.config import TEMP_STATE_DIR, FTConfig
 from ftlayer.store.connection import client_for
 from runtime.bench.common import BENCH_STOP_GRACE_S, Stopwatch, run_until, summary
-from runtime.bench.e2e import USERS, Run, cpu_per_record, make_value
+from runtime.bench.e2e import USERS, Run, alternate, cpu_per_record, make_value
 from runtime.driver.query_stop import stop_query
 
 SCHEMA = "i long, user string, page string"
@@ -170,27 +170,16 @@ def bench_e2e_dataframe(spark: Any, config: FTConfig, records: int, repeats: int
     run_dataframe(spark, config, warm, ft_on=False)
     run_plain(spark, warm)
     run_python_source(spark, warm)
-    rates: dict[str, list[float]] = {name: [] for name in variants}
-    on_off: list[float] = []
-    on_plain: list[float] = []
-    columnar_plain: list[float] = []
-    on_python: list[float] = []
-    python_plain: list[float] = []
-    names = list(variants)
-    runs: list[dict[str, Run]] = []
-    for r in range(repeats):
-        order = names[r % len(names):] + names[: r % len(names)]
-        runs.append({name: variants[name]() for name in order})
-        got = {name: run.rate for name, run in runs[-1].items()}
-        for name, rate in got.items():
-            rates[name].append(rate)
-        on_off.append(got["ft-on"] / got["ft-off"])
-        on_plain.append(got["ft-on"] / got["plain"])
-        columnar_plain.append(got["ft-on-columnar"] / got["plain"])
-        on_python.append(got["ft-on"] / got["python-source"])
-        python_plain.append(got["python-source"] / got["plain"])
-        if on_round is not None:
-            on_round(r, runs[-1])
+    # the rotation of the Topology bench; no prime: this bench's Python workers are never killed
+    # (its plain variant runs no Python in tasks, and every FT or Python-source query stops between batches)
+    runs, _ = alternate(variants, repeats, prime=lambda: None, on_round=on_round)
+    got = [{name: run.rate for name, run in r.items()} for r in runs]
+    rates = {name: [g[name] for g in got] for name in variants}
+    on_off = [g["ft-on"] / g["ft-off"] for g in got]
+    on_plain = [g["ft-on"] / g["plain"] for g in got]
+    columnar_plain = [g["ft-on-columnar"] / g["plain"] for g in got]
+    on_python = [g["ft-on"] / g["python-source"] for g in got]
+    python_plain = [g["python-source"] / g["plain"] for g in got]
     return {
         "records": records,
         "pipeline": "withColumn, filter (10 % out), repartition by user, withColumn, foreachBatch count",
